@@ -1,0 +1,139 @@
+"""Staleness-gated admission and batch assembly, shared by the rollout thread and the trainer.
+
+Admission (AReaL, arXiv 2505.24298 Eq. 3): a new prompt group may start while
+
+    accepted + running < (η + v + 1) · B
+
+with B the batch size in groups, v the current version and η the max staleness (η = 0 is synchronous RL).
+
+Batch assembly: the trainer takes B groups as soon as they are ready, oldest admission version first.
+Within one admission version any ready group will do, but a group of an older version is never skipped
+while it is still running: the trainer waits for it. Together with the gate this bounds staleness strictly:
+a group admitted at version v is trained at a version of at most v + η, so no token is more than η versions
+old when it is trained (AReaL's bound holds only when groups finish in order).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+
+from asyncrl.types import TrajectoryGroup
+
+
+def capacity(eta: int, version: int, batch_size: int, accepted: int, running: int, max_concurrent: int = 0) -> int:
+    """How many more groups may start now; may be negative."""
+    cap = (eta + version + 1) * batch_size - (accepted + running)
+    if max_concurrent > 0:
+        cap = min(cap, max_concurrent - running)
+    return cap
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """An admitted group: its admission order and the version at admission."""
+
+    seq: int
+    version: int
+
+
+class RolloutBuffer:
+    """Thread-safe counters, the ready groups, and the rules that link them."""
+
+    def __init__(self, batch_size: int, max_staleness: int, max_concurrent: int = 0, on_change=None):
+        self.batch_size, self.eta, self.max_concurrent = batch_size, max_staleness, max_concurrent
+        self.version = 0
+        self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
+        self.rejected = 0
+        self.consumed = 0
+        self._running: dict[int, Ticket] = {}
+        self._ready: dict[int, tuple[Ticket, TrajectoryGroup]] = {}
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self.on_change = on_change  # called (from any thread) when capacity may have grown
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def capacity(self) -> int:
+        with self._cv:
+            return capacity(self.eta, self.version, self.batch_size, self.accepted, self.running,
+                            self.max_concurrent)
+
+    def try_admit(self) -> Ticket | None:
+        with self._cv:
+            if capacity(self.eta, self.version, self.batch_size, self.accepted, self.running,
+                        self.max_concurrent) <= 0:
+                return None
+            ticket = Ticket(next(self._seq), self.version)
+            self._running[ticket.seq] = ticket
+            return ticket
+
+    def finish(self, ticket: Ticket, group: TrajectoryGroup | None) -> None:
+        """A rollout ended: ``group`` is accepted, or ``None`` (rejected or failed)."""
+        with self._cv:
+            del self._running[ticket.seq]
+            if group is None:
+                self.rejected += 1
+            else:
+                group.admit_version = ticket.version
+                self.accepted += 1
+                self._ready[ticket.seq] = (ticket, group)
+            self._cv.notify_all()
+        self._changed()
+
+    def set_version(self, version: int) -> None:
+        with self._cv:
+            self.version = version
+        self._changed()
+
+    def on_version_recovered(self, version: int) -> None:
+        """After a resume at ``version``: count the groups of earlier versions as accepted (AReaL #1388)."""
+        with self._cv:
+            self.version = version
+            self.accepted = self.consumed = version * self.batch_size
+        self._changed()
+
+    def take(self, timeout: float | None = None, should_stop=lambda: False) -> list[TrajectoryGroup]:
+        """Block until a batch of B groups is ready (see the module docstring) and return it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while True:
+                batch = self._pick()
+                if batch is not None:
+                    groups = [self._ready.pop(seq)[1] for seq in batch]
+                    self.consumed += len(groups)
+                    return groups
+                if should_stop():
+                    raise InterruptedError("stopped while waiting for a batch")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(
+                        f"no batch of {self.batch_size} groups within {timeout}s: ready={len(self._ready)} "
+                        f"running={self.running} accepted={self.accepted} rejected={self.rejected} "
+                        f"version={self.version}"
+                    )
+                self._cv.wait(timeout=0.5 if left is None else min(left, 0.5))
+
+    def stats(self) -> dict:
+        with self._cv:
+            return {"buffer_ready": len(self._ready), "buffer_running": self.running,
+                    "groups_accepted": self.accepted, "groups_rejected": self.rejected}
+
+    # ---- internals (hold the lock) -----------------------------------------------------------------------
+    def _pick(self) -> list[int] | None:
+        candidates = [(t.version, 0, t.seq) for t, _ in self._ready.values()]
+        candidates += [(t.version, 1, t.seq) for t in self._running.values()]
+        if len(candidates) < self.batch_size:
+            return None
+        chosen = sorted(candidates)[: self.batch_size]
+        if any(not_ready for _, not_ready, _ in chosen):
+            return None
+        return [seq for _, _, seq in chosen]
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()

@@ -1,0 +1,109 @@
+"""The ``asyncrl`` command: train | sft | eval | init-model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from asyncrl import configlib
+from asyncrl.configlib import ConfigError
+
+
+def _config_parser(sub, name: str, help_: str):
+    p = sub.add_parser(name, help=help_, description=help_)
+    p.add_argument("--config", help="YAML file of overrides")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and doc")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied after --config")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="asyncrl", description="Fully asynchronous RL for LLM reasoning.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _config_parser(sub, "train", "RL training (GRPO + decoupled PPO, asynchronous)")
+    _config_parser(sub, "sft", "supervised fine-tuning on the task's reference solutions")
+    ev = _config_parser(sub, "eval", "held-out accuracy of a checkpoint")
+    ev.add_argument("--model", help="checkpoint directory (same as model.path=...)")
+    init = sub.add_parser("init-model", help="build the tiny tokenizer and a randomly initialised model")
+    init.add_argument("--out", default="outputs/tiny-init", help="output directory")
+    init.add_argument("--vocab-size", type=int, default=1024)
+    init.add_argument("--hidden-size", type=int, default=256)
+    init.add_argument("--layers", type=int, default=4)
+    init.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        return _dispatch(args)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
+    if args.command == "init-model":
+        return _init_model(args)
+    from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
+
+    cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
+    if args.help_config:
+        print(configlib.describe(cls))
+        return 0
+    overrides = list(args.overrides)
+    if args.command == "eval" and args.model:
+        overrides.insert(0, f"model.path={args.model}")
+    cfg = configlib.load(cls, args.config, overrides)
+    if args.command == "train":
+        from asyncrl.controller import train
+
+        record = train(cfg)
+    elif args.command == "sft":
+        from asyncrl.sft import sft
+
+        record = sft(cfg)
+    else:
+        record = _eval(cfg)
+    print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (list, dict))}))
+    return 0
+
+
+def _eval(cfg) -> dict:
+    import torch
+
+    from asyncrl.data import build_task
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.evaluate import evaluate
+    from asyncrl.models import DTYPES, load_model, load_tokenizer
+    from asyncrl.types import SamplingParams
+
+    torch.set_num_threads(cfg.threads)
+    tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
+    task, reward_fn = build_task(cfg.task)
+    valid = task.split(cfg.valid_dataset.seed, cfg.valid_dataset.size)
+    engine = LocalEngine(model, max_slots=64, max_len=min(model.config.max_position_embeddings, 1024),
+                         dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, temperature=cfg.temperature,
+                            stop_token_ids=(tokenizer.eos_token_id,))
+    return {"model": cfg.model.path, "n": len(valid), **evaluate(engine, tokenizer, valid, reward_fn, params)}
+
+
+def _init_model(args) -> int:
+    from asyncrl.data.arith import ArithTask
+    from asyncrl.data.tokenizer import build_tokenizer
+    from asyncrl.models import build_tiny_model, tokenizer_corpus
+
+    tokenizer = build_tokenizer(tokenizer_corpus(ArithTask()), vocab_size=args.vocab_size)
+    model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    n = sum(p.numel() for p in model.parameters())
+    print(json.dumps({"out": args.out, "params": n, "vocab": len(tokenizer)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""Typed configuration machinery: nested dataclasses filled from YAML overrides and ``a.b=c`` arguments.
+
+Every error names the key, where it came from (file and line, or the command line) and, for unknown keys,
+the nearest valid key. Field documentation is the string literal under each field (cleanrl's habit), read
+from the source with ``ast`` for ``--help-config``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported before anything runs."""
+
+
+def load(cls, path: str | None = None, overrides: list[str] | None = None):
+    """Build ``cls`` from its defaults, then the YAML file ``path``, then ``key.sub=value`` overrides."""
+    cfg = cls()
+    if path:
+        data, lines = _read_yaml(path)
+        _merge(cfg, data, "", lambda key: f"{path}:{lines[key]}" if key in lines else path, all_keys(cls))
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        parts = key.strip().split(".")
+        nested: Any = value
+        for part in reversed(parts):
+            nested = {part: nested}
+        _merge(cfg, nested, "", lambda _k: "command line", all_keys(cls))
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump(cfg, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def all_keys(cls, prefix: str = "") -> list[str]:
+    keys = []
+    for f in dataclasses.fields(cls):
+        typ = _resolve(cls, f)
+        if dataclasses.is_dataclass(typ):
+            keys += all_keys(typ, prefix + f.name + ".")
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def describe(cls, prefix: str = "") -> str:
+    """Every key with its type, default and documentation, for ``--help-config``."""
+    out, docs, default = [], field_docs(cls), cls()
+    for f in dataclasses.fields(cls):
+        typ = _resolve(cls, f)
+        if dataclasses.is_dataclass(typ):
+            out.append(f"\n[{prefix}{f.name}]  {docs.get(f.name, '')}".rstrip())
+            out.append(describe(typ, prefix + f.name + "."))
+        else:
+            value = getattr(default, f.name)
+            out.append(f"{prefix}{f.name} = {value!r}  ({_type_name(typ)})")
+            if f.name in docs:
+                out.append(textwrap.indent(textwrap.fill(docs[f.name], 96), "    "))
+    return "\n".join(out)
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The string literal that follows each field in the class body."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+# ---- internals -----------------------------------------------------------------------------------------
+def _read_yaml(path: str) -> tuple[dict, dict[str, int]]:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file '{path}' does not exist")
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+        node = yaml.compose(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    lines: dict[str, int] = {}
+
+    def walk(n, prefix):
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = prefix + str(k.value)
+                lines[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+
+    walk(node, "")
+    return data, lines
+
+
+def _merge(cfg, data: dict, prefix: str, where, valid: list[str]) -> None:
+    cls = type(cfg)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        dotted = prefix + str(key)
+        if key not in names:
+            near = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys here: {sorted(names)}"
+            raise ConfigError(f"{where(dotted)}: unknown config key '{dotted}'{hint}")
+        f = names[key]
+        typ = _resolve(cls, f)
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where(dotted)}: '{dotted}' is a section; give a mapping, not {value!r}")
+            _merge(getattr(cfg, key), value, dotted + ".", where, valid)
+        else:
+            setattr(cfg, key, _coerce(value, typ, dotted, where))
+
+
+def _coerce(value, typ, key: str, where):
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, where)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[0]
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where(key)}: '{key}' must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where(key)}: '{key}' must be a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, key, where) for v in value]
+        return tuple(items) if origin is tuple else items
+    if typ is Any:
+        return value
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif typ is dict:
+        if isinstance(value, dict):
+            return value
+    raise ConfigError(f"{where(key)}: '{key}' must be {_type_name(typ)}, got {value!r}")
+
+
+def _type_name(typ) -> str:
+    return getattr(typ, "__name__", None) or str(typ).replace("typing.", "")
+
+
+def _resolve(cls, f: dataclasses.Field):
+    return typing.get_type_hints(cls)[f.name]

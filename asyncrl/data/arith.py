@@ -1,0 +1,82 @@
+"""The built-in verifiable task: multi-step integer arithmetic with a written-out chain of thought.
+
+A problem is a chain such as ``Compute 37 + 15 - 8 + 24.``; the reference solution does one operation per
+line and ends with ``The answer is 68.``. Only the final answer is checked (reward 1 or 0), so a model may
+reason however it likes. Problems come from a seeded generator; the held-out split is drawn from its own
+seed and never appears in the training stream.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+ANSWER_RE = re.compile(r"answer is\s*(-?\d+)")
+
+
+@dataclass(frozen=True)
+class ArithTask:
+    """Generator of chain-arithmetic problems.
+
+    Difficulty grows with the number of terms and the operand range; ``*`` multiplies by a single digit.
+    """
+
+    min_terms: int = 3
+    max_terms: int = 5
+    max_operand: int = 99
+    ops: str = "+-"
+    max_value: int = 999
+
+    def problem(self, rng: random.Random) -> dict:
+        n_terms = rng.randint(self.min_terms, self.max_terms)
+        value = rng.randint(2, self.max_operand)
+        question = [str(value)]
+        lines = []
+        for _ in range(n_terms - 1):
+            op = rng.choice(self.ops)
+            operand = rng.randint(2, 9) if op == "*" else rng.randint(1, self.max_operand)
+            result = _apply(value, op, operand)
+            if not 0 <= result <= self.max_value:  # keep every intermediate value small and non-negative
+                op, operand = ("-", rng.randint(1, max(1, value))) if result > self.max_value else ("+", operand)
+                result = _apply(value, op, operand)
+            question.append(f"{op} {operand}")
+            lines.append(f"{value} {op} {operand} = {result}")
+            value = result
+        lines.append(f"The answer is {value}.")
+        return {"question": f"Compute {' '.join(question)}.", "solution": "\n".join(lines), "answer": str(value)}
+
+    def stream(self, seed: int, exclude: set[str] = frozenset()) -> Iterator[dict]:
+        """Endless training problems; questions in ``exclude`` (the held-out split) are skipped."""
+        rng = random.Random(seed)
+        while True:
+            item = self.problem(rng)
+            if item["question"] not in exclude:
+                yield item
+
+    def split(self, seed: int, size: int) -> list[dict]:
+        """A fixed list of ``size`` distinct problems (the held-out split)."""
+        rng, seen, items = random.Random(seed), set(), []
+        while len(items) < size:
+            item = self.problem(rng)
+            if item["question"] not in seen:
+                seen.add(item["question"])
+                items.append(item)
+        return items
+
+
+def _apply(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def extract_answer(text: str) -> str | None:
+    """The integer after the last ``answer is`` in ``text``, or None."""
+    found = ANSWER_RE.findall(text)
+    return found[-1] if found else None
+
+
+def arith_reward(prompt: str, completion: str, answer: str, **_) -> float:
+    """1.0 when the completion's final answer equals the reference answer, else 0.0."""
+    got = extract_answer(completion)
+    return 1.0 if got is not None and int(got) == int(answer) else 0.0

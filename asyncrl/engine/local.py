@@ -1,0 +1,317 @@
+"""The built-in inference engine: in-process PyTorch, continuous batching, interruptible by weight updates.
+
+Requests wait in a queue; at every token boundary the engine loop (1) applies a pending weight update,
+(2) admits waiting requests into free KV slots (one prefill per prompt, copied to its ``n`` samples),
+(3) decodes one token for every running sequence and (4) retires finished ones, compacting the slots.
+
+On a weight update, running sequences are re-prefilled under the new weights (``interrupt_mode=
+"recompute"``) so their KV cache matches the new model, and decoding continues: a sequence that spans the
+update carries both versions in ``Completion.versions``. ``"abort"`` ends them with finish reason
+``abort`` instead, and the caller may resubmit prompt + partial output.
+
+The loop runs in its own thread (``start``), or in the caller's thread (``run_until_idle``, used for
+version-pinned evaluation and tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncrl.engine.decoder import Decoder
+from asyncrl.engine.sampling import sample
+from asyncrl.types import Completion, SamplingParams, WeightUpdate
+
+INTERRUPT_MODES = ("recompute", "abort")
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: Future
+    done: list = field(default_factory=list)
+
+
+@dataclass
+class _Seq:
+    req: _Request
+    index: int
+    tokens: list[int]  # prompt + output; the last output token is not in the KV cache yet
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    @property
+    def cached(self) -> int:  # positions held in the KV cache
+        return len(self.tokens) - 1
+
+
+class LocalEngine:
+    """Continuous-batching engine over a ``Decoder``. Thread-safe entry points: ``submit``, ``generate``,
+    ``update_weights``, ``pause``, ``resume``, ``stop``."""
+
+    def __init__(
+        self,
+        model,
+        max_slots: int = 64,
+        max_len: int = 512,
+        dtype: torch.dtype = torch.float32,
+        seed: int = 0,
+        interrupt_mode: str = "recompute",
+        stop_token_ids: tuple[int, ...] = (),
+        version: int = 0,
+        recompute_chunk: int = 16,
+        threads: int | None = None,
+    ):
+        if interrupt_mode not in INTERRUPT_MODES:
+            raise ValueError(f"interrupt_mode must be one of {INTERRUPT_MODES}, got '{interrupt_mode}'")
+        self.decoder = Decoder(model, max_slots, max_len, dtype)
+        self.max_slots, self.max_len = max_slots, max_len
+        self.interrupt_mode = interrupt_mode
+        self.default_stop = tuple(stop_token_ids)
+        self.recompute_chunk = recompute_chunk
+        self.threads = threads  # torch threads of the engine thread
+        self.generator = torch.Generator().manual_seed(seed)
+        self._version = version
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._active: list[_Seq] = []
+        self._update: tuple[WeightUpdate, threading.Event, list] | None = None
+        self._paused = False
+        self._stopped = False
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.generated_tokens = 0  # counters read by the controller
+        self.busy_s = 0.0
+        self.interruptions = 0
+
+    # ---- public API ----------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
+        """Queue a prompt; the future resolves to ``params.n`` completions."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if params.n > self.max_slots:
+            raise ValueError(f"n={params.n} samples exceed the engine's {self.max_slots} slots")
+        if len(prompt_ids) + params.max_new_tokens > self.max_len:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds the "
+                f"engine's max_len {self.max_len}"
+            )
+        vocab = self.decoder.shape.vocab
+        if max(prompt_ids) >= vocab or min(prompt_ids) < 0:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        req = _Request(list(prompt_ids), params, Future())
+        with self._cv:
+            if self._stopped:
+                raise RuntimeError("engine is stopped")
+            self._waiting.append(req)
+            self._cv.notify_all()
+        return req.future
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+
+    def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """Generate for many prompts and wait (in this thread if the loop is not running)."""
+        futures = [self.submit(p, params) for p in prompts]
+        if self._thread is None:
+            self.run_until_idle()
+        return [f.result() for f in futures]
+
+    def update_weights(self, update: WeightUpdate, timeout: float | None = 60.0) -> None:
+        """Install new weights at the next token boundary; returns once they serve all later tokens."""
+        if update.state_dict is None:
+            raise ValueError(f"LocalEngine needs an in-memory state_dict (update to version {update.version})")
+        if self._thread is None:
+            self._apply_update(update)
+            return
+        done, error = threading.Event(), []
+        with self._cv:
+            self._update = (update, done, error)
+            self._cv.notify_all()
+        if not done.wait(timeout):
+            raise TimeoutError(f"weight update to version {update.version} not applied within {timeout}s")
+        if error:
+            raise RuntimeError(f"weight update to version {update.version} failed: {error[0]}") from error[0]
+
+    def pause(self) -> None:
+        with self._cv:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    def start(self) -> "LocalEngine":
+        self._thread = threading.Thread(target=self._loop, name="asyncrl-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._fail_all(RuntimeError("engine stopped"))
+
+    @property
+    def n_running(self) -> int:
+        return len(self._active) + len(self._waiting)
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        while True:
+            with self._cv:
+                while not self._stopped and self._update is None and (
+                    self._paused or not (self._waiting or self._active)
+                ):
+                    self._cv.wait()
+                if self._stopped:
+                    return
+                pending, self._update = self._update, None
+            if pending is not None:
+                update, done, error = pending
+                try:
+                    self._apply_update(update)
+                except Exception as e:  # noqa: BLE001 - reported to the caller of update_weights
+                    error.append(e)
+                done.set()
+                continue
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the engine
+                self._fail_all(e)
+
+    def run_until_idle(self) -> None:
+        """Run the loop in the calling thread until no request is waiting or running."""
+        while self._waiting or self._active:
+            self.step()
+
+    def step(self) -> None:
+        """One token boundary: admit waiting requests, then decode one token for every running sequence."""
+        t0 = time.perf_counter()
+        self._admit()
+        if self._active:
+            seqs = self._active
+            tokens = torch.tensor([[s.tokens[-1]] for s in seqs])
+            start = torch.tensor([s.cached for s in seqs])
+            logits = self.decoder.forward(tokens, 0, start, torch.ones(len(seqs), dtype=torch.long))
+            self._sample_into(seqs, logits)
+            self._retire()
+        self.busy_s += time.perf_counter() - t0
+
+    def _admit(self) -> None:
+        new: list[_Request] = []
+        free = self.max_slots - len(self._active)
+        with self._cv:
+            while self._waiting and self._waiting[0].params.n <= free:
+                req = self._waiting.popleft()
+                free -= req.params.n
+                new.append(req)
+        if not new:
+            return
+        base = len(self._active)
+        lengths = torch.tensor([len(r.prompt_ids) for r in new])
+        tokens = torch.zeros(len(new), int(lengths.max()), dtype=torch.long)
+        for i, r in enumerate(new):
+            tokens[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids)
+        logits = self.decoder.forward(tokens, base, torch.zeros(len(new), dtype=torch.long), lengths)
+        # one prefill row per prompt sits in slots base..base+len(new); copies for the other samples follow
+        seqs: list[_Seq] = [_Seq(r, 0, list(r.prompt_ids)) for r in new]
+        rows = list(range(len(new)))
+        for i, r in enumerate(new):
+            for j in range(1, r.params.n):
+                self.decoder.move_slot(base + i, base + len(seqs), len(r.prompt_ids))
+                seqs.append(_Seq(r, j, list(r.prompt_ids)))
+                rows.append(i)
+        self._active.extend(seqs)
+        self._sample_into(seqs, logits[torch.tensor(rows)])
+        self._retire()
+
+    def _sample_into(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        params = [s.req.params for s in seqs]
+        tokens, logprobs = sample(
+            logits,
+            torch.tensor([p.temperature for p in params], dtype=torch.float32),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            torch.tensor([p.top_k for p in params], dtype=torch.long),
+            torch.tensor([p.greedy for p in params]),
+            self.generator,
+        )
+        for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist()):
+            s.tokens.append(t)
+            s.output_ids.append(t)
+            s.logprobs.append(lp)
+            s.versions.append(self._version)
+        self.generated_tokens += len(seqs)
+
+    def _retire(self) -> None:
+        """Finish sequences that hit a stop token or their length limit; keep running slots contiguous."""
+        for i in range(len(self._active) - 1, -1, -1):
+            s = self._active[i]
+            p = s.req.params
+            stop_ids = p.stop_token_ids or self.default_stop
+            if s.output_ids[-1] in stop_ids:
+                reason = "stop"
+            elif len(s.output_ids) >= p.max_new_tokens or len(s.tokens) >= self.max_len:
+                reason = "length"
+            else:
+                continue
+            self._finish(i, reason)
+
+    def _finish(self, i: int, reason: str) -> None:
+        s = self._active[i]
+        last = len(self._active) - 1
+        if i != last:
+            moved = self._active[last]
+            self.decoder.move_slot(last, i, moved.cached)
+            self._active[i] = moved
+        self._active.pop()
+        req = s.req
+        req.done.append((s.index, Completion(req.prompt_ids, s.output_ids, s.logprobs, s.versions, reason)))
+        if len(req.done) == req.params.n and not req.future.done():
+            req.future.set_result([c for _, c in sorted(req.done, key=lambda d: d[0])])
+
+    def _apply_update(self, update: WeightUpdate) -> None:
+        self.decoder.load_state_dict(update.state_dict)
+        self._version = update.version
+        if not self._active:
+            return
+        self.interruptions += 1
+        if self.interrupt_mode == "abort":
+            for i in range(len(self._active) - 1, -1, -1):
+                self._finish(i, "abort")
+            return
+        t0 = time.perf_counter()
+        for a in range(0, len(self._active), self.recompute_chunk):
+            chunk = self._active[a : a + self.recompute_chunk]
+            lengths = torch.tensor([s.cached for s in chunk])
+            tokens = torch.zeros(len(chunk), int(lengths.max()), dtype=torch.long)
+            for i, s in enumerate(chunk):
+                tokens[i, : s.cached] = torch.tensor(s.tokens[:-1])
+            self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long), lengths)
+        self.busy_s += time.perf_counter() - t0
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._cv:
+            reqs = list(self._waiting) + [s.req for s in self._active]
+            self._waiting.clear()
+        self._active = []
+        for r in reqs:
+            if not r.future.done():
+                r.future.set_exception(error)

@@ -1,0 +1,107 @@
+"""Data carried between the parts of asyncrl. Data only: no behaviour beyond small derived properties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one prompt is sampled. ``n`` samples of a prompt share one prefill."""
+
+    n: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"sampling n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling (use greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+
+@dataclass
+class Completion:
+    """One generated sample. ``logprobs`` are the behaviour log-probabilities of ``output_ids`` under the
+    distribution they were sampled from; ``versions`` the weight version that produced each token."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+
+
+@dataclass
+class Trajectory:
+    """A completion with its reward, ready for training."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    behav_logprobs: list[float]
+    versions: list[int]
+    reward: float
+    finish_reason: str = "stop"
+    text: str = ""
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass
+class TrajectoryGroup:
+    """The samples of one prompt (a GRPO group). ``admit_version`` is the version when it was admitted."""
+
+    trajectories: list[Trajectory]
+    item_id: Any = None
+    admit_version: int = 0
+    info: dict = field(default_factory=dict)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+    @property
+    def min_version(self) -> int:
+        return min((min(t.versions) for t in self.trajectories if t.versions), default=self.admit_version)
+
+
+@dataclass
+class Batch:
+    """Padded training tensors. Position t of the target arrays describes token t+1 of ``input_ids``."""
+
+    input_ids: torch.Tensor  # (N, T)
+    attention_mask: torch.Tensor  # (N, T)
+    loss_mask: torch.Tensor  # (N, T-1) 1 on completion tokens
+    behav_logprobs: torch.Tensor  # (N, T-1)
+    versions: torch.Tensor  # (N, T-1) -1 on prompt and padding
+    rewards: torch.Tensor  # (N,)
+    group_ids: torch.Tensor  # (N,) which group each row belongs to
+    truncated: torch.Tensor  # (N,) bool: stopped by max_new_tokens
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+@dataclass
+class WeightUpdate:
+    """New weights for an engine: HF-named tensors and the version they become."""
+
+    version: int
+    state_dict: dict[str, torch.Tensor] | None = None
+    path: str | None = None  # a directory of safetensors (disk transport)

@@ -1,0 +1,44 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from asyncrl.data.arith import ArithTask
+    from asyncrl.data.tokenizer import build_tokenizer
+    from asyncrl.models import tokenizer_corpus
+
+    return build_tokenizer(tokenizer_corpus(ArithTask(), n_problems=2000), vocab_size=512)
+
+
+def make_model(vocab: int = 320, seed: int = 0, hidden: int = 64, layers: int = 2, model_type: str = "qwen2"):
+    """A small random decoder of the given family."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    kw = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    if model_type == "llama":
+        return LlamaForCausalLM(LlamaConfig(**kw)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**kw)).eval()
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tokenizer):
+    """A randomly initialised tiny model with the task tokenizer, saved in HF format."""
+    from asyncrl.models import build_tiny_model
+
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128)
+    path = tmp_path / "tiny"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

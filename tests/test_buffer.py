@@ -1,0 +1,90 @@
+import threading
+
+import pytest
+
+from asyncrl.buffer import RolloutBuffer, capacity
+from asyncrl.types import Trajectory, TrajectoryGroup
+
+
+def test_capacity_staleness_limit():
+    assert capacity(eta=2, version=0, batch_size=4, accepted=0, running=0) == 12
+
+
+def test_capacity_grows_with_version():
+    assert capacity(eta=2, version=5, batch_size=4, accepted=0, running=0) == 32
+
+
+def test_running_and_accepted_reduce_capacity():
+    assert capacity(eta=0, version=0, batch_size=10, accepted=0, running=3) == 7
+    assert capacity(eta=0, version=0, batch_size=10, accepted=5, running=0) == 5
+    assert capacity(eta=2, version=0, batch_size=4, accepted=3, running=2) == 7
+
+
+def test_capacity_can_be_negative():
+    assert capacity(eta=0, version=0, batch_size=4, accepted=5, running=3) == -4
+
+
+def test_max_concurrent_caps_capacity():
+    assert capacity(eta=8, version=0, batch_size=4, accepted=0, running=3, max_concurrent=5) == 2
+
+
+def test_synchronous_when_eta_zero():
+    buf = RolloutBuffer(batch_size=2, max_staleness=0)
+    tickets = [buf.try_admit(), buf.try_admit()]
+    assert all(tickets) and buf.try_admit() is None  # η=0: exactly one batch in flight
+    for t in tickets:
+        buf.finish(t, _group())
+    assert buf.try_admit() is None  # still version 0 until the trainer steps
+    assert len(buf.take(timeout=1)) == 2
+    buf.set_version(1)
+    assert buf.try_admit() is not None
+
+
+def test_rejected_groups_free_capacity():
+    buf = RolloutBuffer(batch_size=1, max_staleness=0)
+    t = buf.try_admit()
+    buf.finish(t, None)
+    assert buf.rejected == 1 and buf.try_admit() is not None
+
+
+def test_take_waits_for_older_running_group():
+    """A newer ready group must not overtake an older running one: that would break the staleness bound."""
+    buf = RolloutBuffer(batch_size=1, max_staleness=1)
+    old = buf.try_admit()  # version 0
+    buf.set_version(1)
+    new = buf.try_admit()  # version 1
+    buf.finish(new, _group())
+    with pytest.raises(TimeoutError):
+        buf.take(timeout=0.2)
+    buf.finish(old, _group())
+    (first,) = buf.take(timeout=1)
+    assert first.admit_version == 0
+
+
+def test_within_a_version_ready_groups_go_first():
+    buf = RolloutBuffer(batch_size=1, max_staleness=1)
+    a, b = buf.try_admit(), buf.try_admit()
+    buf.finish(b, _group())
+    (got,) = buf.take(timeout=1)  # a is still running but has the same admission version
+    assert got.admit_version == 0 and buf.running == 1
+    buf.finish(a, _group())
+
+
+def test_take_unblocks_from_another_thread():
+    buf = RolloutBuffer(batch_size=2, max_staleness=0)
+    tickets = [buf.try_admit(), buf.try_admit()]
+    timer = threading.Timer(0.1, lambda: [buf.finish(t, _group()) for t in tickets])
+    timer.start()
+    assert len(buf.take(timeout=5)) == 2
+
+
+def test_on_version_recovered():
+    buf = RolloutBuffer(batch_size=4, max_staleness=2)
+    buf.on_version_recovered(7)
+    assert buf.capacity() == (2 + 1) * 4
+    buf.try_admit()
+    assert buf.capacity() == (2 + 1) * 4 - 1
+
+
+def _group():
+    return TrajectoryGroup([Trajectory([1], [2], [0.0], [0], 1.0)])

@@ -1,0 +1,192 @@
+import asyncio
+
+import pytest
+import torch
+
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.sampling import filter_logits, sample
+from asyncrl.types import SamplingParams, WeightUpdate
+from conftest import make_model
+
+VOCAB = 320
+
+
+def _prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (int(l),), generator=g).tolist() for l in torch.randint(3, 15, (n,), generator=g)]
+
+
+def _reference_logprobs(model, prompt, output):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
+    return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+def test_greedy_matches_hf_generate(model_type):
+    model = make_model(VOCAB, model_type=model_type)
+    engine = LocalEngine(model, max_slots=8, max_len=64)
+    prompts = _prompts(5)
+    results = engine.generate_batch(prompts, SamplingParams(max_new_tokens=16, greedy=True))
+    for prompt, (c,) in zip(prompts, results):
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
+        assert c.output_ids == ref[0, len(prompt):].tolist()
+        assert c.finish_reason == "length" and c.versions == [0] * 16
+
+
+def test_sampled_logprobs_match_a_separate_forward():
+    model = make_model(VOCAB)
+    engine = LocalEngine(model, max_slots=16, max_len=64, seed=3)
+    prompts = _prompts(3)
+    results = engine.generate_batch(prompts, SamplingParams(n=4, max_new_tokens=12, temperature=1.0))
+    for prompt, group in zip(prompts, results):
+        assert len(group) == 4
+        for c in group:
+            ref = _reference_logprobs(model, prompt, c.output_ids)
+            assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+
+
+def test_temperature_scales_logprobs():
+    model = make_model(VOCAB)
+    engine = LocalEngine(model, max_slots=4, max_len=64)
+    prompt = _prompts(1)[0]
+    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=8, temperature=0.7))
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + c.output_ids])).logits[0, len(prompt) - 1 : -1] / 0.7
+    ref = logits.log_softmax(-1).gather(-1, torch.tensor(c.output_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+
+
+def test_continuous_batching_equals_one_at_a_time():
+    model = make_model(VOCAB)
+    prompts = _prompts(7, seed=1)
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    alone = [LocalEngine(model, max_slots=2, max_len=64).generate_batch([p], params)[0][0].output_ids for p in prompts]
+    # 3 slots for 7 requests with different stop points: requests join as others finish
+    stops = [SamplingParams(max_new_tokens=m, greedy=True) for m in (10, 3, 10, 5, 10, 1, 10)]
+    engine = LocalEngine(model, max_slots=3, max_len=64)
+    futures = [engine.submit(p, s) for p, s in zip(prompts, stops)]
+    engine.run_until_idle()
+    for f, ref, s in zip(futures, alone, stops):
+        assert f.result()[0].output_ids == ref[: s.max_new_tokens]
+
+
+def test_stop_token_ends_a_sample():
+    model = make_model(VOCAB)
+    engine = LocalEngine(model, max_slots=2, max_len=64)
+    prompt = _prompts(1)[0]
+    (free,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=10, greedy=True))
+    stop = free.output_ids[3]
+    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=10, greedy=True, stop_token_ids=(stop,)))
+    assert c.finish_reason == "stop" and c.output_ids == free.output_ids[: free.output_ids.index(stop) + 1]
+
+
+def test_interruption_spans_two_versions_and_recomputes_kv():
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=4, max_len=64, seed=0)
+    prompt = _prompts(1, seed=5)[0]
+    future = engine.submit(prompt, SamplingParams(n=2, max_new_tokens=12, temperature=1.0))
+    for _ in range(4):  # the first step admits (1 token) and decodes (1 token): 5 tokens under version 0
+        engine.step()
+    engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()))
+    engine.run_until_idle()
+    for c in future.result():
+        assert c.versions == [0] * 5 + [1] * 7
+        old_ref = _reference_logprobs(old, prompt, c.output_ids)
+        new_ref = _reference_logprobs(new, prompt, c.output_ids)
+        got = torch.tensor(c.logprobs)
+        # tokens before the update came from the old weights, the rest from a KV cache recomputed under the new
+        # weights: each matches a fresh forward pass of the model that produced it
+        assert torch.allclose(got[:5], old_ref[:5], atol=1e-4)
+        assert torch.allclose(got[5:], new_ref[5:], atol=1e-4)
+        assert not torch.allclose(got[5:], old_ref[5:], atol=1e-2)  # the two models really differ
+
+
+def test_recomputed_kv_gives_the_fresh_prefill_distribution():
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=2, max_len=64)
+    prompt = _prompts(1, seed=2)[0]
+    engine.submit(prompt, SamplingParams(max_new_tokens=20, greedy=True))
+    for _ in range(4):
+        engine.step()
+    engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()))
+    (seq,) = engine._active
+    logits = engine.decoder.forward(torch.tensor([[seq.tokens[-1]]]), 0, torch.tensor([seq.cached]), torch.tensor([1]))
+    with torch.no_grad():
+        fresh = new(torch.tensor([seq.tokens])).logits[0, -1]
+    assert torch.allclose(logits[0].softmax(-1), fresh.softmax(-1), atol=1e-5)
+
+
+def test_abort_mode_ends_requests_on_update():
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=2, max_len=64, interrupt_mode="abort")
+    future = engine.submit(_prompts(1)[0], SamplingParams(max_new_tokens=12, greedy=True))
+    engine.step()  # admit (first token) + one decode step
+    engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()))
+    (c,) = future.result(timeout=1)
+    assert c.finish_reason == "abort" and len(c.output_ids) == 2 and engine.version == 1
+
+
+def test_threaded_engine_async_generate_and_update():
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=8, max_len=128).start()
+    try:
+        async def main():
+            task = asyncio.ensure_future(engine.generate(_prompts(1)[0], SamplingParams(n=3, max_new_tokens=100)))
+            await asyncio.sleep(0.02)
+            engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()), timeout=10)
+            return await task
+        group = asyncio.run(main())
+        assert len(group) == 3 and engine.version == 1
+        assert all(c.versions == sorted(c.versions) for c in group)
+    finally:
+        engine.stop()
+
+
+def test_pause_holds_generation_at_a_token_boundary():
+    engine = LocalEngine(make_model(VOCAB), max_slots=2, max_len=64).start()
+    try:
+        engine.pause()
+        future = engine.submit(_prompts(1)[0], SamplingParams(max_new_tokens=5, greedy=True))
+        with pytest.raises(TimeoutError):
+            future.result(timeout=0.3)
+        engine.resume()
+        assert len(future.result(timeout=10)[0].output_ids) == 5
+    finally:
+        engine.stop()
+
+
+def test_bad_requests_are_refused_with_a_reason():
+    engine = LocalEngine(make_model(VOCAB), max_slots=2, max_len=32)
+    with pytest.raises(ValueError, match="max_len"):
+        engine.submit([1] * 30, SamplingParams(max_new_tokens=8))
+    with pytest.raises(ValueError, match="slots"):
+        engine.submit([1], SamplingParams(n=3))
+    with pytest.raises(ValueError, match="token ids"):
+        engine.submit([VOCAB + 5], SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="empty"):
+        engine.submit([], SamplingParams(max_new_tokens=4))
+
+
+def test_update_with_missing_weights_keeps_old_model():
+    model = make_model(VOCAB)
+    engine = LocalEngine(model, max_slots=2, max_len=32)
+    partial = {k: v for k, v in model.state_dict().items() if "lm_head" not in k}
+    with pytest.raises(KeyError, match="lm_head"):
+        engine.update_weights(WeightUpdate(1, state_dict=partial))
+    assert engine.version == 0
+    (c,), = engine.generate_batch([[1, 2, 3]], SamplingParams(max_new_tokens=3, greedy=True))
+    assert len(c.output_ids) == 3
+
+
+def test_top_p_and_top_k_filtering():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = filter_logits(logits, torch.tensor([0.7]), torch.tensor([0])).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = filter_logits(logits, torch.tensor([1.0]), torch.tensor([1])).isfinite()
+    assert kept.tolist() == [[True, False, False, False]]
+    tokens, lp = sample(logits.repeat(200, 1), torch.ones(200), torch.full((200,), 0.7), torch.zeros(200, dtype=torch.long),
+                        torch.zeros(200, dtype=torch.bool), torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) <= {0, 1}
+    # behaviour log-probs are under the renormalised nucleus: 0.5/0.8 and 0.3/0.8
+    assert torch.allclose(lp.exp().unique().sort().values, torch.tensor([0.375, 0.625]), atol=1e-5)
