@@ -32,6 +32,8 @@ class TaskConfig:
     """Largest operand."""
     ops: str = "+-"
     """Operators drawn from: any of '+-*' ('*' multiplies by one digit)."""
+    reward_fn: str = ""
+    """Reward function as ``package.module:function`` (empty = the task's own verifier)."""
 
 
 @dataclass
@@ -191,6 +193,13 @@ class TrainConfig:
                                      ("actor.policy_loss", self.actor.policy_loss, POLICY_LOSSES)]:
             if value not in registry:
                 raise ConfigError(f"{key} '{value}' is not one of {sorted(registry)}")
+        if self.task.reward_fn:
+            from asyncrl.reward import load_reward_fn
+
+            try:
+                load_reward_fn(self.task.reward_fn)
+            except ValueError as e:
+                raise ConfigError(f"task.reward_fn: {e}") from e
         self._guardrails()
 
     def _guardrails(self) -> None:

@@ -178,7 +178,12 @@ def _coerce(value, typ, key: str, where):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     elif typ is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):

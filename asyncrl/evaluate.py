@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from asyncrl.engine.local import LocalEngine
+from asyncrl.reward import call_reward
 from asyncrl.types import SamplingParams
 from asyncrl.workflow.rlvr import chat_prompt_ids
 
@@ -14,14 +15,18 @@ def evaluate(engine: LocalEngine, tokenizer, items: list[dict], reward_fn, param
     t0 = time.perf_counter()
     prompts = [chat_prompt_ids(tokenizer, it["question"]) for it in items]
     results = engine.generate_batch(prompts, params)
-    scores, lengths = [], []
+    scores, lengths, errors = [], [], 0
     for item, (c, *_) in zip(items, results):
         text = tokenizer.decode(c.output_ids, skip_special_tokens=True)
-        fields = {k: v for k, v in item.items() if k != "question"}
-        scores.append(float(reward_fn(item["question"], text, **fields)))
+        try:
+            scores.append(call_reward(reward_fn, item, text))
+        except Exception:  # noqa: BLE001 - counted; a failing reward scores 0
+            errors += 1
+            scores.append(0.0)
         lengths.append(len(c.output_ids))
     return {
         "eval_accuracy": sum(scores) / len(scores),
+        "eval_reward_errors": errors,
         "eval_len_mean": sum(lengths) / len(lengths),
         "eval_time_s": time.perf_counter() - t0,
     }

@@ -7,6 +7,7 @@ import logging
 from typing import Callable, Protocol
 
 from asyncrl.engine.base import Engine
+from asyncrl.reward import call_reward
 from asyncrl.types import Completion, SamplingParams, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,8 @@ class RLVRWorkflow:
         return c
 
     def _reward(self, item: dict, text: str) -> float:
-        fields = {k: v for k, v in item.items() if k not in ("question", "prompt_ids")}
         try:
-            return float(self.reward_fn(item.get("question", ""), text, **fields))
+            return call_reward(self.reward_fn, item, text)
         except Exception as e:  # noqa: BLE001 - a failing reward costs one sample, never the run
             self.reward_errors += 1
             if self.reward_errors == 1:

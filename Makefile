@@ -1,0 +1,23 @@
+# Two entry points for a newcomer: `make train` and `make test`. Both create .venv and install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup train test
+setup: $(VENV)/.installed
+
+# torch is pinned to the CPU build first (an unpinned torch pulls a multi-GB CUDA build).
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+train: setup
+	$(VENV)/bin/asyncrl train $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)

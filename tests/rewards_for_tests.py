@@ -1,0 +1,10 @@
+"""Reward functions referenced by import path from tests."""
+
+
+def digit_count_reward(prompt, completion, **_):
+    """Rewards completions with more digits: varies even for a random model, so advantages are non-zero."""
+    return float(sum(ch.isdigit() for ch in completion)) / 10.0
+
+
+def raising_reward(prompt, completion, **_):
+    raise RuntimeError("this reward always fails")

@@ -1,0 +1,45 @@
+import pytest
+import torch
+
+from asyncrl import configlib
+from asyncrl.config import TrainConfig
+from asyncrl.controller import train
+from asyncrl.metrics import read_metrics
+from asyncrl.models import load_model
+
+
+def _cfg(tmp_path, model_path, *extra):
+    return configlib.load(TrainConfig, None, [
+        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false",
+        "total_train_steps=5", "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24",
+        "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.max_slots=16", "actor.lr=1e-3",
+        "task.reward_fn=rewards_for_tests:digit_count_reward", *extra,
+    ])
+
+
+@pytest.mark.parametrize("eta", [0, 2])
+def test_async_run_end_to_end(tmp_path, tiny_model_dir, eta):
+    cfg = _cfg(tmp_path, tiny_model_dir, f"rollout.max_head_offpolicyness={eta}")
+    last = train(cfg)
+    run_dir = tmp_path / "asyncrl" / "default"
+    records = read_metrics(run_dir)
+    steps = [r for r in records if r["step"] > 0]
+    assert [r["version"] for r in steps] == [1, 2, 3, 4, 5] and last["version"] == 5
+    assert all(r["staleness_max"] <= eta for r in steps)
+    if eta == 0:
+        assert all(r["staleness_max"] == 0 for r in steps)
+    for key in ("reward_mean", "staleness_mean", "gen_tokens_per_s", "train_tokens_per_s", "step_time_s"):
+        assert all(key in r for r in steps)
+    assert "eval_accuracy" in records[0] and "eval_accuracy" in steps[1] and "eval_accuracy" in steps[-1]
+    assert (run_dir / "config.yaml").exists()
+    ckpt = run_dir / "checkpoints" / "step5"
+    before, after = load_model(tiny_model_dir), load_model(str(ckpt))
+    changed = [k for k, v in before.state_dict().items() if not torch.equal(v, after.state_dict()[k])]
+    assert changed, "training did not change any weight"
+
+
+def test_failing_reward_is_counted_and_training_continues(tmp_path, tiny_model_dir):
+    cfg = _cfg(tmp_path, tiny_model_dir, "task.reward_fn=rewards_for_tests:raising_reward", "total_train_steps=2",
+               "evaluator.freq_steps=0")
+    last = train(cfg)
+    assert last["version"] == 2 and last["reward_errors"] > 0 and last["reward_mean"] == 0.0
