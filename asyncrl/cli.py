@@ -74,7 +74,8 @@ def _dispatch(args) -> int:
 def _eval(cfg) -> dict:
     import torch
 
-    from asyncrl.data import build_task
+    from asyncrl.data import build_dataset
+    from asyncrl.data.config import TrainDatasetConfig
     from asyncrl.engine.local import LocalEngine
     from asyncrl.evaluate import evaluate
     from asyncrl.models import DTYPES, load_model, load_tokenizer
@@ -82,8 +83,8 @@ def _eval(cfg) -> dict:
 
     torch.set_num_threads(cfg.threads)
     tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
-    task, reward_fn = build_task(cfg.task)
-    valid = task.split(cfg.valid_dataset.seed, cfg.valid_dataset.size)
+    data = build_dataset(cfg.task, TrainDatasetConfig(), cfg.valid_dataset)
+    valid, reward_fn = data.valid, data.reward_fn
     engine = LocalEngine(model, max_slots=64, max_len=min(model.config.max_position_embeddings, 1024),
                          dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, temperature=cfg.temperature,

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asyncrl.configlib import ConfigError
+from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
+from asyncrl.engine.config import RolloutConfig
+from asyncrl.reward.config import RewardConfig
 
 
 @dataclass
@@ -18,38 +21,6 @@ class ModelConfig:
     """A Hugging Face model directory, or ``builtin:NAME`` for a checkpoint shipped with asyncrl."""
     dtype: str = "float32"
     """Weights dtype for training and generation: float32 | bfloat16."""
-
-
-@dataclass
-class TaskConfig:
-    name: str = "arith"
-    """The built-in task: 'arith' (multi-step integer arithmetic with a chain of thought)."""
-    min_terms: int = 3
-    """Fewest numbers in a problem (terms - 1 operations)."""
-    max_terms: int = 5
-    """Most numbers in a problem."""
-    max_operand: int = 99
-    """Largest operand."""
-    ops: str = "+-"
-    """Operators drawn from: any of '+-*' ('*' multiplies by one digit)."""
-    reward_fn: str = ""
-    """Reward function as ``package.module:function`` (empty = the task's own verifier)."""
-
-
-@dataclass
-class TrainDatasetConfig:
-    batch_size: int = 16
-    """B: prompt groups per training step (each group holds gconfig.n_samples samples)."""
-    seed: int = 0
-    """Seed of the training problem stream."""
-
-
-@dataclass
-class ValidDatasetConfig:
-    size: int = 200
-    """Held-out problems evaluated."""
-    seed: int = 10_000
-    """Seed of the held-out split (disjoint from the training stream)."""
 
 
 @dataclass
@@ -64,24 +35,6 @@ class GenerationConfig:
     """Nucleus sampling mass (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-
-
-@dataclass
-class RolloutConfig:
-    max_head_offpolicyness: int = 2
-    """η, the max staleness in versions: prompts are admitted while accepted + running < (η + v + 1)·B.
-    0 is synchronous RL."""
-    max_concurrent_rollouts: int = 0
-    """Cap on groups generating at once (0 = no cap beyond the staleness gate)."""
-    interrupt_mode: str = "recompute"
-    """What in-flight requests do on a weight update: 'recompute' (re-prefill under the new weights and
-    continue) or 'abort' (end them; the workflow resubmits prompt + partial output)."""
-    max_slots: int = 64
-    """Sequences the built-in engine decodes at once (KV-cache slots)."""
-    threads: int = 1
-    """Torch threads for generation (the trainer gets actor.threads; keep the sum <= cores)."""
-    request_timeout_s: float = 600.0
-    """A rollout that takes longer fails (counted, never silent) and its prompt is dropped."""
 
 
 @dataclass
@@ -157,6 +110,8 @@ class TrainConfig:
     """Training prompts."""
     valid_dataset: ValidDatasetConfig = field(default_factory=ValidDatasetConfig)
     """Held-out prompts."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """The reward service."""
     gconfig: GenerationConfig = field(default_factory=GenerationConfig)
     """Sampling for rollouts."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -179,9 +134,7 @@ class TrainConfig:
             raise ConfigError("gconfig.temperature must be > 0 (training log-probs are divided by it)")
         if not 0 < self.gconfig.top_p <= 1:
             raise ConfigError(f"gconfig.top_p must be in (0, 1], got {self.gconfig.top_p}")
-        if self.rollout.interrupt_mode not in ("recompute", "abort"):
-            raise ConfigError(f"rollout.interrupt_mode must be 'recompute' or 'abort', "
-                              f"got '{self.rollout.interrupt_mode}'")
+        self.rollout.validate()
         if self.model.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be float32 or bfloat16, got '{self.model.dtype}'")
         if self.gconfig.n_samples > self.rollout.max_slots:
@@ -193,13 +146,13 @@ class TrainConfig:
                                      ("actor.policy_loss", self.actor.policy_loss, POLICY_LOSSES)]:
             if value not in registry:
                 raise ConfigError(f"{key} '{value}' is not one of {sorted(registry)}")
-        if self.task.reward_fn:
+        if self.reward.fn:
             from asyncrl.reward import load_reward_fn
 
             try:
-                load_reward_fn(self.task.reward_fn)
+                load_reward_fn(self.reward.fn)
             except ValueError as e:
-                raise ConfigError(f"task.reward_fn: {e}") from e
+                raise ConfigError(f"reward.fn: {e}") from e
         self._guardrails()
 
     def _guardrails(self) -> None:

@@ -7,7 +7,6 @@ them) and raises the version, which opens the staleness gate for more prompts.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from pathlib import Path
@@ -18,13 +17,14 @@ from asyncrl import configlib
 from asyncrl.algo import ADVANTAGES, POLICY_LOSSES
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import TrainConfig
-from asyncrl.data import build_task
+from asyncrl.data import build_dataset
 from asyncrl.data.collate import collate
+from asyncrl.engine import build_engine, build_publisher
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import evaluate
 from asyncrl.metrics import MetricsLogger, summary_line
 from asyncrl.models import DTYPES, load_model, load_tokenizer
-from asyncrl.publish import InProcessPublisher
+from asyncrl.reward import build_reward_service
 from asyncrl.rollout import RolloutRunner
 from asyncrl.trainer import Trainer
 from asyncrl.types import SamplingParams, WeightUpdate
@@ -52,10 +52,9 @@ class _Run:
         configlib.dump(cfg, self.dir / "config.yaml")
         self.tokenizer = load_tokenizer(cfg.model.path)
         model = load_model(cfg.model.path)  # master weights in float32; model.dtype sets compute dtype
-        task, self.reward_fn = build_task(cfg.task)
-        self.valid = task.split(cfg.valid_dataset.seed, cfg.valid_dataset.size)
-        held_out = {it["question"] for it in self.valid}
-        items = ({**it, "id": i} for i, it in zip(itertools.count(), task.stream(cfg.train_dataset.seed, held_out)))
+        data = build_dataset(cfg.task, cfg.train_dataset, cfg.valid_dataset)
+        self.valid = data.valid
+        self.reward = build_reward_service(cfg.reward, data.reward_fn)
         g = cfg.gconfig
         eos = (self.tokenizer.eos_token_id,)
         self.sampling = SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
@@ -64,9 +63,8 @@ class _Run:
                                           temperature=g.temperature, stop_token_ids=eos)
         max_len = min(model.config.max_position_embeddings, 1024)
         dtype = DTYPES[cfg.model.dtype]
-        self.engine = LocalEngine(model, max_slots=cfg.rollout.max_slots, max_len=max_len, dtype=dtype,
-                                  seed=cfg.seed, interrupt_mode=cfg.rollout.interrupt_mode,
-                                  stop_token_ids=eos, threads=cfg.rollout.threads)
+        self.engine = build_engine(cfg.rollout, model, dtype=dtype, max_len=max_len, seed=cfg.seed,
+                                   stop_token_ids=eos)
         self.eval_engine = LocalEngine(model, max_slots=cfg.rollout.max_slots, max_len=max_len, dtype=dtype,
                                        seed=cfg.seed + 1, stop_token_ids=eos)
         a = cfg.actor
@@ -78,11 +76,11 @@ class _Run:
             max_grad_norm=a.max_grad_norm, mb_max_tokens=a.mb_max_tokens, ppo_n_minibatches=a.ppo_n_minibatches,
             temperature=g.temperature, autocast_dtype=None if cfg.model.dtype == "float32" else dtype,
         )
-        self.publisher = InProcessPublisher([self.engine])
+        self.publisher = build_publisher(cfg.rollout, [self.engine])
         self.buffer = RolloutBuffer(cfg.train_dataset.batch_size, cfg.rollout.max_head_offpolicyness,
                                     cfg.rollout.max_concurrent_rollouts)
-        self.workflow = RLVRWorkflow(self.tokenizer, self.reward_fn, self.sampling)
-        self.rollout = RolloutRunner(self.engine, self.buffer, self.workflow, items, cfg.rollout.request_timeout_s)
+        self.workflow = RLVRWorkflow(self.tokenizer, self.reward, self.sampling)
+        self.rollout = RolloutRunner(self.engine, self.buffer, self.workflow, data.train, cfg.rollout.request_timeout_s)
         self.logger = MetricsLogger(self.dir)
 
     def loop(self) -> dict:
@@ -94,7 +92,7 @@ class _Run:
         self.rollout.start()
         bar = _progress(cfg)
         t_start = last = time.perf_counter()
-        last_gen, last_busy = self.engine.generated_tokens, self.engine.busy_s
+        last_gen, last_busy = self._engine_counters()
         for step in range(cfg.total_train_steps):
             groups = self.buffer.take(timeout=cfg.rollout.request_timeout_s)
             t_ready = time.perf_counter()
@@ -104,7 +102,7 @@ class _Run:
             sync_s = self.publisher.publish(self.trainer.state_dict(), version)
             self.buffer.set_version(version)
             now = time.perf_counter()
-            gen, busy = self.engine.generated_tokens, self.engine.busy_s
+            gen, busy = self._engine_counters()
             record = {
                 "step": version, "version": version, **_batch_stats(batch, version - 1),
                 "gen_tokens_per_s": (gen - last_gen) / (now - last),
@@ -112,7 +110,7 @@ class _Run:
                 "train_tokens_per_s": stats["train_tokens"] / stats["train_time_s"],
                 "trainer_wait_s": t_ready - last, "weight_sync_s": sync_s, "step_time_s": now - last,
                 "elapsed_s": now - t_start, "rollout_failures": self.rollout.failures,
-                "reward_errors": self.workflow.reward_errors, "interruptions": self.engine.interruptions,
+                "interruptions": self.engine.stats()["interruptions"], **self.reward.stats(),
                 **self.buffer.stats(), **stats,
             }
             last, last_gen, last_busy = now, gen, busy
@@ -131,10 +129,14 @@ class _Run:
             bar.close()
         return record
 
+    def _engine_counters(self) -> tuple[int, float]:
+        s = self.engine.stats()
+        return s["generated_tokens"], s["busy_s"]
+
     def _evaluate(self, version: int) -> dict:
         """Held-out accuracy of exactly ``version`` (a second engine, run in this thread)."""
         self.eval_engine.update_weights(WeightUpdate(version, state_dict=self.trainer.state_dict()))
-        return evaluate(self.eval_engine, self.tokenizer, self.valid, self.reward_fn, self.eval_params)
+        return evaluate(self.eval_engine, self.tokenizer, self.valid, self.reward.fn, self.eval_params)
 
     def _save(self, version: int) -> None:
         path = self.dir / "checkpoints" / f"step{version}"
@@ -144,6 +146,7 @@ class _Run:
     def close(self) -> None:
         self.rollout.stop()
         self.engine.stop()
+        self.reward.close()
         self.logger.close()
 
 

@@ -11,7 +11,8 @@ import torch
 
 from asyncrl import configlib
 from asyncrl.config import SFTConfig
-from asyncrl.data import build_task
+from asyncrl.data import build_dataset
+from asyncrl.data.config import TrainDatasetConfig
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import evaluate
 from asyncrl.models import load_model, load_tokenizer
@@ -55,9 +56,8 @@ def sft(cfg: SFTConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     configlib.dump(cfg, out / "sft_config.yaml")
     tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
-    task, reward_fn = build_task(cfg.task)
-    valid = task.split(cfg.valid_dataset.seed, cfg.valid_dataset.size)
-    stream = task.stream(cfg.seed, {it["question"] for it in valid})
+    data = build_dataset(cfg.task, TrainDatasetConfig(seed=cfg.seed), cfg.valid_dataset)
+    valid, stream, reward_fn = data.valid, data.train, data.reward_fn
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     params = SamplingParams(max_new_tokens=96, greedy=True, stop_token_ids=(tokenizer.eos_token_id,))
     model.train()

@@ -13,7 +13,7 @@ def _cfg(tmp_path, model_path, *extra):
         f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false",
         "total_train_steps=5", "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24",
         "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.max_slots=16", "actor.lr=1e-3",
-        "task.reward_fn=rewards_for_tests:digit_count_reward", *extra,
+        "reward.fn=rewards_for_tests:digit_count_reward", *extra,
     ])
 
 
@@ -39,7 +39,7 @@ def test_async_run_end_to_end(tmp_path, tiny_model_dir, eta):
 
 
 def test_failing_reward_is_counted_and_training_continues(tmp_path, tiny_model_dir):
-    cfg = _cfg(tmp_path, tiny_model_dir, "task.reward_fn=rewards_for_tests:raising_reward", "total_train_steps=2",
+    cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward", "total_train_steps=2",
                "evaluator.freq_steps=0")
     last = train(cfg)
     assert last["version"] == 2 and last["reward_errors"] > 0 and last["reward_mean"] == 0.0

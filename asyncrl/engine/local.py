@@ -167,6 +167,9 @@ class LocalEngine:
             self._thread = None
         self._fail_all(RuntimeError("engine stopped"))
 
+    def stats(self) -> dict:
+        return {"generated_tokens": self.generated_tokens, "busy_s": self.busy_s, "interruptions": self.interruptions}
+
     @property
     def n_running(self) -> int:
         return len(self._active) + len(self._waiting)

@@ -4,7 +4,10 @@ path (``package.module:function``) so that users add their own without touching 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Callable
+
+log = logging.getLogger(__name__)
 
 
 def load_reward_fn(spec: str) -> Callable[..., float]:
@@ -20,6 +23,40 @@ def load_reward_fn(spec: str) -> Callable[..., float]:
     if not callable(fn):
         raise ValueError(f"reward function '{spec}': module '{module_name}' has no callable '{attr}'")
     return fn
+
+
+class RewardService:
+    """Scores completions with a reward function; a failure costs one sample (the default reward), is
+    counted, and is logged once."""
+
+    def __init__(self, fn: Callable[..., float], default: float = 0.0):
+        self.fn, self.default = fn, default
+        self.errors = 0
+        self.timeouts = 0
+
+    def score(self, item: dict, completion: str) -> float:
+        try:
+            return call_reward(self.fn, item, completion)
+        except Exception as e:  # noqa: BLE001 - a failing reward never stops training
+            self.errors += 1
+            if self.errors == 1:
+                log.warning("reward function failed on item %s (%r); using %s (counted in reward_errors)",
+                            item.get("id"), e, self.default)
+            return self.default
+
+    async def ascore(self, item: dict, completion: str) -> float:
+        return self.score(item, completion)
+
+    def stats(self) -> dict:
+        return {"reward_errors": self.errors, "reward_timeouts": self.timeouts}
+
+    def close(self) -> None:
+        pass
+
+
+def build_reward_service(cfg, default_fn: Callable[..., float]) -> RewardService:
+    """The service for a ``RewardConfig``: ``cfg.fn`` by import path, else the dataset's verifier."""
+    return RewardService(load_reward_fn(cfg.fn) if cfg.fn else default_fn, cfg.default)
 
 
 def item_fields(item: dict) -> dict:

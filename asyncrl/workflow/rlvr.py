@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-from typing import Callable, Protocol
+from typing import Protocol
 
 from asyncrl.engine.base import Engine
-from asyncrl.reward import call_reward
+from asyncrl.reward import RewardService
 from asyncrl.types import Completion, SamplingParams, Trajectory, TrajectoryGroup
-
-log = logging.getLogger(__name__)
 
 
 class Workflow(Protocol):
@@ -27,11 +24,8 @@ def chat_prompt_ids(tokenizer, question: str) -> list[int]:
 
 
 class RLVRWorkflow:
-    def __init__(self, tokenizer, reward_fn: Callable[..., float], params: SamplingParams,
-                 reward_default: float = 0.0):
-        self.tokenizer, self.reward_fn, self.params = tokenizer, reward_fn, params
-        self.reward_default = reward_default
-        self.reward_errors = 0
+    def __init__(self, tokenizer, reward: RewardService, params: SamplingParams):
+        self.tokenizer, self.reward, self.params = tokenizer, reward, params
 
     async def run(self, item: dict, engine: Engine) -> TrajectoryGroup | None:
         prompt_ids = item.get("prompt_ids") or chat_prompt_ids(self.tokenizer, item["question"])
@@ -40,8 +34,9 @@ class RLVRWorkflow:
         trajectories = []
         for c in completions:
             text = self.tokenizer.decode(c.output_ids, skip_special_tokens=True)
-            trajectories.append(Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions,
-                                           self._reward(item, text), c.finish_reason, text))
+            reward = await self.reward.ascore(item, text)
+            trajectories.append(Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, reward,
+                                           c.finish_reason, text))
         return TrajectoryGroup(trajectories, item_id=item.get("id"))
 
     async def _resume_aborted(self, c: Completion, engine: Engine) -> Completion:
@@ -54,13 +49,3 @@ class RLVRWorkflow:
         if c.finish_reason == "abort":
             c = dataclasses.replace(c, finish_reason="length")
         return c
-
-    def _reward(self, item: dict, text: str) -> float:
-        try:
-            return call_reward(self.reward_fn, item, text)
-        except Exception as e:  # noqa: BLE001 - a failing reward costs one sample, never the run
-            self.reward_errors += 1
-            if self.reward_errors == 1:
-                log.warning("reward function failed on item %s (%r); using %s", item.get("id"), e,
-                            self.reward_default)
-            return self.reward_default
