@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     _config_parser(sub, "sft", "supervised fine-tuning on the task's reference solutions")
     ev = _config_parser(sub, "eval", "held-out accuracy of a checkpoint")
     ev.add_argument("--model", help="checkpoint directory (same as model.path=...)")
+    serve = sub.add_parser("serve", help="serve a model over HTTP (SGLang-style and OpenAI-compatible APIs)",
+                           add_help=False)
+    serve.add_argument("serve_args", nargs=argparse.REMAINDER)
     init = sub.add_parser("init-model", help="build the tiny tokenizer and a randomly initialised model")
     init.add_argument("--out", default="outputs/tiny-init", help="output directory")
     init.add_argument("--vocab-size", type=int, default=1024)
@@ -47,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args) -> int:
     if args.command == "init-model":
         return _init_model(args)
+    if args.command == "serve":
+        from asyncrl.engine.server import main as serve_main
+
+        return serve_main(args.serve_args)
     from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
 
     cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]

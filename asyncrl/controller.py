@@ -23,7 +23,7 @@ from asyncrl.engine import build_engine, build_publisher
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import evaluate
 from asyncrl.metrics import MetricsLogger, summary_line
-from asyncrl.models import DTYPES, load_model, load_tokenizer
+from asyncrl.models import DTYPES, load_model, load_tokenizer, resolve_model_path
 from asyncrl.reward import build_reward_service
 from asyncrl.rollout import RolloutRunner
 from asyncrl.trainer import Trainer
@@ -63,8 +63,8 @@ class _Run:
                                           temperature=g.temperature, stop_token_ids=eos)
         max_len = min(model.config.max_position_embeddings, 1024)
         dtype = DTYPES[cfg.model.dtype]
-        self.engine = build_engine(cfg.rollout, model, dtype=dtype, max_len=max_len, seed=cfg.seed,
-                                   stop_token_ids=eos)
+        self.engine = build_engine(cfg.rollout, model, model_path=resolve_model_path(cfg.model.path), dtype=dtype,
+                                   max_len=max_len, seed=cfg.seed, stop_token_ids=eos)
         self.eval_engine = LocalEngine(model, max_slots=cfg.rollout.max_slots, max_len=max_len, dtype=dtype,
                                        seed=cfg.seed + 1, stop_token_ids=eos)
         a = cfg.actor

@@ -9,9 +9,10 @@ from asyncrl.engine.local import LocalEngine
 from asyncrl.publish import InProcessPublisher
 
 
-def build_engine(cfg: RolloutConfig, model, *, dtype: torch.dtype, max_len: int, seed: int,
+def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dtype, max_len: int, seed: int,
                  stop_token_ids: tuple[int, ...]):
-    """The rollout engine for ``cfg.backend`` (not started)."""
+    """The rollout engine for ``cfg.backend`` (not started). ``model`` is the trainer's live model (for
+    in-process engines); ``model_path`` the resolved checkpoint directory it was loaded from."""
     return LocalEngine(model, max_slots=cfg.max_slots, max_len=max_len, dtype=dtype, seed=seed,
                        interrupt_mode=cfg.interrupt_mode, stop_token_ids=stop_token_ids, threads=cfg.threads)
 
