@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from asyncrl.algo.config import ActorConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
@@ -35,41 +36,6 @@ class GenerationConfig:
     """Nucleus sampling mass (1.0 = off)."""
     top_k: int = 0
     """Top-k sampling (0 = off)."""
-
-
-@dataclass
-class ActorConfig:
-    lr: float = 2e-4
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    beta1: float = 0.9
-    """AdamW beta1."""
-    beta2: float = 0.99
-    """AdamW beta2."""
-    warmup_steps: int = 0
-    """Linear learning-rate warm-up steps (then constant)."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping by global norm (0 = off)."""
-    mb_max_tokens: int = 8192
-    """Micro-batch budget in tokens (padded length x rows); gradients accumulate across micro-batches."""
-    ppo_n_minibatches: int = 1
-    """Optimizer steps per training batch; with 1, the proximal policy equals the current one (no extra
-    forward pass)."""
-    adv_estimator: str = "grpo"
-    """Advantage estimator (a registry name in asyncrl.algo.advantages)."""
-    policy_loss: str = "decoupled_ppo"
-    """Policy loss (a registry name in asyncrl.algo.losses)."""
-    eps_clip: float = 0.2
-    """PPO clip range around the proximal policy."""
-    eps_clip_higher: float | None = None
-    """Upper clip range (DAPO clip-higher); None = eps_clip."""
-    behav_imp_weight_cap: float | None = 5.0
-    """Cap on the behaviour importance weight π_prox/π_behav (None = uncapped)."""
-    threads: int = 1
-    """Torch threads for training."""
-    allow_unsafe: bool = False
-    """Run configurations the guardrails refuse (experts only)."""
 
 
 @dataclass
@@ -125,11 +91,9 @@ class TrainConfig:
 
     def validate(self) -> None:
         _positive(self, ["train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens",
-                         "total_train_steps", "actor.lr", "actor.ppo_n_minibatches", "rollout.max_slots",
-                         "rollout.threads", "actor.threads", "actor.mb_max_tokens", "valid_dataset.size"])
+                         "total_train_steps", "rollout.max_slots", "rollout.threads", "valid_dataset.size"])
         _non_negative(self, ["rollout.max_head_offpolicyness", "rollout.max_concurrent_rollouts",
-                             "max_train_time_s", "evaluator.freq_steps", "saver.freq_steps",
-                             "actor.max_grad_norm", "actor.warmup_steps", "gconfig.top_k"])
+                             "max_train_time_s", "evaluator.freq_steps", "saver.freq_steps", "gconfig.top_k"])
         if self.gconfig.temperature <= 0:
             raise ConfigError("gconfig.temperature must be > 0 (training log-probs are divided by it)")
         if not 0 < self.gconfig.top_p <= 1:
@@ -140,12 +104,6 @@ class TrainConfig:
         if self.gconfig.n_samples > self.rollout.max_slots:
             raise ConfigError(f"gconfig.n_samples ({self.gconfig.n_samples}) exceeds rollout.max_slots "
                               f"({self.rollout.max_slots}): one group must fit in the engine at once")
-        from asyncrl.algo import ADVANTAGES, POLICY_LOSSES
-
-        for key, value, registry in [("actor.adv_estimator", self.actor.adv_estimator, ADVANTAGES),
-                                     ("actor.policy_loss", self.actor.policy_loss, POLICY_LOSSES)]:
-            if value not in registry:
-                raise ConfigError(f"{key} '{value}' is not one of {sorted(registry)}")
         if self.reward.fn:
             from asyncrl.reward import load_reward_fn
 
@@ -153,29 +111,7 @@ class TrainConfig:
                 load_reward_fn(self.reward.fn)
             except ValueError as e:
                 raise ConfigError(f"reward.fn: {e}") from e
-        self._guardrails()
-
-    def _guardrails(self) -> None:
-        """Refuse configurations that silently train wrong; ``actor.allow_unsafe=true`` overrides."""
-        problems = []
-        if self.gconfig.n_samples == 1 and self.actor.adv_estimator == "grpo":
-            problems.append("GRPO with gconfig.n_samples=1 gives every sample advantage 0 (nothing is learnt); "
-                            "set gconfig.n_samples >= 2")
-        if (self.rollout.max_head_offpolicyness > 0 and self.actor.policy_loss == "decoupled_ppo"
-                and self.actor.behav_imp_weight_cap is None):
-            problems.append("η > 0 with an uncapped behaviour importance weight lets one stale token dominate "
-                            "the gradient; set actor.behav_imp_weight_cap (e.g. 5.0)")
-        if self.rollout.max_head_offpolicyness > 0 and self.actor.policy_loss not in OFF_POLICY_SAFE:
-            problems.append(f"rollout.max_head_offpolicyness={self.rollout.max_head_offpolicyness} trains on "
-                            f"stale samples, but actor.policy_loss='{self.actor.policy_loss}' has no "
-                            f"off-policy correction; use one of {sorted(OFF_POLICY_SAFE)} or set "
-                            "rollout.max_head_offpolicyness=0")
-        if problems and not self.actor.allow_unsafe:
-            raise ConfigError("unsafe configuration:\n  - " + "\n  - ".join(problems)
-                              + "\n(set actor.allow_unsafe=true to run it anyway)")
-
-
-OFF_POLICY_SAFE = {"decoupled_ppo"}
+        self.actor.validate(max_staleness=self.rollout.max_head_offpolicyness, n_samples=self.gconfig.n_samples)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from asyncrl import configlib
-from asyncrl.algo import ADVANTAGES, POLICY_LOSSES
+from asyncrl.algo import build_group_filter
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import TrainConfig
 from asyncrl.data import build_dataset
@@ -26,7 +26,7 @@ from asyncrl.metrics import MetricsLogger, summary_line
 from asyncrl.models import DTYPES, load_model, load_tokenizer, resolve_model_path
 from asyncrl.reward import build_reward_service
 from asyncrl.rollout import RolloutRunner
-from asyncrl.trainer import Trainer
+from asyncrl.trainer import build_trainer
 from asyncrl.types import SamplingParams, WeightUpdate
 from asyncrl.workflow.rlvr import RLVRWorkflow
 
@@ -50,8 +50,9 @@ class _Run:
         self.dir = Path(cfg.output_dir) / cfg.experiment_name / cfg.trial_name
         self.dir.mkdir(parents=True, exist_ok=True)
         configlib.dump(cfg, self.dir / "config.yaml")
-        self.tokenizer = load_tokenizer(cfg.model.path)
-        model = load_model(cfg.model.path)  # master weights in float32; model.dtype sets compute dtype
+        model_path = resolve_model_path(cfg.model.path)
+        self.tokenizer = load_tokenizer(model_path)
+        model = load_model(model_path)  # master weights in float32; model.dtype sets compute dtype
         data = build_dataset(cfg.task, cfg.train_dataset, cfg.valid_dataset)
         self.valid = data.valid
         self.reward = build_reward_service(cfg.reward, data.reward_fn)
@@ -63,24 +64,18 @@ class _Run:
                                           temperature=g.temperature, stop_token_ids=eos)
         max_len = min(model.config.max_position_embeddings, 1024)
         dtype = DTYPES[cfg.model.dtype]
-        self.engine = build_engine(cfg.rollout, model, model_path=resolve_model_path(cfg.model.path), dtype=dtype,
+        self.engine = build_engine(cfg.rollout, model, model_path=model_path, dtype=dtype,
                                    max_len=max_len, seed=cfg.seed, stop_token_ids=eos)
         self.eval_engine = LocalEngine(model, max_slots=cfg.rollout.max_slots, max_len=max_len, dtype=dtype,
                                        seed=cfg.seed + 1, stop_token_ids=eos)
-        a = cfg.actor
-        self.trainer = Trainer(
-            model, adv_fn=ADVANTAGES[a.adv_estimator], loss_fn=POLICY_LOSSES[a.policy_loss],
-            loss_options={"eps_clip": a.eps_clip, "eps_clip_higher": a.eps_clip_higher,
-                          "behav_imp_weight_cap": a.behav_imp_weight_cap},
-            lr=a.lr, betas=(a.beta1, a.beta2), weight_decay=a.weight_decay, warmup_steps=a.warmup_steps,
-            max_grad_norm=a.max_grad_norm, mb_max_tokens=a.mb_max_tokens, ppo_n_minibatches=a.ppo_n_minibatches,
-            temperature=g.temperature, autocast_dtype=None if cfg.model.dtype == "float32" else dtype,
-        )
+        self.trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=g.temperature,
+                                     autocast_dtype=None if cfg.model.dtype == "float32" else dtype)
         self.publisher = build_publisher(cfg.rollout, [self.engine])
         self.buffer = RolloutBuffer(cfg.train_dataset.batch_size, cfg.rollout.max_head_offpolicyness,
                                     cfg.rollout.max_concurrent_rollouts)
         self.workflow = RLVRWorkflow(self.tokenizer, self.reward, self.sampling)
-        self.rollout = RolloutRunner(self.engine, self.buffer, self.workflow, data.train, cfg.rollout.request_timeout_s)
+        self.rollout = RolloutRunner(self.engine, self.buffer, self.workflow, data.train, cfg.rollout.request_timeout_s,
+                                     accept=build_group_filter(cfg.actor))
         self.logger = MetricsLogger(self.dir)
 
     def loop(self) -> dict:
@@ -110,6 +105,7 @@ class _Run:
                 "train_tokens_per_s": stats["train_tokens"] / stats["train_time_s"],
                 "trainer_wait_s": t_ready - last, "weight_sync_s": sync_s, "step_time_s": now - last,
                 "elapsed_s": now - t_start, "rollout_failures": self.rollout.failures,
+                "groups_filtered": self.rollout.filtered,
                 "interruptions": self.engine.stats()["interruptions"], **self.reward.stats(),
                 **self.buffer.stats(), **stats,
             }

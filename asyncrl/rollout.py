@@ -6,18 +6,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from asyncrl.buffer import RolloutBuffer, Ticket
+from asyncrl.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
 
 class RolloutRunner:
-    def __init__(self, engine, buffer: RolloutBuffer, workflow, items: Iterator[dict], timeout_s: float = 600.0):
+    def __init__(self, engine, buffer: RolloutBuffer, workflow, items: Iterator[dict], timeout_s: float = 600.0,
+                 accept: Callable[[TrajectoryGroup], bool] | None = None):
         self.engine, self.buffer, self.workflow, self.items = engine, buffer, workflow, items
         self.timeout_s = timeout_s
+        self.accept = accept  # e.g. DAPO dynamic sampling: drop groups whose rewards are all equal
         self.failures = 0  # rollouts that raised or timed out (counted in the metrics, logged once each kind)
+        self.filtered = 0  # groups the accept predicate dropped
         self.exhausted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,6 +91,9 @@ class RolloutRunner:
         group = None
         try:
             group = await asyncio.wait_for(self.workflow.run(item, self.engine), self.timeout_s)
+            if group is not None and self.accept is not None and not self.accept(group):
+                self.filtered += 1
+                group = None
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - one failed rollout costs one group, never the run

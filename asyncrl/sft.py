@@ -73,7 +73,7 @@ def sft(cfg: SFTConfig) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        record = {"step": step + 1, "loss": float(loss), "elapsed_s": time.perf_counter() - t0}
+        record = {"step": step + 1, "loss": loss.item(), "elapsed_s": time.perf_counter() - t0}
         last = step + 1 == cfg.steps
         if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
             model.eval()

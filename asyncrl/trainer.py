@@ -157,3 +157,17 @@ class Trainer:
         self.model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
+
+
+def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None) -> Trainer:
+    """The trainer for an ``ActorConfig``; ``model_path`` is where extra models (reference, critic) load from."""
+    from asyncrl.algo import ADVANTAGES, POLICY_LOSSES
+
+    return Trainer(
+        model, adv_fn=ADVANTAGES[cfg.adv_estimator], loss_fn=POLICY_LOSSES[cfg.policy_loss],
+        loss_options={"eps_clip": cfg.eps_clip, "eps_clip_higher": cfg.eps_clip_higher,
+                      "behav_imp_weight_cap": cfg.behav_imp_weight_cap},
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+        max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
+        temperature=temperature, autocast_dtype=autocast_dtype,
+    )
