@@ -92,7 +92,7 @@ class _Run:
             groups = self.buffer.take(timeout=cfg.rollout.request_timeout_s)
             t_ready = time.perf_counter()
             batch = collate(groups, self.tokenizer.pad_token_id)
-            stats = self.trainer.step(batch)
+            stats = self.trainer.step(batch, version=step)
             version = step + 1
             sync_s = self.publisher.publish(self.trainer.state_dict(), version)
             self.buffer.set_version(version)

@@ -90,8 +90,9 @@ class Trainer:
             out[ids, : T - 1] = logp
         return out
 
-    def step(self, batch: Batch) -> dict:
-        """One training step on ``batch``: advantages, then ``ppo_n_minibatches`` optimizer steps."""
+    def step(self, batch: Batch, version: int = 0) -> dict:
+        """One training step on ``batch`` with the weights of ``version``: advantages, then
+        ``ppo_n_minibatches`` optimizer steps."""
         t0 = time.perf_counter()
         advantages = self.adv_fn(batch.rewards, batch.group_ids, batch.loss_mask)
         prox = self.logprobs(batch) if self.n_minibatches > 1 else None
