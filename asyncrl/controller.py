@@ -26,6 +26,7 @@ from asyncrl.metrics import MetricsLogger, summary_line
 from asyncrl.models import DTYPES, load_model, load_tokenizer, resolve_model_path
 from asyncrl.reward import build_reward_service
 from asyncrl.rollout import RolloutRunner
+from asyncrl.timeline import Timeline
 from asyncrl.trainer import build_trainer
 from asyncrl.types import SamplingParams, WeightUpdate
 from asyncrl.workflow.rlvr import RLVRWorkflow
@@ -77,24 +78,30 @@ class _Run:
         self.rollout = RolloutRunner(self.engine, self.buffer, self.workflow, data.train, cfg.rollout.request_timeout_s,
                                      accept=build_group_filter(cfg.actor))
         self.logger = MetricsLogger(self.dir)
+        self.timeline = Timeline(self.dir / "timeline.jsonl", self.engine.stats)
 
     def loop(self) -> dict:
-        cfg, version = self.cfg, 0
-        record = {"step": 0, "version": 0, **self._evaluate(version)}
+        cfg, version, tl = self.cfg, 0, self.timeline
+        with tl.span("eval", 0):
+            record = {"step": 0, "version": 0, **self._evaluate(version)}
         self.logger.log(record)
         log.info("start | %s", summary_line(record))
         self.engine.start()
         self.rollout.start()
+        tl.start()
         bar = _progress(cfg)
-        t_start = last = time.perf_counter()
+        t_start = last = free = time.perf_counter()  # last: end of the previous step; free: trainer idle since
         last_gen, last_busy = self._engine_counters()
         for step in range(cfg.total_train_steps):
-            groups = self.buffer.take(timeout=cfg.rollout.request_timeout_s)
+            with tl.span("wait", step):
+                groups = self.buffer.take(timeout=cfg.rollout.request_timeout_s)
             t_ready = time.perf_counter()
             batch = collate(groups, self.tokenizer.pad_token_id)
-            stats = self.trainer.step(batch, version=step)
+            with tl.span("train", step):
+                stats = self.trainer.step(batch, version=step)
             version = step + 1
-            sync_s = self.publisher.publish(self.trainer.state_dict(), version)
+            with tl.span("sync", step):
+                sync_s = self.publisher.publish(self.trainer.state_dict(), version)
             self.buffer.set_version(version)
             now = time.perf_counter()
             gen, busy = self._engine_counters()
@@ -103,19 +110,21 @@ class _Run:
                 "gen_tokens_per_s": (gen - last_gen) / (now - last),
                 "gen_busy_frac": (busy - last_busy) / (now - last),
                 "train_tokens_per_s": stats["train_tokens"] / stats["train_time_s"],
-                "trainer_wait_s": t_ready - last, "weight_sync_s": sync_s, "step_time_s": now - last,
+                "trainer_wait_s": t_ready - free, "weight_sync_s": sync_s, "step_time_s": now - last,
                 "elapsed_s": now - t_start, "rollout_failures": self.rollout.failures,
                 "groups_filtered": self.rollout.filtered,
                 "interruptions": self.engine.stats()["interruptions"], **self.reward.stats(),
                 **self.buffer.stats(), **stats,
             }
-            last, last_gen, last_busy = now, gen, busy
             timed_out = cfg.max_train_time_s and now - t_start >= cfg.max_train_time_s
             final = version == cfg.total_train_steps or timed_out
             if final or (cfg.evaluator.freq_steps and version % cfg.evaluator.freq_steps == 0):
-                record.update(self._evaluate(version))
+                with tl.span("eval", version):
+                    record.update(self._evaluate(version))
             if final or (cfg.saver.freq_steps and version % cfg.saver.freq_steps == 0):
-                self._save(version)
+                with tl.span("save", version):
+                    self._save(version)
+            last, last_gen, last_busy, free = now, gen, busy, time.perf_counter()
             self.logger.log(record)
             _report(bar, record)
             if timed_out:
@@ -143,6 +152,7 @@ class _Run:
         self.rollout.stop()
         self.engine.stop()
         self.reward.close()
+        self.timeline.close()
         self.logger.close()
 
 

@@ -1,0 +1,63 @@
+"""When the trainer and the generator were busy: ``timeline.jsonl`` in the run directory.
+
+Two kinds of records, times in seconds since the run started:
+- ``{"type": "span", "kind": "wait" | "train" | "sync" | "eval" | "save", "t0": .., "t1": .., "step": ..}``
+  for the trainer thread;
+- ``{"type": "gen", "t": .., "busy_s": .., "generated_tokens": ..}``: the engine's cumulative counters,
+  sampled every ``period_s``, so the generator's busy fraction over any window is a difference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+
+class Timeline:
+    def __init__(self, path: str | Path, engine_stats: Callable[[], dict], period_s: float = 0.25):
+        self._file = Path(path).open("a")
+        self._lock = threading.Lock()
+        self._engine_stats = engine_stats
+        self._period = period_s
+        self._t0 = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    @contextlib.contextmanager
+    def span(self, kind: str, step: int):
+        t0 = self.now()
+        try:
+            yield
+        finally:
+            self._write({"type": "span", "kind": kind, "t0": round(t0, 4), "t1": round(self.now(), 4), "step": step})
+
+    def start(self) -> "Timeline":
+        self._thread = threading.Thread(target=self._sample, name="asyncrl-timeline", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            self._file.close()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._period):
+            stats = self._engine_stats()
+            self._write({"type": "gen", "t": round(self.now(), 4), "busy_s": round(stats["busy_s"], 4),
+                         "generated_tokens": stats["generated_tokens"]})
+
+    def _write(self, record: dict) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(json.dumps(record) + "\n")
+                self._file.flush()
