@@ -99,18 +99,13 @@ class TrainConfig:
         if not 0 < self.gconfig.top_p <= 1:
             raise ConfigError(f"gconfig.top_p must be in (0, 1], got {self.gconfig.top_p}")
         self.rollout.validate()
+        self.train_dataset.validate()
+        self.reward.validate()
         if self.model.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be float32 or bfloat16, got '{self.model.dtype}'")
         if self.gconfig.n_samples > self.rollout.max_slots:
             raise ConfigError(f"gconfig.n_samples ({self.gconfig.n_samples}) exceeds rollout.max_slots "
                               f"({self.rollout.max_slots}): one group must fit in the engine at once")
-        if self.reward.fn:
-            from asyncrl.reward import load_reward_fn
-
-            try:
-                load_reward_fn(self.reward.fn)
-            except ValueError as e:
-                raise ConfigError(f"reward.fn: {e}") from e
         self.actor.validate(max_staleness=self.rollout.max_head_offpolicyness, n_samples=self.gconfig.n_samples)
 
 

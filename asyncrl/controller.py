@@ -54,8 +54,8 @@ class _Run:
         model_path = resolve_model_path(cfg.model.path)
         self.tokenizer = load_tokenizer(model_path)
         model = load_model(model_path)  # master weights in float32; model.dtype sets compute dtype
-        data = build_dataset(cfg.task, cfg.train_dataset, cfg.valid_dataset)
-        self.valid = data.valid
+        data = build_dataset(cfg.task, cfg.train_dataset, cfg.valid_dataset, tokenizer=self.tokenizer)
+        self.valid, self.data_stats = data.valid, data.stats
         self.reward = build_reward_service(cfg.reward, data.reward_fn)
         g = cfg.gconfig
         eos = (self.tokenizer.eos_token_id,)
@@ -114,7 +114,7 @@ class _Run:
                 "elapsed_s": now - t_start, "rollout_failures": self.rollout.failures,
                 "groups_filtered": self.rollout.filtered,
                 "interruptions": self.engine.stats()["interruptions"], **self.reward.stats(),
-                **self.buffer.stats(), **stats,
+                **self.buffer.stats(), **self.data_stats(), **stats,
             }
             timed_out = cfg.max_train_time_s and now - t_start >= cfg.max_train_time_s
             final = version == cfg.total_train_steps or timed_out
@@ -141,7 +141,7 @@ class _Run:
     def _evaluate(self, version: int) -> dict:
         """Held-out accuracy of exactly ``version`` (a second engine, run in this thread)."""
         self.eval_engine.update_weights(WeightUpdate(version, state_dict=self.trainer.state_dict()))
-        return evaluate(self.eval_engine, self.tokenizer, self.valid, self.reward.fn, self.eval_params)
+        return evaluate(self.eval_engine, self.tokenizer, self.valid, self.reward.eval_fn, self.eval_params)
 
     def _save(self, version: int) -> None:
         path = self.dir / "checkpoints" / f"step{version}"

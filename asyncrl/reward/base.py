@@ -1,0 +1,56 @@
+"""The reward-function contract, shared by the service, its workers and evaluation.
+
+A reward function is a plain function ``(prompt, completion, **fields) -> float``: ``prompt`` is the item's
+``question``, ``fields`` are the item's other fields (``answer``, ``tests``, ``id``, ...). It is named in
+config by import path (``package.module:function``) so users add their own without touching asyncrl.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+NOT_FIELDS = ("question", "prompt_ids")
+
+
+def load_reward_fn(spec: str) -> Callable[..., float]:
+    """Import ``package.module:function``; the error names what is missing."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"reward function '{spec}' must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"reward function '{spec}': cannot import module '{module_name}' ({e})") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward function '{spec}': module '{module_name}' has no callable '{attr}'")
+    return fn
+
+
+def item_fields(item: dict) -> dict:
+    """The dataset fields passed to a reward function as keyword arguments."""
+    return {k: v for k, v in item.items() if k not in NOT_FIELDS}
+
+
+def call_reward(reward_fn: Callable[..., float], item: dict, completion: str) -> float:
+    """Call ``reward_fn`` on one completion of ``item``; exceptions propagate to the caller to count."""
+    return float(reward_fn(item.get("question", ""), completion, **item_fields(item)))
+
+
+@dataclass(frozen=True)
+class BoundReward:
+    """A reward function with keyword arguments from config (``reward.kwargs``), which take precedence over
+    item fields of the same name. Picklable whenever ``fn`` is, so it travels to worker processes."""
+
+    fn: Callable[..., float]
+    kwargs: dict = field(default_factory=dict)
+
+    def __call__(self, prompt: str, completion: str, **fields: Any) -> float:
+        return self.fn(prompt, completion, **{**fields, **self.kwargs})
+
+    def describe(self) -> dict:
+        """Constant facts the function reports for metrics (e.g. the sandbox mechanism); {} if none."""
+        describe = getattr(self.fn, "describe", None)
+        return dict(describe(**self.kwargs)) if callable(describe) else {}

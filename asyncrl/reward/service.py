@@ -1,0 +1,255 @@
+"""The reward service: scores completions concurrently in worker processes, with a per-call timeout.
+
+A reward that raises, returns a non-finite value, kills its worker or runs past ``timeout_s`` costs one
+sample: it gets the configured default, is counted (``reward_errors`` / ``reward_timeouts``), is logged the
+first time with the sample id, and training goes on. A timed-out worker is killed with its whole process
+group (including any sandbox it started) and replaced on the next call.
+
+``workers=0`` scores in the calling thread: no processes, but no timeout can be enforced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from queue import LifoQueue
+from typing import Callable
+
+from asyncrl.reward.base import call_reward
+from asyncrl.reward.sandbox import sweep_abandoned
+
+log = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 120.0  # importing a reward module (sympy, reasoning-gym) can take seconds on a busy CPU
+
+
+class RewardFailure(RuntimeError):
+    """A reward call that raised, returned a non-number, lost its worker or timed out."""
+
+
+class _Worker:
+    """One worker process and its two pipe ends."""
+
+    def __init__(self, payload: bytes):
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # import what we can
+        self.proc = subprocess.Popen([sys.executable, "-m", "asyncrl.reward.worker", str(down_r), str(up_w)],
+                                     pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, process_group=0, env=env)
+        os.close(down_r)
+        os.close(up_w)
+        self._lock, self._killed = threading.Lock(), False
+        self.outbox = Connection(down_w, readable=False)
+        self.inbox = Connection(up_r, writable=False)
+        self.outbox.send(payload)
+        self.startup_error = self._reply(STARTUP_TIMEOUT_S)
+        if self.startup_error[0] == "ready":
+            self.startup_error = None
+
+    def _reply(self, timeout: float) -> tuple[str, object]:
+        try:
+            if not self.inbox.poll(timeout):
+                return "timeout", None
+            return self.inbox.recv()
+        except (EOFError, OSError):
+            return "error", f"reward worker died (exit code {self.proc.poll()})"
+
+    def call(self, item: dict, completion: str, timeout: float) -> tuple[str, object]:
+        """('ok', value) | ('error', text) | ('timeout', None)."""
+        try:
+            self.outbox.send((item, completion))
+        except (OSError, ValueError) as e:
+            return "error", f"reward worker unreachable ({e})"
+        return self._reply(timeout)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Ask an idle worker to exit; kill its process group if it does not; close the pipes."""
+        try:
+            self.outbox.send(None)
+            self.proc.wait(timeout=grace_s)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+        self.discard()
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group (the worker and every sandbox it started) and reap it. Safe
+        from any thread: the pipes stay open, so a thread waiting on this worker simply reads EOF."""
+        with self._lock:
+            if self._killed:
+                return
+            self._killed = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+        sweep_abandoned()  # sandboxed programs that left the worker's process group (private uids)
+
+    def discard(self) -> None:
+        """Kill and close the pipes; only by the thread that holds the worker (nobody else uses its pipes)."""
+        self.kill()
+        for conn in (self.outbox, self.inbox):
+            conn.close()
+
+
+class RewardService:
+    """Scores completions with a reward function; a failure costs one sample (the default reward), is
+    counted, and is logged once. ``score`` is thread-safe; ``ascore`` awaits it from the rollout loop."""
+
+    def __init__(self, fn: Callable[..., float], default: float = 0.0, *, timeout_s: float = 30.0,
+                 workers: int = 0):
+        self.fn, self.default, self.timeout_s = fn, default, timeout_s
+        self.errors = self.timeouts = self.calls = self.restarts = 0
+        self._lock = threading.Lock()
+        self._logged: set[str] = set()
+        self._closed = False
+        self._payload = _payload(fn) if workers > 0 else None
+        if workers > 0 and self._payload is None:
+            log.warning("reward function %r cannot be pickled for worker processes; scoring in-process "
+                        "without a timeout (define it at module level to get workers)", fn)
+            workers = 0
+        self.workers = workers
+        self._idle: LifoQueue[_Worker | None] = LifoQueue()
+        for _ in range(workers):
+            self._idle.put(None)  # started on first use
+        self._all: set[_Worker] = set()
+        self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="reward")
+        describe = getattr(fn, "describe", None)  # constant facts for metrics, e.g. the sandbox mechanism
+        self._facts = dict(describe()) if callable(describe) else {}
+
+    # ---- scoring -------------------------------------------------------------------------------------
+    def score(self, item: dict, completion: str) -> float:
+        """The reward, or the default (counted and logged once) when the function fails or times out."""
+        with self._lock:
+            self.calls += 1
+        status, value = self._run(item, completion)
+        if status == "ok":
+            return value
+        if not self._closed:  # a call cut short by close() is not the reward's fault
+            self._count(status, item, value)
+        return self.default
+
+    async def ascore(self, item: dict, completion: str) -> float:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.score, item, completion)
+
+    def eval_fn(self, prompt: str, completion: str, **fields) -> float:
+        """A plain reward function that scores through the service (workers, timeout) for held-out
+        evaluation: a failure raises :class:`RewardFailure` for the caller to count (``eval_reward_errors``)
+        instead of entering the training counters."""
+        status, value = self._run({"question": prompt, **fields}, completion)
+        if status != "ok":
+            raise RewardFailure(f"reward {status}: {value}" if value else f"reward {status}")
+        return value
+
+    def _run(self, item: dict, completion: str) -> tuple[str, object]:
+        """('ok', finite float) | ('error', text) | ('timeout', None)."""
+        if self._closed:
+            raise RuntimeError("the reward service is closed")
+        if self.workers == 0:
+            try:
+                status, value = "ok", call_reward(self.fn, item, completion)
+            except Exception as e:  # noqa: BLE001 - a failing reward never stops training
+                status, value = "error", f"{type(e).__name__}: {e}"
+        else:
+            status, value = self._score_in_worker({k: v for k, v in item.items() if k != "prompt_ids"}, completion)
+        if status == "ok" and not (isinstance(value, (int, float)) and math.isfinite(value)):
+            status, value = "error", f"the reward function returned {value!r}, not a finite number"
+        return status, (float(value) if status == "ok" else value)
+
+    def _score_in_worker(self, item: dict, completion: str) -> tuple[str, object]:
+        worker = self._idle.get()  # this thread now owns the worker (or the empty slot)
+        try:
+            if self._closed:
+                return "error", "the reward service is closed"
+            if worker is None or not worker.alive():
+                worker = self._start_worker(worker)
+            if worker.startup_error:
+                return worker.startup_error
+            status, value = worker.call(item, completion, self.timeout_s)
+            if status != "ok" and not (status == "error" and worker.alive()):
+                worker.kill()  # timed out or died: its process group goes, a fresh one starts next time
+            return status, value
+        finally:
+            if self._closed and worker is not None:
+                worker.discard()
+                worker = None
+            self._idle.put(worker)
+
+    def _start_worker(self, old: _Worker | None) -> _Worker:
+        if old is not None:
+            old.discard()
+            with self._lock:
+                self._all.discard(old)
+                self.restarts += 1
+        worker = _Worker(self._payload)
+        with self._lock:
+            self._all.add(worker)
+        return worker
+
+    def _count(self, status: str, item: dict, detail: object) -> None:
+        kind = "timeout" if status == "timeout" else "error"
+        with self._lock:
+            if kind == "timeout":
+                self.timeouts += 1
+            else:
+                self.errors += 1
+            first = kind not in self._logged
+            self._logged.add(kind)
+        if first:
+            what = f"timed out after {self.timeout_s}s" if kind == "timeout" else f"failed ({detail})"
+            log.warning("reward function %s on item %s; using %s (counted in reward_%ss, logged once)",
+                        what, item.get("id"), self.default, kind)
+
+    # ---- reporting and shutdown ----------------------------------------------------------------------
+    def stats(self) -> dict:
+        with self._lock:
+            return {"reward_errors": self.errors, "reward_timeouts": self.timeouts, "reward_calls": self.calls,
+                    "reward_worker_restarts": self.restarts, **self._facts}
+
+    def close(self) -> None:
+        """Stop every worker and the sandboxes they started; a call in flight returns the default, uncounted.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            busy = set(self._all)
+        while not self._idle.empty():  # idle workers: ask them to exit
+            worker = self._idle.get_nowait()
+            if worker is not None:
+                busy.discard(worker)
+                worker.stop()
+        for worker in busy:  # in a call: kill; the calling thread reads EOF and closes the pipes
+            worker.kill()
+        for _ in range(self.workers):
+            self._idle.put(None)  # wake any thread waiting for a worker; it sees the service closed
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the live worker processes (for tests and diagnostics)."""
+        with self._lock:
+            return [w.proc.pid for w in self._all if w.alive()]
+
+
+def _payload(fn: Callable[..., float]) -> bytes | None:
+    """The pickled function for the workers, or None when it cannot travel (a lambda or closure, or a
+    function of the ``__main__`` script, which a worker cannot import)."""
+    target = getattr(fn, "fn", fn)  # a BoundReward's function
+    if getattr(target, "__module__", None) == "__main__":
+        return None
+    try:
+        return pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return None

@@ -1,0 +1,209 @@
+"""The reward service: worker processes, per-call timeouts, counted failures, clean shutdown, and training
+that goes on when the reward raises or hangs."""
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+import pytest
+
+from asyncrl import configlib
+from asyncrl.configlib import ConfigError
+from asyncrl.reward import BoundReward, RewardService, build_reward_service
+from asyncrl.reward.config import RewardConfig
+from data_fixtures import reward_fns
+
+ITEM = {"id": 7, "question": "q", "answer": "42", "prompt_ids": [1, 2, 3]}
+
+
+def _gone(pids, timeout_s=5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(os.path.exists(f"/proc/{p}") and "Z" not in _state(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _state(pid) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+@pytest.fixture
+def service_factory():
+    made = []
+
+    def make(fn, **kw):
+        s = RewardService(fn, **kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def test_scores_in_worker_processes(service_factory):
+    s = service_factory(reward_fns.pid, workers=2)
+    pids = {s.score(ITEM, "x") for _ in range(4)}
+    assert os.getpid() not in pids and pids <= set(s.worker_pids())
+    assert service_factory(reward_fns.exact_answer, workers=2).score(ITEM, "42") == 1.0
+
+
+def test_raising_reward_is_counted_and_logged_once_with_the_sample_id(service_factory, caplog):
+    s = service_factory(reward_fns.raising, default=-0.5, workers=1)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.reward.service"):
+        assert [s.score({**ITEM, "id": i}, "x") for i in range(3)] == [-0.5] * 3
+    assert s.stats()["reward_errors"] == 3 and s.stats()["reward_timeouts"] == 0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "item 0" in warnings[0] and "RuntimeError" in warnings[0]
+
+
+def test_hanging_reward_times_out_and_its_worker_is_replaced(service_factory):
+    s = service_factory(reward_fns.hanging, workers=1, timeout_s=0.5)
+    first = s.score(ITEM, "x")
+    old = s.worker_pids()
+    t0 = time.monotonic()
+    assert s.score(ITEM, "x") == 0.0 and first == 0.0
+    assert time.monotonic() - t0 < 5
+    stats = s.stats()
+    assert stats["reward_timeouts"] == 2 and stats["reward_errors"] == 0 and stats["reward_worker_restarts"] >= 1
+    assert _gone(old) or s.worker_pids() != old
+
+
+def test_concurrent_calls_overlap(service_factory):
+    s = service_factory(reward_fns.hanging, workers=2, timeout_s=1.0)
+    s.score(ITEM, "warm up both")  # start-up time is not part of the per-call timeout
+
+    async def both():
+        return await asyncio.gather(s.ascore(ITEM, "a"), s.ascore(ITEM, "b"))
+
+    t0 = time.monotonic()
+    assert asyncio.run(both()) == [0.0, 0.0]
+    assert time.monotonic() - t0 < 2 * 1.0 + 1.5  # two workers: the timeouts overlap
+    assert s.stats()["reward_timeouts"] == 3
+
+
+def test_a_reward_that_kills_its_worker_costs_one_sample(service_factory):
+    s = service_factory(reward_fns.kills_its_worker, workers=1, timeout_s=5)
+    assert s.score(ITEM, "x") == 0.0 and s.score(ITEM, "y") == 0.0
+    assert s.stats()["reward_errors"] == 2
+
+
+def test_non_finite_reward_is_an_error(service_factory):
+    s = service_factory(reward_fns.not_a_number, workers=0)
+    assert s.score(ITEM, "x") == 0.0 and s.stats()["reward_errors"] == 1
+
+
+def test_in_process_mode_and_unpicklable_functions(service_factory):
+    s = service_factory(lambda prompt, completion, **_: 2.0, workers=2)  # cannot travel to a worker
+    assert s.workers == 0 and s.score(ITEM, "x") == 2.0 and s.worker_pids() == []
+
+
+def test_close_leaves_no_process(service_factory):
+    s = service_factory(reward_fns.hangs_on_even_ids, workers=2, timeout_s=30)
+
+    async def close_while_busy():
+        await asyncio.gather(s.ascore({**ITEM, "id": 1}, "x"), s.ascore({**ITEM, "id": 3}, "x"))  # start both
+        busy = asyncio.ensure_future(s.ascore({**ITEM, "id": 0}, "x"))  # one worker hangs, the other idles
+        await asyncio.sleep(1.0)
+        pids = s.worker_pids()
+        assert len(pids) == 2
+        s.close()
+        return pids, await asyncio.wait_for(busy, 10)
+
+    pids, value = asyncio.run(close_while_busy())
+    assert pids and value == 0.0 and s.stats()["reward_errors"] == 0
+    assert _gone(pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        s.score(ITEM, "x")
+
+
+def test_eval_fn_raises_for_the_caller_to_count(service_factory):
+    from asyncrl.reward import RewardFailure
+
+    s = service_factory(reward_fns.hanging, workers=1, timeout_s=0.5)
+    with pytest.raises(RewardFailure, match="timeout"):
+        s.eval_fn("q", "x", answer="1")
+    ok = service_factory(reward_fns.exact_answer, workers=1)
+    assert ok.eval_fn("q", "42", answer="42") == 1.0
+    assert s.stats()["reward_timeouts"] == 0  # evaluation failures stay out of the training counters
+
+
+def test_config_kwargs_override_item_fields_and_describe_reaches_stats(service_factory):
+    bound = BoundReward(reward_fns.scaled, {"scale": 3.0, "answer": "1"})
+    s = service_factory(bound, workers=1)
+    assert s.score(ITEM, "1") == 3.0  # answer '42' on the item is overridden by the config's '1'
+    from asyncrl.reward.code_reward import code_reward
+
+    code = service_factory(BoundReward(code_reward, {"sandbox": "auto"}), workers=0)
+    assert code.stats()["sandbox"].split("+")[0] in ("bwrap", "unshare", "rlimits")
+
+
+def test_build_from_config():
+    cfg = configlib.load(RewardConfig, None, ["fn=data_fixtures.reward_fns:scaled", "kwargs={scale: 2}",
+                                              "workers=0", "timeout_s=5"])
+    s = build_reward_service(cfg, default_fn=reward_fns.raising)
+    try:
+        assert s.score({"question": "q", "answer": "a"}, "a") == 2.0
+    finally:
+        s.close()
+    default = build_reward_service(RewardConfig(workers=0), default_fn=reward_fns.exact_answer)
+    assert default.score(ITEM, "42") == 1.0
+    with pytest.raises(ConfigError, match="reward.fn"):
+        build_reward_service(RewardConfig(fn="data_fixtures.reward_fns:missing"), reward_fns.raising)
+    with pytest.raises(ConfigError, match="reward.workers"):
+        build_reward_service(RewardConfig(workers=-1), reward_fns.raising)
+
+
+@pytest.mark.slow
+def test_training_continues_when_the_reward_hangs(tmp_path, tiny_model_dir):
+    """Half the samples hang: they time out, are counted, score the default, and the run finishes."""
+    from asyncrl.config import TrainConfig
+    from asyncrl.controller import train
+
+    cfg = configlib.load(TrainConfig, None, [
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=2",
+        "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "valid_dataset.size=2",
+        "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.fn=data_fixtures.reward_fns:hangs_on_even_ids",
+        "reward.timeout_s=0.5", "reward.workers=2", "rollout.max_head_offpolicyness=0",
+    ])
+    last = train(cfg)
+    assert last["version"] == 2 and last["reward_timeouts"] > 0 and last["reward_errors"] == 0
+
+
+@pytest.mark.parametrize("mechanism", ["auto", "rlimits"])
+def test_a_killed_worker_takes_its_sandboxes_with_it(service_factory, mechanism):
+    """The service times out a code reward mid-run: the program and a child that left its session die too."""
+    from asyncrl.reward.code_reward import code_reward
+
+    from asyncrl.reward.sandbox import get_sandbox
+
+    box = get_sandbox(mechanism)
+    if box.mechanism == "rlimits" and not box.drop_uid:
+        pytest.skip("without namespaces or a private uid, a child that leaves its session is not tracked")
+    s = service_factory(BoundReward(code_reward, {"cpu_s": 30, "wall_s": 60, "sandbox": mechanism}), workers=1,
+                        timeout_s=1.5)
+    marker = f"asyncrl-test-{uuid.uuid4().hex}"  # in the command line of both processes, to find them
+    sleeper = ["python3", "-c", "import time; time.sleep(300)", marker]
+    program = (f"```python\nimport os\nif os.fork() == 0:\n    os.setsid()\n"
+               f"os.execv('/usr/bin/python3', {sleeper!r})\n```")
+    assert s.score({"question": "q", "tests": [{"input": "", "output": "x"}], "id": 1}, program) == 0.0
+    assert s.stats()["reward_timeouts"] == 1
+    assert _gone(_with_marker(marker)) and not _with_marker(marker)
+
+
+def _with_marker(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in open(f"/proc/{pid}/cmdline", "rb").read() and "Z" not in _state(pid):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
