@@ -13,6 +13,7 @@ from asyncrl.algo.config import ActorConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
+from asyncrl.metrics import StatsLoggerConfig
 from asyncrl.reward.config import RewardConfig
 
 
@@ -88,6 +89,8 @@ class TrainConfig:
     """Held-out evaluation."""
     saver: SaverConfig = field(default_factory=SaverConfig)
     """Checkpoints."""
+    stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
+    """Extra metrics sinks (metrics.jsonl is always written)."""
 
     def validate(self) -> None:
         _positive(self, ["train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens",
@@ -101,6 +104,7 @@ class TrainConfig:
         self.rollout.validate()
         self.train_dataset.validate()
         self.reward.validate()
+        self.stats_logger.validate()
         if self.model.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be float32 or bfloat16, got '{self.model.dtype}'")
         if self.gconfig.n_samples > self.rollout.max_slots:

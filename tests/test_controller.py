@@ -43,3 +43,25 @@ def test_failing_reward_is_counted_and_training_continues(tmp_path, tiny_model_d
                "evaluator.freq_steps=0")
     last = train(cfg)
     assert last["version"] == 2 and last["reward_errors"] > 0 and last["reward_mean"] == 0.0
+
+
+def test_shipped_model_async_run_improves_nothing_breaks(tmp_path):
+    """The real shipped checkpoint through the real task and verifier, asynchronously (η = 2)."""
+    cfg = configlib.load(TrainConfig, None, [
+        f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=4", "train_dataset.batch_size=4",
+        "gconfig.n_samples=4", "valid_dataset.size=16", "evaluator.freq_steps=0", "rollout.max_head_offpolicyness=2",
+    ])
+    last = train(cfg)
+    records = read_metrics(tmp_path / "asyncrl" / "default")
+    assert last["version"] == 4 and records[0]["eval_accuracy"] > 0  # the SFT checkpoint already solves some
+    assert all(r["staleness_max"] <= 2 for r in records[1:])
+    assert max(r["staleness_max"] for r in records[1:]) >= 1  # it really ran ahead of the trainer
+    assert all(0 <= r["reward_mean"] <= 1 for r in records[1:])
+
+
+def test_tensorboard_sink_writes_events(tmp_path, tiny_model_dir):
+    pytest.importorskip("tensorboard")
+    cfg = _cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "evaluator.freq_steps=0", "stats_logger.tensorboard=true")
+    train(cfg)
+    events = list((tmp_path / "asyncrl" / "default" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
