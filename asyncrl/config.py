@@ -110,7 +110,8 @@ class TrainConfig:
         if self.gconfig.n_samples > self.rollout.max_slots:
             raise ConfigError(f"gconfig.n_samples ({self.gconfig.n_samples}) exceeds rollout.max_slots "
                               f"({self.rollout.max_slots}): one group must fit in the engine at once")
-        self.actor.validate(max_staleness=self.rollout.max_head_offpolicyness, n_samples=self.gconfig.n_samples)
+        self.actor.validate(max_staleness=self.rollout.max_head_offpolicyness, n_samples=self.gconfig.n_samples,
+                            max_new_tokens=self.gconfig.max_new_tokens)
 
 
 @dataclass

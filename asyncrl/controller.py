@@ -70,14 +70,16 @@ class _Run:
         self.eval_engine = LocalEngine(model, max_slots=cfg.rollout.max_slots, max_len=max_len, dtype=dtype,
                                        seed=cfg.seed + 1, stop_token_ids=eos)
         self.trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=g.temperature,
-                                     autocast_dtype=None if cfg.model.dtype == "float32" else dtype)
+                                     autocast_dtype=None if cfg.model.dtype == "float32" else dtype,
+                                     max_new_tokens=g.max_new_tokens)
         self.publisher = build_publisher(cfg.rollout, [self.engine])
         self.buffer = RolloutBuffer(cfg.train_dataset.batch_size, cfg.rollout.max_head_offpolicyness,
                                     cfg.rollout.max_concurrent_rollouts)
         self.workflow = RLVRWorkflow(self.tokenizer, self.reward, self.sampling)
         self.rollout = RolloutRunner(self.engine, self.buffer, self.workflow, data.train, cfg.rollout.request_timeout_s,
                                      accept=build_group_filter(cfg.actor))
-        self.logger = MetricsLogger(self.dir)
+        self.logger = MetricsLogger(self.dir, cfg.stats_logger, f"{cfg.experiment_name}/{cfg.trial_name}",
+                                    configlib.to_dict(cfg))
         self.timeline = Timeline(self.dir / "timeline.jsonl", self.engine.stats)
 
     def loop(self) -> dict:

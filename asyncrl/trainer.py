@@ -1,33 +1,60 @@
-"""The trainer: a model and its optimizer. Algorithm-blind: it calls an advantage function and a policy loss
-passed in by the caller, aggregates the loss as a token mean over the batch, and accumulates gradients
-over micro-batches."""
+"""The trainer: a model and its optimizer. Algorithm-blind: it shapes rewards, calls an advantage function,
+a policy loss and a loss aggregation from :mod:`asyncrl.algo` (picked by ``build_trainer`` from the config),
+and accumulates gradients over micro-batches, packed or padded.
+
+One step (``Trainer.step``), as in AReaL's trainer:
+
+1. no-grad passes where the configuration needs them: the proximal log-probs (``ppo_n_minibatches > 1``
+   with ``prox_logp_method=recompute``), the reference model's log-probs (KL), the critic's values;
+2. shaped rewards -> per-token rewards (minus β·KL when the KL is in the reward) -> advantages (+ returns
+   for the critic);
+3. ``ppo_n_minibatches`` optimizer steps, each accumulating ``Σ weight · per-token loss`` (+ β·KL in the
+   loss, + the value loss of a value head) over micro-batches; a separate critic takes its own step.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from asyncrl.algo.advantages import grpo, masked_whiten
+from asyncrl.algo.aggregate import token_mean
+from asyncrl.algo.losses import clipped_value_loss, decoupled_ppo
+from asyncrl.algo.offpolicy import loglinear_prox_logprobs
+from asyncrl.algo.shaping import RewardShaping, place_at_last_token, shape_rewards
+from asyncrl.packing import check_packing, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.types import Batch
 
 
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False):
-    """Log-probabilities (N, T-1) of tokens 1..T-1 given their prefixes, at ``temperature``."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities of ``targets`` (..., L) under ``logits`` (..., L, V) at ``temperature``, and the
+    (detached) entropy of each distribution when asked."""
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = logits.log_softmax(dim=-1)
-    logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
     if not with_entropy:
         return logp, None
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy.detach()
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False):
+    """Log-probabilities (N, T-1) of tokens 1..T-1 given their prefixes, at ``temperature`` (padded rows)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    return logprobs_from_logits(logits, input_ids[:, 1:], temperature, with_entropy)
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Group row indices (longest first) so that rows x padded length stays within ``max_tokens``."""
+    """Padded micro-batches: row indices (longest first) grouped so that rows x padded length stays within
+    ``max_tokens``."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     out: list[list[int]] = []
     for i in order:
@@ -38,14 +65,81 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return out
 
 
+@dataclass
+class Algorithm:
+    """What the trainer computes, as plain functions and values (``build_trainer`` fills it from the config).
+    The defaults are GRPO advantages with the decoupled PPO loss and a token-mean."""
+
+    adv_fn: Callable = grpo
+    loss_fn: Callable = decoupled_ppo
+    agg_fn: Callable = token_mean
+    loss_options: dict = field(default_factory=dict)
+    agg_options: dict = field(default_factory=dict)
+    shaping: RewardShaping = field(default_factory=RewardShaping)
+    gamma: float = 1.0
+    lam: float = 1.0
+    adv_norm: bool = False
+    kl_fn: Callable | None = None  # KL estimator against the reference model, if there is one
+    kl_ctl: float = 0.0
+    kl_in_loss: bool = False
+    loglinear_prox: bool = False
+    value_eps_clip: float | None = 0.5
+    value_loss_coef: float = 0.5
+
+
+@dataclass
+class _Outputs:
+    """Per-target outputs of one micro-batch in the padded layout (rows, T_mb - 1)."""
+
+    logprobs: torch.Tensor | None
+    entropy: torch.Tensor | None
+    hidden: torch.Tensor | None
+    target_len: int
+    slots: int  # token positions the forward pass computed (padding included)
+
+
+@dataclass
+class _MicroBatch:
+    """Which samples a micro-batch holds and its slices of the minibatch-wide tensors."""
+
+    ids: torch.Tensor  # (rows,) sample indices into the batch
+    target_len: int  # T_mb - 1
+    mask: torch.Tensor  # (rows, T_mb - 1) loss mask
+    weights: torch.Tensor  # (rows, T_mb - 1) aggregation weights of the policy loss
+    value_weights: torch.Tensor  # (rows, T_mb - 1) token-mean weights of the value loss
+
+
+def _last_hidden(out) -> torch.Tensor:
+    hidden = getattr(out, "last_hidden_state", None)
+    return hidden if hidden is not None else out.hidden_states[-1]
+
+
+class ValueHead(torch.nn.Module):
+    """V(s_t) = w·h_t + b on the last hidden state; zero-initialised, so the first values are 0."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.proj.weight)
+        torch.nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden.float()).squeeze(-1)
+
+
 class Trainer:
+    """The policy (and optionally a critic and a frozen reference model) with its optimizer; ``step`` trains
+    on a ``Batch`` with the functions of an ``Algorithm``."""
+
     def __init__(
         self,
         model,
+        algo: Algorithm | None = None,
         *,
-        adv_fn: Callable,
-        loss_fn: Callable,
-        loss_options: dict | None = None,
+        ref_model=None,
+        critic: str = "none",
+        critic_model=None,
+        critic_lr: float | None = None,
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
@@ -53,105 +147,284 @@ class Trainer:
         max_grad_norm: float = 1.0,
         mb_max_tokens: int = 8192,
         ppo_n_minibatches: int = 1,
+        pack_sequences: bool = False,
         temperature: float = 1.0,
         autocast_dtype: torch.dtype | None = None,
     ):
         self.model = model
         self.model.train()
-        self.adv_fn, self.loss_fn, self.loss_options = adv_fn, loss_fn, dict(loss_options or {})
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
-        self.base_lr, self.warmup_steps = lr, warmup_steps
+        self.algo = algo or Algorithm()
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+        params = list(model.parameters())
+        self.value_head = self.critic_model = self.critic_optimizer = None
+        if critic == "value_head":
+            self.value_head = ValueHead(model.config.hidden_size)
+            params += list(self.value_head.parameters())
+        elif critic == "separate":
+            if critic_model is None:
+                raise ValueError("critic='separate' needs a critic_model")
+            self.critic_model = critic_model.train()
+            self.value_head = ValueHead(critic_model.config.hidden_size)
+            self.critic_optimizer = torch.optim.AdamW(
+                list(critic_model.parameters()) + list(self.value_head.parameters()), lr=critic_lr or lr,
+                betas=betas, weight_decay=weight_decay)
+        elif critic != "none":
+            raise ValueError(f"critic must be none, value_head or separate, got '{critic}'")
+        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.base_lr, self.critic_lr, self.warmup_steps = lr, critic_lr or lr, warmup_steps
         self.max_grad_norm = max_grad_norm
         self.mb_max_tokens = mb_max_tokens
         self.n_minibatches = ppo_n_minibatches
+        self.pack_sequences = pack_sequences
         self.temperature = temperature
         self.autocast_dtype = autocast_dtype
         self.steps_done = 0
+        if pack_sequences:
+            check_packing(model)
 
+    @property
+    def shared_value_head(self) -> bool:
+        return self.value_head is not None and self.critic_model is None
+
+    # ---- forward passes ------------------------------------------------------------------------------------
     def _autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast("cpu", dtype=self.autocast_dtype)
 
-    def _rows(self, batch: Batch, idx: list[int]):
-        ids = torch.tensor(idx)
-        T = int(batch.attention_mask[ids].sum(-1).max())
-        return batch.input_ids[ids, :T], batch.attention_mask[ids, :T], ids, T
+    def _plan(self, lengths: list[int]) -> list[list[list[int]]]:
+        """Micro-batches as lists of rows of indices into ``lengths`` (padded: one sample per row)."""
+        if self.pack_sequences:
+            return plan_micro_batches(lengths, self.mb_max_tokens)
+        return [[[i] for i in mb] for mb in micro_batches(lengths, self.mb_max_tokens)]
+
+    def _forward(self, model, batch: Batch, ids: torch.Tensor, rows: list[list[int]] | None = None, *,
+                 logprobs: bool = True, entropy: bool = False, hidden: bool = False) -> _Outputs:
+        """One micro-batch (samples ``ids`` of ``batch``, packed as ``rows`` of indices into ``ids`` when
+        packing) through ``model``, outputs in the padded layout (len(ids), T_mb - 1). A micro-batch whose
+        rows hold one sample each runs padded: the same layout, with a cheaper attention mask."""
+        lengths = batch.attention_mask[ids].sum(-1).tolist()
+        T = max(lengths)
+        input_ids = batch.input_ids[ids, :T]
+        kwargs = {"output_hidden_states": True} if hidden and logprobs else {}
+        with self._autocast():
+            if self.pack_sequences and rows is not None and any(len(row) > 1 for row in rows):
+                packed = pack(input_ids, lengths, rows)
+                out = packed_forward(model, packed, **kwargs)
+                targets, slots = packed.input_ids[:, 1:], packed.n_slots
+
+                def to_padded(x):  # (R, W-1, ...) packed targets -> (rows, T-1, ...)
+                    return unpack(x, packed)
+            else:
+                out = model(input_ids=input_ids, attention_mask=batch.attention_mask[ids, :T], use_cache=False,
+                            **kwargs)
+                targets, slots = input_ids[:, 1:], input_ids.numel()
+                valid = batch.attention_mask[ids, 1:T].bool()  # targets that exist (not padding)
+
+                def to_padded(x):  # zero beyond each sample, as the packed layout leaves it
+                    v = valid.reshape(valid.shape + (1,) * (x.dim() - 2))
+                    return torch.where(v, x, torch.zeros((), dtype=x.dtype))
+
+            logp = ent = h = None
+            if logprobs:
+                logp, ent = logprobs_from_logits(out.logits[:, :-1], targets, self.temperature, entropy)
+                logp = to_padded(logp)
+                ent = None if ent is None else to_padded(ent)
+            if hidden:
+                h = to_padded(_last_hidden(out)[:, :-1])
+        return _Outputs(logp, ent, h, T - 1, slots)
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        """Log-probabilities (N, T-1) of every token under the current weights (the proximal policy)."""
+    def _gather(self, batch: Batch, fn) -> torch.Tensor:
+        """``fn(ids, rows) -> (len(ids), T_mb - 1)`` over every micro-batch of ``batch``, as (N, T-1)."""
         out = torch.zeros_like(batch.behav_logprobs)
-        lengths = batch.attention_mask.sum(-1).tolist()
-        for mb in micro_batches(lengths, self.mb_max_tokens):
-            input_ids, attention_mask, ids, T = self._rows(batch, mb)
-            with self._autocast():
-                logp, _ = token_logprobs(self.model, input_ids, attention_mask, self.temperature)
-            out[ids, : T - 1] = logp
+        for _, ids, rows in self._micro_batches(batch, list(range(batch.input_ids.shape[0]))):
+            o = fn(ids, rows)
+            out[ids, : o.shape[1]] = o
         return out
 
+    def _micro_batches(self, batch: Batch, rows: list[int]):
+        """(positions in ``rows``, global sample ids, packed rows local to them) for each micro-batch."""
+        lengths = batch.attention_mask[torch.tensor(rows)].sum(-1).tolist()
+        for mb in self._plan(lengths):
+            flat = [i for row in mb for i in row]
+            local, start = [], 0
+            for row in mb:
+                local.append(list(range(start, start + len(row))))
+                start += len(row)
+            yield flat, torch.tensor([rows[i] for i in flat]), local
+
+    def logprobs(self, batch: Batch, model=None) -> torch.Tensor:
+        """Log-probabilities (N, T-1) of every token under ``model`` (default: the policy's current weights,
+        i.e. the proximal policy at the start of a step)."""
+        model = self.model if model is None else model
+        return self._gather(batch, lambda ids, rows: self._forward(model, batch, ids, rows).logprobs)
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        """The critic's values (N, T-1): position t values the state before target token t."""
+        trunk = self.critic_model if self.critic_model is not None else self.model
+        return self._gather(batch, lambda ids, rows: self.value_head(
+            self._forward(trunk, batch, ids, rows, logprobs=trunk is self.model, hidden=True).hidden))
+
+    # ---- the step ----------------------------------------------------------------------------------------
     def step(self, batch: Batch, version: int = 0) -> dict:
         """One training step on ``batch`` with the weights of ``version``: advantages, then
-        ``ppo_n_minibatches`` optimizer steps."""
+        ``ppo_n_minibatches`` optimizer steps. Returns float statistics."""
         t0 = time.perf_counter()
-        advantages = self.adv_fn(batch.rewards, batch.group_ids, batch.loss_mask)
-        prox = self.logprobs(batch) if self.n_minibatches > 1 else None
+        algo = self.algo
+        need_prox = self.n_minibatches > 1 and not algo.loglinear_prox
+        prox = self.logprobs(batch) if need_prox else None
+        ref = self.logprobs(batch, self.ref_model) if self.ref_model is not None else None
+        values = self.values(batch) if self.value_head is not None else None
+        advantages, returns, stats = self._advantages(batch, ref, values)
+
         n_rows = batch.input_ids.shape[0]
         order = torch.randperm(n_rows).tolist() if self.n_minibatches > 1 else list(range(n_rows))
         chunks = [order[i :: self.n_minibatches] for i in range(self.n_minibatches)]
         totals: dict[str, float] = {}
-        for rows in chunks:
+        lr, done = self._lr(self.base_lr), 0
+        for index, rows in enumerate(chunks):
             if rows:
-                self._minibatch_step(batch, rows, advantages, prox, totals)
+                self._minibatch_step(batch, rows, index, version, advantages, returns, values, prox, ref, totals)
+                done += 1
         self.steps_done += 1
-        n_tok = float(batch.loss_mask.sum())
-        stats = {k: v / max(n_tok, 1.0) for k, v in totals.items() if k not in ("grad_norm", "lr")}
-        stats["grad_norm"] = totals.get("grad_norm", 0.0) / self.n_minibatches
-        stats["lr"] = totals.get("lr", self.base_lr)
-        stats["adv_abs_mean"] = float((advantages.abs() * batch.loss_mask).sum() / max(n_tok, 1.0))
+        tok = max(totals.pop("_tokens", 0.0), 1.0)
+        for key in [k for k in totals if k.startswith("_per_mb_")]:
+            stats[key[len("_per_mb_"):]] = totals.pop(key) / max(done, 1)
+        for key in [k for k in totals if k.endswith("_max")]:
+            stats[key] = totals.pop(key)
+        slots, real = totals.pop("_slots", 0.0), totals.pop("_real", 0.0)
+        stats.update({k: v / tok for k, v in totals.items()})
+        stats["lr"] = lr
+        mask = batch.loss_mask
+        n_tok = float(mask.sum())
+        stats["adv_abs_mean"] = float((advantages.abs() * mask).sum() / max(n_tok, 1.0))
+        stats["pack_efficiency"] = real / slots if slots else 0.0  # real tokens / positions computed
         stats["train_time_s"] = time.perf_counter() - t0
         stats["train_tokens"] = batch.n_tokens
         return stats
 
-    def _minibatch_step(self, batch: Batch, rows: list[int], advantages, prox, totals: dict) -> None:
-        lr = self.base_lr * min(1.0, (self.steps_done + 1) / self.warmup_steps) if self.warmup_steps else self.base_lr
+    def _advantages(self, batch: Batch, ref: torch.Tensor | None, values: torch.Tensor | None):
+        """Shaped rewards -> (advantages (N, T-1), returns (N, T-1) or None, stats)."""
+        algo, mask = self.algo, batch.loss_mask
+        shaped, stats = shape_rewards(batch.rewards, mask.sum(-1), batch.truncated, algo.shaping)
+        token_rewards, scores = place_at_last_token(shaped, mask), shaped
+        if ref is not None:
+            kl = algo.kl_fn(batch.behav_logprobs, ref) * mask  # the sampling policy against the reference
+            stats["ref_kl"] = float(kl.sum() / mask.sum().clamp(min=1))
+            if algo.kl_ctl > 0 and not algo.kl_in_loss:
+                token_rewards = token_rewards - algo.kl_ctl * kl
+                scores = scores - algo.kl_ctl * kl.sum(-1)
+        advantages = algo.adv_fn(scores, batch.group_ids, mask, token_rewards=token_rewards, values=values,
+                                 gamma=algo.gamma, lam=algo.lam)
+        returns = None if values is None else (advantages + values) * mask
+        if algo.adv_norm:
+            advantages = masked_whiten(advantages, mask)
+        return advantages, returns, stats
+
+    def _lr(self, base: float) -> float:
+        if not self.warmup_steps:
+            return base
+        return base * min(1.0, (self.steps_done + 1) / self.warmup_steps)
+
+    def _minibatch_step(self, batch: Batch, rows: list[int], index: int, version: int, advantages, returns,
+                        values, prox, ref, totals: dict) -> None:
+        """One optimizer step on the samples ``rows`` (the ``index``-th minibatch of the step)."""
+        lr = self._lr(self.base_lr)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        sub_lengths = batch.attention_mask[torch.tensor(rows)].sum(-1).tolist()
-        n_tok = float(batch.loss_mask[torch.tensor(rows)].sum())
-        for mb in micro_batches(sub_lengths, self.mb_max_tokens):
-            input_ids, attention_mask, ids, T = self._rows(batch, [rows[i] for i in mb])
-            mask = batch.loss_mask[ids, : T - 1]
-            with self._autocast():
-                logp, entropy = token_logprobs(self.model, input_ids, attention_mask, self.temperature, True)
-            per_token, stats = self.loss_fn(
-                logprobs=logp,
-                prox_logprobs=logp.detach() if prox is None else prox[ids, : T - 1],
-                behav_logprobs=batch.behav_logprobs[ids, : T - 1],
-                advantages=advantages[ids, : T - 1],
-                mask=mask,
-                versions=batch.versions[ids, : T - 1],
-                **self.loss_options,
-            )
-            loss = per_token.sum() / max(n_tok, 1.0)
+        rows_t = torch.tensor(rows)
+        weights = self.algo.agg_fn(batch.loss_mask[rows_t], **self.algo.agg_options)  # sums to the aggregate
+        value_weights = token_mean(batch.loss_mask[rows_t])
+        plan = list(self._micro_batches(batch, rows))
+        mb_loss = 0.0
+        for mb, ids, packed_rows in plan:
+            out = self._forward(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
+            L = out.target_len
+            inputs = _MicroBatch(ids, L, batch.loss_mask[ids, :L], weights[mb, :L], value_weights[mb, :L])
+            loss, stats = self._micro_batch_loss(batch, inputs, out, index, version, advantages, returns, values,
+                                                 prox, ref)
             loss.backward()
-            mb_tok = float(mask.sum())
+            mb_loss += float(loss.detach())
+            mb_tok = float(inputs.mask.sum())
+            if "value_loss" in stats:  # already this micro-batch's share of the minibatch's value loss
+                totals["_per_mb_value_loss"] = totals.get("_per_mb_value_loss", 0.0) + stats.pop("value_loss")
             for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v * mb_tok
-            totals["loss"] = totals.get("loss", 0.0) + loss.item() * n_tok
-            totals["entropy"] = totals.get("entropy", 0.0) + float((entropy * mask).sum())
-        params = [p for p in self.model.parameters() if p.grad is not None]
+                totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else totals.get(k, 0.0) + v * mb_tok
+            totals["entropy"] = totals.get("entropy", 0.0) + float((out.entropy * inputs.mask).sum())
+            totals["_tokens"] = totals.get("_tokens", 0.0) + mb_tok
+            totals["_slots"] = totals.get("_slots", 0.0) + out.slots
+            totals["_real"] = totals.get("_real", 0.0) + float(batch.attention_mask[ids].sum())
+        totals["_per_mb_loss"] = totals.get("_per_mb_loss", 0.0) + mb_loss
+        totals["_per_mb_grad_norm"] = totals.get("_per_mb_grad_norm", 0.0) + self._clip_and_step(
+            self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]])
+        if self.critic_model is not None:
+            self._critic_step(batch, plan, values, returns, value_weights, totals)
+
+    def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: _Outputs, index: int, version: int,
+                          advantages, returns, values, prox, ref) -> tuple[torch.Tensor, dict]:
+        """The micro-batch's share of the minibatch loss: Σ w·L (+ β·KL in the loss, + the value head's loss)."""
+        algo, ids, L, mask = self.algo, mb.ids, mb.target_len, mb.mask
+        logp, behav = out.logprobs, batch.behav_logprobs[ids, :L]
+        if prox is not None:
+            prox_mb = prox[ids, :L]
+        elif algo.loglinear_prox and index > 0:
+            prox_mb = loglinear_prox_logprobs(behav, logp, batch.versions[ids, :L], version)
+        else:
+            prox_mb = logp.detach()  # the first minibatch trains the very weights that are the proximal policy
+        per_token, stats = algo.loss_fn(logprobs=logp, prox_logprobs=prox_mb, behav_logprobs=behav,
+                                        advantages=advantages[ids, :L], mask=mask, **algo.loss_options)
+        loss = (per_token * mb.weights).sum()
+        if ref is not None and algo.kl_in_loss and algo.kl_ctl > 0:
+            kl = algo.kl_fn(logp, ref[ids, :L]) * mask
+            loss = loss + algo.kl_ctl * (kl * mb.weights).sum()
+            stats["kl_loss"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
+        if self.shared_value_head:
+            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), values[ids, :L], returns[ids, :L], mask,
+                                               value_eps_clip=algo.value_eps_clip)
+            vloss = (vloss * mb.value_weights).sum()
+            loss = loss + algo.value_loss_coef * vloss
+            stats.update(vstats, value_loss=float(vloss.detach()))
+        return loss, stats
+
+    def _critic_step(self, batch, plan, values, returns, value_weights, totals) -> None:
+        for group in self.critic_optimizer.param_groups:
+            group["lr"] = self._lr(self.critic_lr)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        total, clip_frac = 0.0, 0.0
+        for mb, ids, packed_rows in plan:
+            out = self._forward(self.critic_model, batch, ids, packed_rows, logprobs=False, hidden=True)
+            L = out.target_len
+            mask = batch.loss_mask[ids, :L]
+            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), values[ids, :L], returns[ids, :L], mask,
+                                               value_eps_clip=self.algo.value_eps_clip)
+            vloss = (vloss * value_weights[mb, :L]).sum()
+            vloss.backward()
+            total += float(vloss.detach())
+            clip_frac += vstats["value_clip_frac"] * float(mask.sum())
+        params = [p for g in self.critic_optimizer.param_groups for p in g["params"]]
+        totals["_per_mb_critic_grad_norm"] = totals.get("_per_mb_critic_grad_norm", 0.0) + self._clip_and_step(
+            self.critic_optimizer, params)
+        totals["_per_mb_value_loss"] = totals.get("_per_mb_value_loss", 0.0) + total
+        totals["value_clip_frac"] = totals.get("value_clip_frac", 0.0) + clip_frac
+
+    def _clip_and_step(self, optimizer, params) -> float:
+        params = [p for p in params if p.grad is not None]
+        if not params:
+            return 0.0
         if self.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])) if params else 0.0
-        totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(norm)
-        totals["lr"] = lr
-        self.optimizer.step()
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        optimizer.step()
+        return float(norm)
 
+    # ---- weights -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named weights for publishing (live tensors; engines copy them)."""
+        """HF-named weights of the policy for publishing (live tensors; engines copy them)."""
         return self.model.state_dict()
 
     def save(self, path: str, tokenizer=None) -> None:
@@ -160,15 +433,59 @@ class Trainer:
             tokenizer.save_pretrained(path)
 
 
-def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None) -> Trainer:
-    """The trainer for an ``ActorConfig``; ``model_path`` is where extra models (reference, critic) load from."""
-    from asyncrl.algo import ADVANTAGES, POLICY_LOSSES
 
+def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
+    """The plain ``Algorithm`` for an ``ActorConfig`` (registry look-ups; the config stops here)."""
+    from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from asyncrl.algo.offpolicy import BehaviourCorrection
+
+    needs_length = cfg.overlong_reward_penalty or (cfg.loss_agg_mode == "seq-mean-token-sum-norm"
+                                                   and not cfg.loss_norm_tokens)
+    if needs_length and max_new_tokens is None:
+        raise ValueError("actor.overlong_reward_penalty and Dr.GRPO's seq-mean-token-sum-norm without "
+                         "actor.loss_norm_tokens need gconfig.max_new_tokens: pass max_new_tokens to build_trainer")
+    correction = BehaviourCorrection(
+        upper=cfg.behav_imp_weight_cap, lower=cfg.behav_imp_weight_floor, mode=cfg.behav_imp_weight_mode,
+        level=cfg.behav_imp_weight_level, metric=cfg.behav_imp_weight_metric, agg=cfg.behav_imp_weight_agg)
+    return Algorithm(
+        adv_fn=ADVANTAGES[cfg.adv_estimator],
+        loss_fn=POLICY_LOSSES[cfg.policy_loss],
+        agg_fn=AGGREGATIONS[cfg.loss_agg_mode],
+        loss_options={"eps_clip": cfg.eps_clip, "eps_clip_higher": cfg.eps_clip_higher, "c_clip": cfg.c_clip,
+                      "importance_sampling_level": cfg.importance_sampling_level, "correction": correction,
+                      "sapo_tau_pos": cfg.sapo_tau_pos, "sapo_tau_neg": cfg.sapo_tau_neg},
+        agg_options={"norm_tokens": cfg.loss_norm_tokens or max_new_tokens},
+        shaping=RewardShaping(
+            scaling=cfg.reward_scaling, bias=cfg.reward_bias, clip=cfg.reward_clip,
+            overlong_tokens=cfg.overlong_tokens if cfg.overlong_reward_penalty else 0,
+            overlong_penalty_factor=cfg.overlong_penalty_factor, max_new_tokens=max_new_tokens,
+            zero_truncated=cfg.mask_no_eos_with_zero),
+        gamma=cfg.discount, lam=cfg.gae_lambda, adv_norm=cfg.adv_norm,
+        kl_fn=KL_ESTIMATORS[cfg.kl_estimator], kl_ctl=cfg.kl_ctl, kl_in_loss=cfg.use_kl_loss,
+        loglinear_prox=cfg.prox_logp_method == "loglinear",
+        value_eps_clip=cfg.value_eps_clip, value_loss_coef=cfg.value_loss_coef,
+    )
+
+
+def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,
+                  max_new_tokens: int | None = None) -> Trainer:
+    """The trainer for an ``ActorConfig``. ``model`` is the policy; a frozen reference model
+    (``actor.ref_model``) and a separate critic (``actor.critic=separate``) load from ``model_path``.
+    ``max_new_tokens`` (gconfig) is DAPO's L_max and Dr.GRPO's default normaliser."""
+    from asyncrl.models import load_model
+
+    ref_model = None
+    if cfg.ref_model != "none":
+        ref_model = load_model(model_path if cfg.ref_model == "init" else cfg.ref_model)
+    critic_model = None
+    if cfg.critic == "separate":
+        from transformers import AutoModel
+
+        critic_model = AutoModel.from_pretrained(model_path)
     return Trainer(
-        model, adv_fn=ADVANTAGES[cfg.adv_estimator], loss_fn=POLICY_LOSSES[cfg.policy_loss],
-        loss_options={"eps_clip": cfg.eps_clip, "eps_clip_higher": cfg.eps_clip_higher,
-                      "behav_imp_weight_cap": cfg.behav_imp_weight_cap},
+        model, build_algorithm(cfg, max_new_tokens), ref_model=ref_model, critic=cfg.critic,
+        critic_model=critic_model, critic_lr=cfg.critic_lr,
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
-        temperature=temperature, autocast_dtype=autocast_dtype,
+        pack_sequences=cfg.pack_sequences, temperature=temperature, autocast_dtype=autocast_dtype,
     )

@@ -1,4 +1,10 @@
-"""Config section for the actor: optimisation and the RL algorithm, with guardrails against silent mistakes."""
+"""Config section for the actor: optimisation and the RL algorithm, with guardrails against silent mistakes.
+
+Key names follow AReaL (``eps_clip``, ``c_clip``, ``kl_ctl``, ``reward_scaling``, ``overlong_*``,
+``discount``, ``gae_lambda``, ``importance_sampling_level``, ``prox_logp_method``) and verl
+(``loss_agg_mode``, ``use_kl_loss``) where a user would look for them. docs/algorithms.md maps every
+algorithm to its keys; ``examples/<algo>.yaml`` are the presets.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,8 @@ from dataclasses import dataclass
 
 from asyncrl.configlib import ConfigError
 
-# losses that correct for stale behaviour policies (safe with max_head_offpolicyness > 0)
-OFF_POLICY_SAFE = {"decoupled_ppo"}
+CRITICS = ("none", "value_head", "separate")
+PROX_LOGP_METHODS = ("recompute", "loglinear")
 
 
 @dataclass
@@ -25,49 +31,196 @@ class ActorConfig:
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
     mb_max_tokens: int = 8192
-    """Micro-batch budget in tokens (padded length x rows); gradients accumulate across micro-batches."""
+    """Micro-batch budget in token positions (rows x width, padding included); gradients accumulate across
+    micro-batches, so this bounds memory, not the result."""
+    pack_sequences: bool = True
+    """Pack samples into shared rows (first-fit-decreasing, position ids restarting per sample, attention kept
+    within each sample) so that padding becomes real tokens; same loss as the padded layout to 1e-6."""
     ppo_n_minibatches: int = 1
     """Optimizer steps per training batch; with 1, the proximal policy equals the current one (no extra
     forward pass)."""
-    adv_estimator: str = "grpo"
-    """Advantage estimator (a registry name in asyncrl.algo.advantages)."""
-    policy_loss: str = "decoupled_ppo"
-    """Policy loss (a registry name in asyncrl.algo.losses)."""
-    eps_clip: float = 0.2
-    """PPO clip range around the proximal policy."""
-    eps_clip_higher: float | None = None
-    """Upper clip range (DAPO clip-higher); None = eps_clip."""
-    behav_imp_weight_cap: float | None = 5.0
-    """Cap on the behaviour importance weight π_prox/π_behav (None = uncapped)."""
     threads: int = 1
     """Torch threads for training."""
+
+    # ---- advantages and rewards ------------------------------------------------------------------------
+    adv_estimator: str = "grpo"
+    """Advantage estimator (asyncrl.algo.advantages): grpo | dr_grpo | rloo | liteppo | reinforce_pp |
+    reinforce_pp_baseline | gae (needs actor.critic)."""
+    adv_norm: bool = False
+    """Whiten the advantages over every completion token of the batch after the estimator (AReaL's
+    adv_norm with batch mean and std)."""
+    discount: float = 1.0
+    """γ, the discount over completion tokens (reinforce_pp returns, gae)."""
+    gae_lambda: float = 1.0
+    """λ of generalised advantage estimation (gae)."""
+    reward_scaling: float = 1.0
+    """Rewards become clip((r + reward_bias) * reward_scaling, ±reward_clip)."""
+    reward_bias: float = 0.0
+    """Added to every reward before scaling."""
+    reward_clip: float = 20.0
+    """Rewards are clipped to ±reward_clip after bias and scaling."""
+    overlong_reward_penalty: bool = False
+    """DAPO's soft overlong penalty: completions longer than gconfig.max_new_tokens - overlong_tokens lose
+    up to overlong_penalty_factor reward, linearly in the excess."""
+    overlong_tokens: int = 0
+    """DAPO's L_cache: the length of the penalised zone before gconfig.max_new_tokens."""
+    overlong_penalty_factor: float = 1.0
+    """The penalty at gconfig.max_new_tokens."""
+    mask_no_eos_with_zero: bool = False
+    """Reward 0 for samples cut off at gconfig.max_new_tokens (no end-of-sequence token)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal (they carry no signal under a group
+    baseline) and admit more prompts, so every batch keeps train_dataset.batch_size informative groups."""
+
+    # ---- KL to a frozen reference model ------------------------------------------------------------------
+    kl_ctl: float = 0.0
+    """β, the coefficient of the KL penalty to the reference model (0 = none)."""
+    kl_estimator: str = "k1"
+    """Per-token KL estimator: k1 (log-ratio) | k2 (squared, /2) | k3 (exp(-Δ) - 1 + Δ), each clamped to ±10."""
+    use_kl_loss: bool = False
+    """Where the KL goes: false = subtracted from the reward of each token (AReaL, REINFORCE++); true =
+    added to the loss (GRPO, on the current policy's log-probs)."""
+    ref_model: str = "none"
+    """The reference model: 'none', 'init' (a frozen copy of the starting checkpoint, model.path) or a
+    checkpoint directory. Without kl_ctl its KL is only logged (ref_kl)."""
+
+    # ---- policy loss --------------------------------------------------------------------------------------
+    policy_loss: str = "decoupled_ppo"
+    """Policy loss (asyncrl.algo.losses): decoupled_ppo | sapo | cispo | pg (all anchored on the proximal
+    policy with the behaviour weight) | ppo (naive: anchored on the behaviour policy, η = 0 only)."""
+    eps_clip: float = 0.2
+    """PPO clip range around the proximal policy: u is clipped to [1 - eps_clip, 1 + eps_clip_higher]
+    (CISPO: the range of its importance weight)."""
+    eps_clip_higher: float | None = None
+    """Upper clip range (DAPO clip-higher); None = eps_clip."""
+    c_clip: float | None = None
+    """Dual clip (> 1): the loss of a token with A < 0 is capped at c_clip·|A|; None = off."""
+    importance_sampling_level: str = "token"
+    """token (PPO/GRPO) | sequence (GSPO: the ratio is the geometric mean over the sample's tokens and the
+    advantage the sample's mean)."""
+    sapo_tau_pos: float = 1.0
+    """SAPO gate temperature for positive advantages."""
+    sapo_tau_neg: float = 1.05
+    """SAPO gate temperature for negative advantages."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean (every token of the minibatch counts the same) | seq-mean-token-mean (GRPO's 1/|o|) |
+    seq-mean-token-sum-norm (Dr.GRPO: divide by samples x loss_norm_tokens)."""
+    loss_norm_tokens: int = 0
+    """Dr.GRPO's constant normaliser for seq-mean-token-sum-norm, in tokens (0 = gconfig.max_new_tokens)."""
+
+    # ---- off-policy correction --------------------------------------------------------------------------
+    behav_imp_weight_cap: float | None = 5.0
+    """Upper bound on the behaviour importance weight π_prox/π_behav (ratio metric) or on the KL estimate
+    (kl_* metrics); None = unbounded. AReaL: rejection_sampling.upper."""
+    behav_imp_weight_floor: float | None = None
+    """Lower bound on the same metric (None = none). AReaL: rejection_sampling.lower."""
+    behav_imp_weight_mode: str = "clamp"
+    """clamp: truncate the weight into [floor, cap], the tokens still train | mask: drop the tokens (or
+    samples) out of bounds from the loss. AReaL: rejection_sampling.action."""
+    behav_imp_weight_level: str = "token"
+    """token: bound each token | sequence: aggregate over the sample (for the ratio, the geometric mean,
+    which also becomes the weight of its tokens). AReaL: rejection_sampling.level."""
+    behav_imp_weight_metric: str = "ratio"
+    """ratio | kl_k1 | kl_k2 | kl_k3 (KL estimates of π_prox against π_behav; mask mode only)."""
+    behav_imp_weight_agg: str = "mean"
+    """How a sequence aggregates the metric: mean | sum | max (ratio: in log space)."""
+    prox_logp_method: str = "recompute"
+    """How the proximal log-probs are obtained with ppo_n_minibatches > 1: recompute (a forward pass with
+    the weights being trained) | loglinear (interpolate between behaviour and current log-probs by token
+    version; no extra pass)."""
+
+    # ---- critic (PPO) -------------------------------------------------------------------------------------
+    critic: str = "none"
+    """none | value_head (a linear head on the policy's last hidden state, trained with it) | separate (a
+    second model initialised from model.path with a value head and its own optimizer)."""
+    critic_lr: float | None = None
+    """Learning rate of a separate critic (None = lr)."""
+    value_eps_clip: float | None = 0.5
+    """Clip of the value update around the values before the step (None = unclipped)."""
+    value_loss_coef: float = 0.5
+    """Weight of the value loss added to the policy loss (value_head only; a separate critic has its own
+    optimizer)."""
+
     allow_unsafe: bool = False
     """Run configurations the guardrails refuse (experts only)."""
 
-    def validate(self, max_staleness: int, n_samples: int) -> None:
+    def validate(self, max_staleness: int, n_samples: int, max_new_tokens: int | None = None) -> None:
         """Check values, then refuse configurations that silently train wrong (``allow_unsafe`` overrides)."""
-        from asyncrl.algo import ADVANTAGES, POLICY_LOSSES
+        from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+        from asyncrl.algo.advantages import CRITIC_ESTIMATORS, GROUP_BASELINES
+        from asyncrl.algo.losses import IS_LEVELS, OFF_POLICY_CORRECTED
+        from asyncrl.algo.offpolicy import AGGS, LEVELS, METRICS, MODES
 
         for key in ("lr", "ppo_n_minibatches", "threads", "mb_max_tokens"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"actor.{key} must be > 0, got {getattr(self, key)!r}")
-        for key in ("max_grad_norm", "warmup_steps"):
+        for key in ("max_grad_norm", "warmup_steps", "kl_ctl", "reward_clip", "overlong_tokens",
+                    "overlong_penalty_factor", "loss_norm_tokens", "value_loss_coef"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"actor.{key} must be >= 0, got {getattr(self, key)!r}")
-        for key, registry in (("adv_estimator", ADVANTAGES), ("policy_loss", POLICY_LOSSES)):
-            if getattr(self, key) not in registry:
-                raise ConfigError(f"actor.{key} '{getattr(self, key)}' is not one of {sorted(registry)}")
+        for key in ("eps_clip_higher", "behav_imp_weight_cap", "behav_imp_weight_floor", "value_eps_clip",
+                    "critic_lr"):
+            if getattr(self, key) is not None and getattr(self, key) < 0:
+                raise ConfigError(f"actor.{key} must be >= 0 or null, got {getattr(self, key)!r}")
+        for key in ("discount", "gae_lambda"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"actor.{key} must be in [0, 1], got {getattr(self, key)!r}")
+        if not self.eps_clip > 0:
+            raise ConfigError(f"actor.eps_clip must be > 0, got {self.eps_clip!r}")
+        if self.c_clip is not None and not self.c_clip > 1:
+            raise ConfigError(f"actor.c_clip (dual clip) must be > 1 or null, got {self.c_clip!r}")
+        if not (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0):
+            raise ConfigError("actor.sapo_tau_pos and actor.sapo_tau_neg must be > 0")
+        choices = [("adv_estimator", ADVANTAGES), ("policy_loss", POLICY_LOSSES), ("loss_agg_mode", AGGREGATIONS),
+                   ("kl_estimator", KL_ESTIMATORS), ("importance_sampling_level", IS_LEVELS),
+                   ("behav_imp_weight_mode", MODES), ("behav_imp_weight_level", LEVELS),
+                   ("behav_imp_weight_metric", METRICS), ("behav_imp_weight_agg", AGGS), ("critic", CRITICS),
+                   ("prox_logp_method", PROX_LOGP_METHODS)]
+        for key, allowed in choices:
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"actor.{key} '{getattr(self, key)}' is not one of {sorted(allowed)}")
+        if self.behav_imp_weight_metric != "ratio" and self.behav_imp_weight_mode != "mask":
+            raise ConfigError(f"actor.behav_imp_weight_metric='{self.behav_imp_weight_metric}' bounds a KL "
+                              "estimate, which has no weight to clamp; set actor.behav_imp_weight_mode=mask")
+        if (self.behav_imp_weight_cap is not None and self.behav_imp_weight_floor is not None
+                and self.behav_imp_weight_floor > self.behav_imp_weight_cap):
+            raise ConfigError("actor.behav_imp_weight_floor exceeds actor.behav_imp_weight_cap")
+        if self.overlong_reward_penalty:
+            if self.overlong_tokens <= 0:
+                raise ConfigError("actor.overlong_reward_penalty=true needs actor.overlong_tokens > 0 (the "
+                                  "length of the penalised zone before gconfig.max_new_tokens)")
+            if max_new_tokens is not None and self.overlong_tokens > max_new_tokens:
+                raise ConfigError(f"actor.overlong_tokens={self.overlong_tokens} exceeds gconfig.max_new_tokens="
+                                  f"{max_new_tokens}")
+        if self.ref_model not in ("none", "init"):
+            from pathlib import Path
+
+            if not Path(self.ref_model).exists():
+                raise ConfigError(f"actor.ref_model '{self.ref_model}' is not 'none', 'init' or an existing "
+                                  "checkpoint directory")
+
         problems = []
-        if n_samples == 1 and self.adv_estimator == "grpo":
-            problems.append("GRPO with gconfig.n_samples=1 gives every sample advantage 0 (nothing is learnt); "
-                            "set gconfig.n_samples >= 2")
-        if max_staleness > 0 and self.policy_loss == "decoupled_ppo" and self.behav_imp_weight_cap is None:
-            problems.append("η > 0 with an uncapped behaviour importance weight lets one stale token dominate "
+        if n_samples == 1 and self.adv_estimator in GROUP_BASELINES:
+            problems.append(f"actor.adv_estimator={self.adv_estimator} with gconfig.n_samples=1 gives every sample "
+                            "advantage 0 (its baseline is its own group); set gconfig.n_samples >= 2 or use "
+                            "reinforce_pp")
+        if max_staleness > 0 and self.policy_loss in OFF_POLICY_CORRECTED and self.behav_imp_weight_cap is None:
+            problems.append("η > 0 with an unbounded behaviour importance weight lets one stale token dominate "
                             "the gradient; set actor.behav_imp_weight_cap (e.g. 5.0)")
-        if max_staleness > 0 and self.policy_loss not in OFF_POLICY_SAFE:
+        if max_staleness > 0 and self.policy_loss not in OFF_POLICY_CORRECTED:
             problems.append(f"rollout.max_head_offpolicyness={max_staleness} trains on stale samples, but "
                             f"actor.policy_loss='{self.policy_loss}' has no off-policy correction; use one of "
-                            f"{sorted(OFF_POLICY_SAFE)} or set rollout.max_head_offpolicyness=0")
+                            f"{sorted(OFF_POLICY_CORRECTED)} or set rollout.max_head_offpolicyness=0")
+        if self.kl_ctl > 0 and self.ref_model == "none":
+            problems.append(f"actor.kl_ctl={self.kl_ctl} asks for a KL penalty, but there is no reference model to "
+                            "measure it against; set actor.ref_model=init (a frozen copy of model.path) or a "
+                            "checkpoint directory, or actor.kl_ctl=0")
+        if self.adv_estimator in CRITIC_ESTIMATORS and self.critic == "none":
+            problems.append(f"actor.adv_estimator={self.adv_estimator} without a critic uses V = 0: the advantages "
+                            "are raw returns with no baseline; set actor.critic=value_head or separate")
+        if self.critic != "none" and self.adv_estimator not in CRITIC_ESTIMATORS:
+            problems.append(f"actor.critic={self.critic} trains a critic that actor.adv_estimator="
+                            f"{self.adv_estimator} never uses; set actor.adv_estimator=gae or actor.critic=none")
         if problems and not self.allow_unsafe:
             raise ConfigError("unsafe configuration:\n  - " + "\n  - ".join(problems)
                               + "\n(set actor.allow_unsafe=true to run it anyway)")

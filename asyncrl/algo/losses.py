@@ -1,80 +1,172 @@
-"""Policy losses: pure functions returning a per-token loss (N, T) and a dict of detached statistics.
+"""Policy losses: pure functions returning a per-token loss (N, T) and a dict of detached float statistics.
 
-All take the same keyword arguments: ``logprobs`` (current policy, with grad), ``prox_logprobs`` (the
-proximal policy, recomputed), ``behav_logprobs`` (from the engine), ``advantages`` and ``mask``, plus their
-own options. The trainer aggregates the per-token loss (token mean over the batch) and stays blind to
-which loss it is.
+All take the same keyword arguments: ``logprobs`` (current policy π_θ, with grad), ``prox_logprobs`` (the
+proximal policy π_prox), ``behav_logprobs`` (the behaviour policy π_behav, from the engine), ``advantages``
+and ``mask`` (1 on completion tokens), plus their own options. The per-token loss is zero outside ``mask``;
+the trainer weights it with an aggregation from :mod:`asyncrl.algo.aggregate` and stays blind to which
+loss it is.
+
+Every loss but ``ppo`` is *decoupled* (AReaL, arXiv 2505.24298, Eq. 5): its ratio u = π_θ/π_prox is
+anchored on the proximal policy and the token's surrogate is multiplied by the behaviour weight
+w = π_prox/π_behav, bounded as configured (:mod:`asyncrl.algo.offpolicy`):
+
+    L_t = w_t · S(u_t, A_t).
+
+``importance_sampling_level='sequence'`` replaces u_t by the sequence ratio exp(mean_t log u_t) and A_t by
+the sequence's mean advantage (GSPO, Zheng et al. 2025, arXiv 2507.18071). The surrogates S:
+
+- ``decoupled_ppo``: PPO's clip with asymmetric bounds (DAPO clip-higher) and optional dual clip;
+- ``sapo``: SAPO's soft gate (Qwen team 2025, arXiv 2511.20347);
+- ``cispo``: CISPO's clipped, stop-gradient IS weight on log π_θ (MiniMax-M1, arXiv 2506.13585);
+- ``pg``: the unclipped importance-sampled policy gradient (-A·u; REINFORCE when on-policy).
+
+``ppo`` is the naive baseline: PPO's clip anchored on the behaviour policy, with no correction for its age.
 """
 
 from __future__ import annotations
 
 import torch
 
-LOG_RATIO_LIMIT = 20.0  # log-ratios are clamped so that a -inf log-prob can never produce inf/NaN
+from asyncrl.algo.offpolicy import BehaviourCorrection, behaviour_weight, safe_log_ratio, sequence_mean
+
+IS_LEVELS = ("token", "sequence")
 
 
-def _log_ratio(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.nan_to_num(a - b, nan=0.0).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of ``x`` over ``mask`` as a float; 0.0 when the mask is empty."""
     n = mask.sum()
-    return float((x * mask).sum() / n) if n > 0 else 0.0
+    return float((x.detach() * mask).sum() / n) if n > 0 else 0.0
 
 
-def _clipped_surrogate(log_ratio, advantages, eps_clip, eps_clip_higher):
+def log_ratio_at_level(logprobs, anchor_logprobs, advantages, mask, level: str = "token"):
+    """log u (N, T) of the current policy against ``anchor_logprobs`` and the advantages to pair with it.
+    At ``sequence`` level both are each row's mean over its completion tokens (GSPO), broadcast."""
+    if level not in IS_LEVELS:
+        raise ValueError(f"importance_sampling_level '{level}' is not one of {list(IS_LEVELS)}")
+    log_ratio = safe_log_ratio(logprobs, anchor_logprobs.detach())
+    if level == "token":
+        return log_ratio, advantages
+    return sequence_mean(log_ratio, mask), sequence_mean(advantages, mask)
+
+
+# ---- surrogates S(u, A): per-token losses and their statistics -----------------------------------------
+def clip_surrogate(log_ratio, advantages, mask, *, eps_clip: float = 0.2, eps_clip_higher: float | None = None,
+                   c_clip: float | None = None, **_):
+    """PPO's clipped surrogate (Schulman et al. 2017, Eq. 7) with DAPO's decoupled upper bound
+    (arXiv 2503.14476) and dual clip for A < 0 (Ye et al. 2020, arXiv 1912.09729):
+
+        L = max(-A·u, -A·clip(u, 1-ε, 1+ε_high));   if A < 0 and c_clip: L = min(L, c_clip·|A|).
+    """
     ratio = log_ratio.exp()
     high = eps_clip if eps_clip_higher is None else eps_clip_higher
     clipped = ratio.clamp(1 - eps_clip, 1 + high)
-    loss = torch.maximum(-advantages * ratio, -advantages * clipped)
-    clip_frac = (-advantages * clipped > -advantages * ratio).float()
-    return loss, ratio, clip_frac
+    unclipped_loss, clipped_loss = -advantages * ratio, -advantages * clipped
+    loss = torch.maximum(unclipped_loss, clipped_loss)
+    stats = {"clip_frac": masked_mean((clipped_loss > unclipped_loss).float(), mask),
+             "ratio_mean": masked_mean(ratio, mask)}
+    if c_clip is not None:
+        bound = c_clip * advantages.abs()
+        dual = (advantages < 0) & (loss > bound)
+        loss = torch.where(dual, bound, loss)
+        stats["dual_clip_frac"] = masked_mean(dual.float(), mask)
+    return loss, stats
 
 
-def decoupled_ppo(
-    *,
-    logprobs: torch.Tensor,
-    prox_logprobs: torch.Tensor,
-    behav_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    eps_clip: float = 0.2,
-    eps_clip_higher: float | None = None,
-    behav_imp_weight_cap: float | None = None,
-    **_,
-):
+def sapo_surrogate(log_ratio, advantages, mask, *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05, **_):
+    """SAPO's soft-gated surrogate (arXiv 2511.20347): a sigmoid gate instead of
+    a hard clip, with a steeper temperature for negative advantages:
+
+        L = -(4/τ)·σ(τ(u - 1))·A,   τ = τ_pos if A > 0 else τ_neg.
+
+    Its gradient is 4σ(1-σ)·u·A·∇log π, equal to the plain policy gradient at u = 1.
+    """
+    if sapo_tau_pos <= 0 or sapo_tau_neg <= 0:
+        raise ValueError(f"SAPO temperatures must be > 0, got tau_pos={sapo_tau_pos}, tau_neg={sapo_tau_neg}")
+    ratio = log_ratio.exp()
+    tau = torch.where(advantages > 0, torch.full_like(ratio, sapo_tau_pos), torch.full_like(ratio, sapo_tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1)) * 4.0 / tau
+    return -gate * advantages, {"ratio_mean": masked_mean(ratio, mask), "sapo_gate_mean": masked_mean(gate, mask)}
+
+
+def cispo_surrogate(log_ratio, advantages, mask, *, logprobs, eps_clip: float = 0.2,
+                    eps_clip_higher: float | None = None, **_):
+    """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update, and keep
+    every token's gradient:
+
+        L = -sg(clip(u, 1-ε, 1+ε_high)) · A · log π_θ.
+    """
+    ratio = log_ratio.exp()
+    high = eps_clip if eps_clip_higher is None else eps_clip_higher
+    weight = ratio.clamp(1 - eps_clip, 1 + high).detach()
+    clipped = (ratio < 1 - eps_clip) | (ratio > 1 + high)
+    # a -inf log-prob (outside the mask, or underflow) contributes neither loss nor gradient
+    logp = torch.where(mask.bool() & torch.isfinite(logprobs), logprobs, torch.zeros_like(logprobs))
+    return -weight * advantages * logp, {"clip_frac": masked_mean(clipped.float(), mask),
+                                         "ratio_mean": masked_mean(ratio, mask)}
+
+
+def pg_surrogate(log_ratio, advantages, mask, **_):
+    """Importance-sampled policy gradient without a clip: L = -A·u (∇L = -A·∇log π at u = 1, REINFORCE)."""
+    ratio = log_ratio.exp()
+    return -advantages * ratio, {"ratio_mean": masked_mean(ratio, mask)}
+
+
+# ---- objectives (the registry) ------------------------------------------------------------------------
+def _decoupled(surrogate, *, logprobs, prox_logprobs, behav_logprobs, advantages, mask,
+               importance_sampling_level: str = "token", correction: BehaviourCorrection = BehaviourCorrection(),
+               **options):
+    log_ratio, adv = log_ratio_at_level(logprobs, prox_logprobs, advantages, mask, importance_sampling_level)
+    loss, stats = surrogate(log_ratio, adv, mask, logprobs=logprobs, **options)
+    weight, keep, weight_stats = behaviour_weight(prox_logprobs, behav_logprobs, mask, correction)
+    return loss * weight * keep, {**stats, **weight_stats}
+
+
+def decoupled_ppo(**kw):
     """Decoupled PPO (AReaL, arXiv 2505.24298, Eq. 5): the clip is anchored on the proximal policy and the
-    behaviour policy enters as the importance weight w = π_prox/π_behav, truncated at ``behav_imp_weight_cap``:
+    behaviour policy enters only through the bounded weight w = π_prox/π_behav:
 
         L_t = w_t · max(-A_t·u_t, -A_t·clip(u_t, 1-ε, 1+ε_high)),   u_t = π_θ/π_prox.
     """
-    loss, ratio, clip_frac = _clipped_surrogate(_log_ratio(logprobs, prox_logprobs), advantages, eps_clip,
-                                                eps_clip_higher)
-    behav_log_w = _log_ratio(prox_logprobs, behav_logprobs).detach()
-    weight = behav_log_w.exp()
-    capped = torch.zeros_like(weight)
-    if behav_imp_weight_cap is not None:
-        capped = (weight > behav_imp_weight_cap).float()
-        weight = weight.clamp(max=behav_imp_weight_cap)
-    stats = {
-        "clip_frac": _masked_mean(clip_frac, mask),
-        "ratio_mean": _masked_mean(ratio.detach(), mask),
-        "behav_weight_mean": _masked_mean(weight, mask),
-        "behav_weight_max": float((weight * mask).max()) if mask.any() else 0.0,
-        "behav_weight_capped_frac": _masked_mean(capped, mask),
-        "behav_kl": _masked_mean(-behav_log_w, mask),  # k1 estimate of KL(π_behav || π_prox)
-    }
-    return loss * weight * mask, stats
+    return _decoupled(clip_surrogate, **kw)
 
 
-def ppo(*, logprobs, behav_logprobs, advantages, mask, eps_clip: float = 0.2,
-        eps_clip_higher: float | None = None, **_):
-    """Standard PPO clip anchored on the behaviour policy (no off-policy correction): the naive baseline
-    that degrades with staleness (AReaL Table 2)."""
-    loss, ratio, clip_frac = _clipped_surrogate(_log_ratio(logprobs, behav_logprobs), advantages, eps_clip,
-                                                eps_clip_higher)
-    stats = {"clip_frac": _masked_mean(clip_frac, mask), "ratio_mean": _masked_mean(ratio.detach(), mask)}
+def sapo(**kw):
+    """SAPO's soft gate, decoupled: L_t = w_t · (-(4/τ)·σ(τ(u_t - 1))·A_t)."""
+    return _decoupled(sapo_surrogate, **kw)
+
+
+def cispo(**kw):
+    """CISPO, decoupled: L_t = w_t · (-sg(clip(u_t, 1-ε, 1+ε_high))·A_t·log π_θ)."""
+    return _decoupled(cispo_surrogate, **kw)
+
+
+def pg(**kw):
+    """Plain (importance-sampled) policy gradient, decoupled: L_t = -w_t·A_t·u_t."""
+    return _decoupled(pg_surrogate, **kw)
+
+
+def ppo(*, logprobs, behav_logprobs, advantages, mask, importance_sampling_level: str = "token", **options):
+    """Standard PPO clip anchored on the behaviour policy, with no correction for how old it is: the
+    naive baseline that degrades with staleness (AReaL Table 2). Correct only on-policy (η = 0)."""
+    log_ratio, adv = log_ratio_at_level(logprobs, behav_logprobs, advantages, mask, importance_sampling_level)
+    loss, stats = clip_surrogate(log_ratio, adv, mask, **options)
     return loss * mask, stats
 
 
-POLICY_LOSSES = {"decoupled_ppo": decoupled_ppo, "ppo": ppo}
+POLICY_LOSSES = {"decoupled_ppo": decoupled_ppo, "ppo": ppo, "sapo": sapo, "cispo": cispo, "pg": pg}
+OFF_POLICY_CORRECTED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg"})
+"""Losses that correct for stale behaviour policies (safe with rollout.max_head_offpolicyness > 0)."""
+
+
+def clipped_value_loss(values, old_values, returns, mask, *, value_eps_clip: float | None = 0.5):
+    """PPO's clipped value loss (AReaL's critic; Schulman et al. 2017 code), per token:
+
+        L = max(½(V - R)², ½(V_old + clip(V - V_old, ±ε_v) - R)²);   ε_v = None: ½(V - R)².
+    """
+    unclipped = 0.5 * (values - returns) ** 2
+    if value_eps_clip is None:
+        return unclipped * mask, {"value_clip_frac": 0.0}
+    v_clipped = old_values + (values - old_values).clamp(-value_eps_clip, value_eps_clip)
+    clipped = 0.5 * (v_clipped - returns) ** 2
+    return torch.maximum(unclipped, clipped) * mask, {
+        "value_clip_frac": masked_mean((clipped > unclipped).float(), mask)}
