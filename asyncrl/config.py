@@ -65,7 +65,7 @@ class TrainConfig:
     """Seed for sampling and initialisation."""
     total_train_steps: int = 200
     """Training steps (each consumes train_dataset.batch_size groups and advances the version by 1)."""
-    max_train_time_s: float = 0.0
+    max_train_time_s: float = 600.0
     """Stop after this much wall time in seconds (0 = no limit), then evaluate and save."""
     progress_bar: bool = True
     """Show a progress bar on the terminal."""

@@ -18,8 +18,9 @@ PROX_LOGP_METHODS = ("recompute", "loglinear")
 
 @dataclass
 class ActorConfig:
-    lr: float = 2e-4
-    """AdamW learning rate."""
+    lr: float = 5e-5
+    """AdamW learning rate. RL moves a converged model with a noisy gradient: Adam turns noise into
+    lr-sized steps, so keep this ~10-100x below the SFT rate (2e-4 collapses the built-in model)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     beta1: float = 0.9

@@ -51,7 +51,9 @@ def build_task(cfg: TaskConfig):
         raise ConfigError(f"task.name '{cfg.name}' is not one of {sorted(TASKS)} (or train_dataset.path "
                           f"'{BUILTIN_PREFIX}{cfg.name}')")
     cls, reward_fn = TASKS[cfg.name]
-    return cls(min_terms=cfg.min_terms, max_terms=cfg.max_terms, max_operand=cfg.max_operand, ops=cfg.ops), reward_fn
+    task = cls(min_terms=cfg.min_terms, max_terms=cfg.max_terms, max_operand=cfg.max_operand, ops=cfg.ops,
+               direct_frac=cfg.direct_frac)
+    return task, reward_fn
 
 
 def build_dataset(task: TaskConfig, train: TrainDatasetConfig, valid: ValidDatasetConfig,

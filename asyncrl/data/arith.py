@@ -1,13 +1,19 @@
 """The built-in verifiable task: multi-step integer arithmetic with a written-out chain of thought.
 
-A problem is a chain such as ``Compute 37 + 15 - 8 + 24.``; the reference solution does one operation per
+A problem is a chain such as ``Compute 37 + 15 - 8 + 24.``; the worked solution does one operation per
 line and ends with ``The answer is 68.``. Only the final answer is checked (reward 1 or 0), so a model may
 reason however it likes. Problems come from a seeded generator; the held-out split is drawn from its own
 seed and never appears in the training stream.
+
+With ``direct_frac`` > 0, that fraction of reference solutions skip the working and state the answer
+directly, as much web text does. A model fine-tuned on such a mixture sometimes reasons step by step and
+sometimes guesses; the built-in SFT checkpoint is made this way, and RL has to discover that writing the
+steps out pays.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from dataclasses import dataclass
@@ -28,6 +34,7 @@ class ArithTask:
     max_operand: int = 99
     ops: str = "+-"
     max_value: int = 999
+    direct_frac: float = 0.0
 
     def problem(self, rng: random.Random) -> dict:
         n_terms = rng.randint(self.min_terms, self.max_terms)
@@ -45,7 +52,10 @@ class ArithTask:
             lines.append(f"{value} {op} {operand} = {result}")
             value = result
         lines.append(f"The answer is {value}.")
-        return {"question": f"Compute {' '.join(question)}.", "solution": "\n".join(lines), "answer": str(value)}
+        text = f"Compute {' '.join(question)}."
+        if _unit_hash(text) < self.direct_frac:  # not drawn from rng: the problem streams stay the same
+            lines = lines[-1:]
+        return {"question": text, "solution": "\n".join(lines), "answer": str(value)}
 
     def stream(self, seed: int, exclude: set[str] = frozenset()) -> Iterator[dict]:
         """Endless training problems; questions in ``exclude`` (the held-out split) are skipped."""
@@ -64,6 +74,11 @@ class ArithTask:
                 seen.add(item["question"])
                 items.append(item)
         return items
+
+
+def _unit_hash(text: str) -> float:
+    """A deterministic number in [0, 1) for ``text``."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
 
 
 def _apply(a: int, op: str, b: int) -> int:

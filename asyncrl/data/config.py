@@ -21,6 +21,8 @@ class TaskConfig:
     """Largest operand."""
     ops: str = "+-"
     """Operators drawn from: any of '+-*' ('*' multiplies by one digit)."""
+    direct_frac: float = 0.0
+    """Fraction of reference solutions (used by SFT) that state the answer without the working."""
 
 
 @dataclass
