@@ -3,7 +3,7 @@ import asyncio
 import pytest
 import torch
 
-from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
 from asyncrl.engine.sampling import filter_logits, sample
 from asyncrl.types import SamplingParams, WeightUpdate
 from conftest import make_model
@@ -190,3 +190,110 @@ def test_top_p_and_top_k_filtering():
     assert set(tokens.tolist()) <= {0, 1}
     # behaviour log-probs are under the renormalised nucleus: 0.5/0.8 and 0.3/0.8
     assert torch.allclose(lp.exp().unique().sort().values, torch.tensor([0.375, 0.625]), atol=1e-5)
+
+
+def test_qwen3_greedy_matches_hf_generate():
+    """Qwen3's per-head q/k RMSNorm and explicit head_dim go through the same fused forward."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                         max_position_embeddings=256, tie_word_embeddings=True)).eval()
+    engine = LocalEngine(model, max_slots=4, max_len=64)
+    prompts = _prompts(3, seed=9)
+    for prompt, (c,) in zip(prompts, engine.generate_batch(prompts, SamplingParams(max_new_tokens=12, greedy=True))):
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert c.output_ids == ref[0, len(prompt):].tolist()
+        assert torch.allclose(torch.tensor(c.logprobs), _reference_logprobs(model, prompt, c.output_ids), atol=1e-4)
+
+
+def test_stop_strings_end_a_sample(tokenizer):
+    from asyncrl.models import build_tiny_model
+
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128).eval()
+    engine = LocalEngine(model, max_slots=2, max_len=96, tokenizer=tokenizer)
+    prompt = tokenizer("Compute 12 + 30.").input_ids
+    params = SamplingParams(max_new_tokens=40, greedy=True, stop_token_ids=NO_STOP_TOKENS)
+    free = engine.generate_batch([prompt], params)[0][0]
+    text = tokenizer.decode(free.output_ids)
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    future = engine.submit(prompt, params, stop=(stop,))
+    engine.run_until_idle()
+    (c,) = future.result()
+    assert c.finish_reason == "stop" and c.output_ids == free.output_ids[: len(c.output_ids)]
+    assert stop in tokenizer.decode(c.output_ids) and stop not in tokenizer.decode(c.output_ids[:-1])
+    with pytest.raises(ValueError, match="tokenizer"):
+        LocalEngine(model, max_slots=2, max_len=96).submit(prompt, SamplingParams(), stop=("x",))
+
+
+def test_abort_ends_running_samples_and_keeps_queued_requests():
+    engine = LocalEngine(make_model(VOCAB), max_slots=2, max_len=64)
+    running = engine.submit([1, 2, 3], SamplingParams(n=2, max_new_tokens=30, greedy=True))
+    queued = engine.submit([4, 5, 6], SamplingParams(max_new_tokens=5, greedy=True))
+    engine.step()
+    engine.step()
+    engine.abort()
+    group = running.result(timeout=1)
+    assert [c.finish_reason for c in group] == ["abort", "abort"] and all(len(c.output_ids) == 3 for c in group)
+    assert not queued.done()
+    engine.run_until_idle()
+    assert len(queued.result()[0].output_ids) == 5
+
+
+def test_update_from_a_weights_directory(tmp_path):
+    from asyncrl.publish import write_weights
+
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=2, max_len=64)
+    engine.update_weights(WeightUpdate(3, path=str(write_weights(new.state_dict(), tmp_path, 3))))
+    prompt = _prompts(1)[0]
+    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=8, greedy=True))
+    ids = torch.tensor([prompt])
+    ref = new.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, pad_token_id=0)
+    assert c.output_ids == ref[0, len(prompt):].tolist() and c.versions == [3] * 8
+
+
+def test_bfloat16_engine_tracks_float32():
+    model = make_model(VOCAB)
+    prompts = _prompts(4, seed=3)
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    f32 = LocalEngine(model, max_slots=4, max_len=64).generate_batch(prompts, params)
+    bf16 = LocalEngine(model, max_slots=4, max_len=64, dtype=torch.bfloat16).generate_batch(prompts, params)
+    for (a,), (b,) in zip(f32, bf16):
+        assert a.output_ids[0] == b.output_ids[0]
+        assert abs(a.logprobs[0] - b.logprobs[0]) < 0.05
+
+
+def test_prefill_of_many_prompts_with_padding_matches_one_by_one():
+    """Prompts of different lengths prefilled together (padding writes go to the scratch column) and then decoded
+    in one batch give the same tokens and log-probs as each prompt alone."""
+    model = make_model(VOCAB)
+    prompts = _prompts(6, seed=11)
+    params = SamplingParams(n=2, max_new_tokens=6, greedy=True)
+    together = LocalEngine(model, max_slots=12, max_len=32).generate_batch(prompts, params)
+    for prompt, group in zip(prompts, together):
+        (alone,) = LocalEngine(model, max_slots=2, max_len=32).generate_batch([prompt], params)
+        for a, b in zip(group, alone):
+            assert a.output_ids == b.output_ids
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+
+
+def test_inverse_cdf_draws_in_proportion_at_a_large_vocabulary():
+    """The two-level inverse CDF used above 4096 entries: only positive-weight entries, frequencies as weighted,
+    including a last block shorter than the others and targets at the very ends of [0, 1)."""
+    from asyncrl.engine.sampling import inverse_cdf
+
+    g = torch.Generator().manual_seed(0)
+    V = 9000 + 17
+    probs = torch.softmax(torch.randn(V, generator=g) * 2, -1)
+    probs[V // 3 :: 5] = 0
+    probs[-3:] = 0.01  # mass in the short last block
+    weights = probs.expand(20000, V)  # a view: no 20000 x V copy
+    idx, total = inverse_cdf(weights, torch.rand(20000, 1, generator=g))
+    assert (probs[idx] > 0).all() and torch.allclose(total.squeeze(-1), weights.sum(-1), rtol=1e-5)
+    freq = torch.bincount(idx, minlength=V).float() / 20000
+    top = probs.topk(20).indices
+    assert (freq[top] - probs[top] / probs.sum()).abs().max() < 0.006  # 4 standard deviations
+    edges, _ = inverse_cdf(weights[:3], torch.tensor([[0.0], [1 - 1e-12], [0.999999]]))
+    assert (probs[edges] > 0).all()

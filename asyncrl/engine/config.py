@@ -1,8 +1,8 @@
-"""Config section for rollout: the staleness gate and the inference engine."""
+"""Config section for rollout: the staleness gate, the inference engine and the weight transport."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -13,26 +13,86 @@ class RolloutConfig:
     max_concurrent_rollouts: int = 0
     """Cap on groups generating at once (0 = no cap beyond the staleness gate)."""
     backend: str = "local"
-    """Inference engine: 'local' (the built-in in-process engine)."""
+    """Inference engine: 'local' (the built-in engine, in this process), 'local_servers' (rollout.n_servers
+    `asyncrl serve` processes started on this machine, driven over HTTP) or 'remote' (servers already
+    running at rollout.server_addrs: asyncrl serve, SGLang or vLLM)."""
     interrupt_mode: str = "recompute"
     """What in-flight requests do on a weight update: 'recompute' (re-prefill under the new weights and
-    continue) or 'abort' (end them; the workflow resubmits prompt + partial output)."""
+    continue) or 'abort' (end them; the workflow or remote client resubmits prompt + partial output). vLLM and
+    SGLang servers need 'abort'."""
     max_slots: int = 64
-    """Sequences the built-in engine decodes at once (KV-cache slots)."""
+    """Sequences the built-in engine (or each local server) decodes at once (KV-cache slots)."""
     threads: int = 1
     """Torch threads for generation (the trainer gets actor.threads; keep the sum <= cores)."""
     request_timeout_s: float = 600.0
     """A rollout that takes longer fails (counted, never silent) and its prompt is dropped."""
     weight_sync_timeout_s: float = 60.0
     """A weight update not delivered within this time stops the run with the version it was delivering."""
+    server_addrs: list[str] = field(default_factory=list)
+    """host:port (or URL) of each inference server, for backend 'remote'."""
+    server_api: str = "sglang"
+    """HTTP dialect of the servers: 'sglang' (SGLang's native API, which asyncrl serve also speaks) or
+    'vllm' (vLLM >= 0.32 started with the flags in docs/engine.md)."""
+    n_servers: int = 2
+    """How many `asyncrl serve` processes backend 'local_servers' starts (each with rollout.threads torch
+    threads and rollout.max_slots slots)."""
+    server_startup_timeout_s: float = 180.0
+    """Servers that do not answer /health within this time stop the run at start-up."""
+    weight_transport: str = "auto"
+    """How new weights reach the engines: 'inprocess' (backend local only), 'disk' (safetensors in
+    rollout.weight_dir, loaded by each engine), 'dist' (torch.distributed broadcast to the servers) or 'auto'
+    (inprocess for backend local, disk otherwise)."""
+    weight_dir: str = ""
+    """Directory of the disk transport (one subdirectory per version, written atomically); empty = a temporary
+    directory (in /dev/shm when it has room) removed at the end. Servers on other machines need it on a shared
+    filesystem."""
+    dist_backend: str = "gloo"
+    """Process-group backend of the dist transport: 'gloo' (CPU servers) or 'nccl' (GPU servers)."""
+    dist_bucket_mb: int = 64
+    """The dist transport sends the weights in buckets of at most this many MiB."""
+    dist_master_addr: str = "127.0.0.1"
+    """Address of this (trainer) process that the servers connect to for the dist transport."""
 
     def validate(self) -> None:
         from asyncrl.configlib import ConfigError
 
-        if self.backend not in ENGINE_BACKENDS:
-            raise ConfigError(f"rollout.backend must be one of {ENGINE_BACKENDS}, got '{self.backend}'")
-        if self.interrupt_mode not in ("recompute", "abort"):
-            raise ConfigError(f"rollout.interrupt_mode must be 'recompute' or 'abort', got '{self.interrupt_mode}'")
+        def one_of(key: str, allowed: tuple) -> None:
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"rollout.{key} must be one of {list(allowed)}, got '{getattr(self, key)}'")
+
+        one_of("backend", ENGINE_BACKENDS)
+        one_of("interrupt_mode", ("recompute", "abort"))
+        one_of("server_api", ("sglang", "vllm"))
+        one_of("weight_transport", WEIGHT_TRANSPORTS)
+        one_of("dist_backend", ("gloo", "nccl"))
+        if self.backend == "remote" and not self.server_addrs:
+            raise ConfigError("rollout.server_addrs is empty: backend 'remote' needs the host:port of each server")
+        if self.backend == "local_servers" and self.n_servers < 1:
+            raise ConfigError(f"rollout.n_servers must be >= 1 for backend 'local_servers', got {self.n_servers}")
+        if self.backend == "local_servers" and self.server_api != "sglang":
+            raise ConfigError("rollout.server_api must be 'sglang' for backend 'local_servers' (asyncrl serve)")
+        transport = self.resolved_transport
+        if transport == "inprocess" and self.backend != "local":
+            raise ConfigError(f"rollout.weight_transport 'inprocess' reaches only backend 'local'; backend "
+                              f"'{self.backend}' needs 'disk' or 'dist'")
+        if transport == "dist" and self.backend == "local":
+            raise ConfigError("rollout.weight_transport 'dist' broadcasts to servers; backend 'local' uses "
+                              "'inprocess' or 'disk'")
+        if transport == "dist" and self.server_api == "vllm":
+            raise ConfigError("rollout.weight_transport 'dist' speaks SGLang's weight-update API; for "
+                              "rollout.server_api 'vllm' use 'disk'")
+        if self.server_api == "vllm" and self.backend != "local" and self.interrupt_mode != "abort":
+            raise ConfigError("rollout.interrupt_mode must be 'abort' with rollout.server_api 'vllm' (vLLM cannot "
+                              "re-prefill running requests in place)")
+        if self.dist_bucket_mb < 1:
+            raise ConfigError(f"rollout.dist_bucket_mb must be >= 1, got {self.dist_bucket_mb}")
+
+    @property
+    def resolved_transport(self) -> str:
+        if self.weight_transport != "auto":
+            return self.weight_transport
+        return "inprocess" if self.backend == "local" else "disk"
 
 
-ENGINE_BACKENDS = ("local",)
+ENGINE_BACKENDS = ("local", "local_servers", "remote")
+WEIGHT_TRANSPORTS = ("auto", "inprocess", "disk", "dist")

@@ -1,13 +1,14 @@
 """The built-in inference engine: in-process PyTorch, continuous batching, interruptible by weight updates.
 
-Requests wait in a queue; at every token boundary the engine loop (1) applies a pending weight update,
-(2) admits waiting requests into free KV slots (one prefill per prompt, copied to its ``n`` samples),
+Requests wait in a queue; at every token boundary the engine loop (1) applies a pending weight update or
+abort, (2) admits waiting requests into free KV slots (one prefill per prompt, copied to its ``n`` samples),
 (3) decodes one token for every running sequence and (4) retires finished ones, compacting the slots.
 
 On a weight update, running sequences are re-prefilled under the new weights (``interrupt_mode=
 "recompute"``) so their KV cache matches the new model, and decoding continues: a sequence that spans the
 update carries both versions in ``Completion.versions``. ``"abort"`` ends them with finish reason
-``abort`` instead, and the caller may resubmit prompt + partial output.
+``abort`` instead, and the caller may resubmit prompt + partial output. ``abort()`` does the same on demand
+(a server's ``/pause_generation``).
 
 The loop runs in its own thread (``start``), or in the caller's thread (``run_until_idle``, used for
 version-pinned evaluation and tests).
@@ -24,11 +25,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asyncrl.engine.decoder import Decoder
-from asyncrl.engine.sampling import sample
+from asyncrl.engine.decoder import Decoder, Weights
+from asyncrl.engine.sampling import RowParams, sample_rows
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
 INTERRUPT_MODES = ("recompute", "abort")
+
+NO_STOP_TOKENS = (-1,)
+"""``SamplingParams.stop_token_ids`` that no token matches: a sample runs to ``max_new_tokens`` (an empty tuple
+means the engine's default, the model's end-of-sequence tokens)."""
+
+
+def stop_strings(params: SamplingParams) -> tuple[str, ...]:
+    """The stop strings of ``params`` (``SamplingParams.stop``; empty where the field does not exist)."""
+    return tuple(getattr(params, "stop", ()) or ())
 
 
 @dataclass
@@ -36,6 +46,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: Future
+    stop: tuple[str, ...] = ()
     done: list = field(default_factory=list)
 
 
@@ -53,9 +64,18 @@ class _Seq:
         return len(self.tokens) - 1
 
 
+@dataclass
+class _Pending:
+    """A weight update prepared off the loop, waiting for the next token boundary."""
+
+    version: int
+    weights: Weights
+    applied: threading.Event = field(default_factory=threading.Event)
+
+
 class LocalEngine:
     """Continuous-batching engine over a ``Decoder``. Thread-safe entry points: ``submit``, ``generate``,
-    ``update_weights``, ``pause``, ``resume``, ``stop``."""
+    ``update_weights``, ``pause``, ``resume``, ``abort``, ``stop``."""
 
     def __init__(
         self,
@@ -69,6 +89,7 @@ class LocalEngine:
         version: int = 0,
         recompute_chunk: int = 16,
         threads: int | None = None,
+        tokenizer=None,
     ):
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode must be one of {INTERRUPT_MODES}, got '{interrupt_mode}'")
@@ -78,14 +99,19 @@ class LocalEngine:
         self.default_stop = tuple(stop_token_ids)
         self.recompute_chunk = recompute_chunk
         self.threads = threads  # torch threads of the engine thread
+        self.tokenizer = tokenizer  # only needed for stop strings
         self.generator = torch.Generator().manual_seed(seed)
         self._version = version
         self._waiting: collections.deque[_Request] = collections.deque()
         self._active: list[_Seq] = []
-        self._update: tuple[WeightUpdate, threading.Event, list] | None = None
+        self._rows: RowParams | None = None  # sampling parameters of _active, rebuilt when it changes
+        self._scratch: torch.Tensor | None = None  # the sampler's (slots, V) buffer
+        self._update: _Pending | None = None
+        self._abort = False
         self._paused = False
         self._stopped = False
         self._cv = threading.Condition()
+        self._update_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.generated_tokens = 0  # counters read by the controller
         self.busy_s = 0.0
@@ -96,8 +122,24 @@ class LocalEngine:
     def version(self) -> int:
         return self._version
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
-        """Queue a prompt; the future resolves to ``params.n`` completions."""
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.shape.vocab
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = ()) -> Future:
+        """Queue a prompt; the future resolves to ``params.n`` completions. ``stop`` strings end a sample
+        once its decoded output contains one (needs ``tokenizer``)."""
+        self.check_request(prompt_ids, params, stop)
+        req = _Request(list(prompt_ids), params, Future(), tuple(stop))
+        with self._cv:
+            if self._stopped:
+                raise RuntimeError("engine is stopped")
+            self._waiting.append(req)
+            self._cv.notify_all()
+        return req.future
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = ()) -> None:
+        """Raise ValueError with the reason if this engine cannot serve the request."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         if params.n > self.max_slots:
@@ -110,47 +152,63 @@ class LocalEngine:
         vocab = self.decoder.shape.vocab
         if max(prompt_ids) >= vocab or min(prompt_ids) < 0:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        req = _Request(list(prompt_ids), params, Future())
-        with self._cv:
-            if self._stopped:
-                raise RuntimeError("engine is stopped")
-            self._waiting.append(req)
-            self._cv.notify_all()
-        return req.future
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need an engine with a tokenizer")
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, stop_strings(params)))
 
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         """Generate for many prompts and wait (in this thread if the loop is not running)."""
-        futures = [self.submit(p, params) for p in prompts]
+        futures = [self.submit(p, params, stop_strings(params)) for p in prompts]
         if self._thread is None:
             self.run_until_idle()
         return [f.result() for f in futures]
 
     def update_weights(self, update: WeightUpdate, timeout: float | None = 60.0) -> None:
-        """Install new weights at the next token boundary; returns once they serve all later tokens."""
-        if update.state_dict is None:
-            raise ValueError(f"LocalEngine needs an in-memory state_dict (update to version {update.version})")
-        if self._thread is None:
-            self._apply_update(update)
-            return
-        done, error = threading.Event(), []
-        with self._cv:
-            self._update = (update, done, error)
-            self._cv.notify_all()
-        if not done.wait(timeout):
-            raise TimeoutError(f"weight update to version {update.version} not applied within {timeout}s")
-        if error:
-            raise RuntimeError(f"weight update to version {update.version} failed: {error[0]}") from error[0]
+        """Install new weights at the next token boundary; returns once they serve all later tokens.
+
+        The new weights are converted here, in the caller's thread (the engine keeps decoding meanwhile);
+        the swap itself is a pointer change at a token boundary, so no token is ever computed by a
+        half-loaded model. In-flight sequences are then re-prefilled (or aborted) by the engine loop before
+        it decodes again."""
+        with self._update_lock:  # one update at a time, in call order
+            if self._stopped:
+                raise RuntimeError(f"engine is stopped; weight update to version {update.version} not applied")
+            weights = self.decoder.prepare(_state_dict_of(update))
+            if self._thread is None:
+                self._install(update.version, weights)
+                self._interrupt_running()
+                return
+            pending = _Pending(update.version, weights)
+            with self._cv:
+                self._update = pending
+                self._cv.notify_all()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not pending.applied.wait(0.05):
+                if self._stopped:
+                    raise RuntimeError(f"engine stopped; weight update to version {update.version} not applied")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"weight update to version {update.version} not applied within {timeout}s")
 
     def pause(self) -> None:
+        """Stop decoding at the next token boundary; in-flight requests keep their state."""
         with self._cv:
             self._paused = True
 
     def resume(self) -> None:
         with self._cv:
             self._paused = False
+            self._cv.notify_all()
+
+    def abort(self) -> None:
+        """End every running sample at the next token boundary with finish reason ``abort`` (queued
+        requests stay queued). Returns at once; without a loop thread, applies immediately."""
+        if self._thread is None:
+            self._abort_running()
+            return
+        with self._cv:
+            self._abort = True
             self._cv.notify_all()
 
     def start(self) -> "LocalEngine":
@@ -174,29 +232,33 @@ class LocalEngine:
     def n_running(self) -> int:
         return len(self._active) + len(self._waiting)
 
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     # ---- the loop ------------------------------------------------------------------------------------
     def _loop(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)
         while True:
             with self._cv:
-                while not self._stopped and self._update is None and (
+                while not (self._stopped or self._update or self._abort) and (
                     self._paused or not (self._waiting or self._active)
                 ):
                     self._cv.wait()
                 if self._stopped:
                     return
                 pending, self._update = self._update, None
-            if pending is not None:
-                update, done, error = pending
-                try:
-                    self._apply_update(update)
-                except Exception as e:  # noqa: BLE001 - reported to the caller of update_weights
-                    error.append(e)
-                done.set()
-                continue
+                abort, self._abort = self._abort, False
             try:
-                self.step()
+                if pending is not None:
+                    self._install(pending.version, pending.weights)
+                    pending.applied.set()  # later tokens use the new weights: the caller may go on
+                    self._interrupt_running()
+                if abort:
+                    self._abort_running()
+                if pending is None and not abort:
+                    self.step()
             except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the engine
                 self._fail_all(e)
 
@@ -205,16 +267,19 @@ class LocalEngine:
         while self._waiting or self._active:
             self.step()
 
+    @torch.inference_mode()
     def step(self) -> None:
         """One token boundary: admit waiting requests, then decode one token for every running sequence."""
         t0 = time.perf_counter()
         self._admit()
         if self._active:
             seqs = self._active
-            tokens = torch.tensor([[s.tokens[-1]] for s in seqs])
+            tokens = torch.tensor([s.tokens[-1] for s in seqs])[:, None]
             start = torch.tensor([s.cached for s in seqs])
             logits = self.decoder.forward(tokens, 0, start, torch.ones(len(seqs), dtype=torch.long))
-            self._sample_into(seqs, logits)
+            if self._rows is None:
+                self._rows = RowParams.of([s.req.params for s in seqs])
+            self._sample_into(seqs, logits, self._rows)
             self._retire()
         self.busy_s += time.perf_counter() - t0
 
@@ -238,38 +303,35 @@ class LocalEngine:
         seqs: list[_Seq] = [_Seq(r, 0, list(r.prompt_ids)) for r in new]
         rows = list(range(len(new)))
         for i, r in enumerate(new):
-            for j in range(1, r.params.n):
-                self.decoder.move_slot(base + i, base + len(seqs), len(r.prompt_ids))
-                seqs.append(_Seq(r, j, list(r.prompt_ids)))
-                rows.append(i)
+            first = base + len(seqs)
+            self.decoder.copy_slot(base + i, range(first, first + r.params.n - 1), len(r.prompt_ids))
+            seqs += [_Seq(r, j, list(r.prompt_ids)) for j in range(1, r.params.n)]
+            rows += [i] * (r.params.n - 1)
         self._active.extend(seqs)
-        self._sample_into(seqs, logits[torch.tensor(rows)])
+        self._rows = None
+        self._sample_into(seqs, logits[torch.tensor(rows)], RowParams.of([s.req.params for s in seqs]))
         self._retire()
 
-    def _sample_into(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
-        params = [s.req.params for s in seqs]
-        tokens, logprobs = sample(
-            logits,
-            torch.tensor([p.temperature for p in params], dtype=torch.float32),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32),
-            torch.tensor([p.top_k for p in params], dtype=torch.long),
-            torch.tensor([p.greedy for p in params]),
-            self.generator,
-        )
+    def _sample_into(self, seqs: list[_Seq], logits: torch.Tensor, rows: RowParams) -> None:
+        if self._scratch is None and not rows.all_greedy:
+            self._scratch = torch.empty(self.max_slots, self.decoder.shape.vocab)
+        tokens, logprobs = sample_rows(logits, rows, self.generator, self._scratch)
+        version = self._version
         for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist()):
             s.tokens.append(t)
             s.output_ids.append(t)
             s.logprobs.append(lp)
-            s.versions.append(self._version)
+            s.versions.append(version)
         self.generated_tokens += len(seqs)
 
     def _retire(self) -> None:
-        """Finish sequences that hit a stop token or their length limit; keep running slots contiguous."""
+        """Finish sequences that hit a stop token or string or their length limit; keep slots contiguous."""
         for i in range(len(self._active) - 1, -1, -1):
             s = self._active[i]
             p = s.req.params
-            stop_ids = p.stop_token_ids or self.default_stop
-            if s.output_ids[-1] in stop_ids:
+            if s.output_ids[-1] in (p.stop_token_ids or self.default_stop):
+                reason = "stop"
+            elif s.req.stop and _ends_with_stop_string(self.tokenizer, s.output_ids, s.req.stop):
                 reason = "stop"
             elif len(s.output_ids) >= p.max_new_tokens or len(s.tokens) >= self.max_len:
                 reason = "length"
@@ -282,23 +344,27 @@ class LocalEngine:
         last = len(self._active) - 1
         if i != last:
             moved = self._active[last]
-            self.decoder.move_slot(last, i, moved.cached)
+            self.decoder.copy_slot(last, range(i, i + 1), moved.cached)
             self._active[i] = moved
         self._active.pop()
+        self._rows = None
         req = s.req
         req.done.append((s.index, Completion(req.prompt_ids, s.output_ids, s.logprobs, s.versions, reason)))
         if len(req.done) == req.params.n and not req.future.done():
             req.future.set_result([c for _, c in sorted(req.done, key=lambda d: d[0])])
 
-    def _apply_update(self, update: WeightUpdate) -> None:
-        self.decoder.load_state_dict(update.state_dict)
-        self._version = update.version
+    def _install(self, version: int, weights: Weights) -> None:
+        self.decoder.install(weights)
+        self._version = version
+
+    @torch.inference_mode()
+    def _interrupt_running(self) -> None:
+        """After new weights: re-prefill every running sequence under them, or abort them."""
         if not self._active:
             return
         self.interruptions += 1
         if self.interrupt_mode == "abort":
-            for i in range(len(self._active) - 1, -1, -1):
-                self._finish(i, "abort")
+            self._abort_running()
             return
         t0 = time.perf_counter()
         for a in range(0, len(self._active), self.recompute_chunk):
@@ -310,11 +376,35 @@ class LocalEngine:
             self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long), lengths)
         self.busy_s += time.perf_counter() - t0
 
+    def _abort_running(self) -> None:
+        for i in range(len(self._active) - 1, -1, -1):
+            self._finish(i, "abort")
+
     def _fail_all(self, error: Exception) -> None:
         with self._cv:
             reqs = list(self._waiting) + [s.req for s in self._active]
             self._waiting.clear()
         self._active = []
+        self._rows = None
         for r in reqs:
             if not r.future.done():
                 r.future.set_exception(error)
+
+
+def _state_dict_of(update: WeightUpdate) -> dict[str, torch.Tensor]:
+    if update.state_dict is not None:
+        return update.state_dict
+    if update.path is not None:
+        from asyncrl.publish import read_weights
+
+        return read_weights(update.path)
+    raise ValueError(f"weight update to version {update.version} carries neither a state_dict nor a path")
+
+
+def _ends_with_stop_string(tokenizer, output_ids: list[int], stops: tuple[str, ...]) -> bool:
+    """Whether the decoded output now contains one of ``stops``. Only the tail that the newest token can
+    have completed is decoded (a stop string of m characters spans at most m tokens, plus a few for byte
+    tokens that decode to partial characters)."""
+    window = max(len(s) for s in stops) + 4
+    text = tokenizer.decode(output_ids[-window:], skip_special_tokens=False)
+    return any(s in text for s in stops)

@@ -1,12 +1,39 @@
-"""Token sampling for a batch of rows with per-row parameters, without per-token host round trips.
+"""Token sampling for a batch of rows with per-row parameters, in a few whole-batch tensor ops.
 
 Sampling uses the inverse CDF (cumsum + searchsorted), which on CPU is far cheaper than
-``torch.multinomial`` for large vocabularies (../shared/reference/env.md).
+``torch.multinomial`` for large vocabularies (../shared/reference/env.md). The behaviour log-probability of
+each token is exact under the distribution it was drawn from (after temperature, top-k and top-p).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass
+class RowParams:
+    """Per-row sampling parameters as tensors, built once per batch membership (not once per token)."""
+
+    temperature: torch.Tensor  # (S,) float
+    top_p: torch.Tensor  # (S,) float
+    top_k: torch.Tensor  # (S,) long, 0 = off
+    greedy: torch.Tensor  # (S,) bool
+    all_greedy: bool
+    filtered: bool  # any row uses top-p or top-k
+
+    @classmethod
+    def of(cls, params: list) -> "RowParams":
+        """From a list of ``SamplingParams`` (one per row)."""
+        greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
+        top_p = torch.tensor([1.0 if p.greedy else p.top_p for p in params], dtype=torch.float32)
+        top_k = torch.tensor([0 if p.greedy else p.top_k for p in params], dtype=torch.long)
+        return cls(
+            temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32),
+            top_p=top_p, top_k=top_k, greedy=greedy, all_greedy=bool(greedy.all()),
+            filtered=bool(((top_p < 1) | (top_k > 0)).any()),
+        )
 
 
 def filter_logits(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -23,6 +50,67 @@ def filter_logits(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
+def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator | None = None,
+                scratch: torch.Tensor | None = None):
+    """Sample one token per row of ``logits`` (S, V); return (tokens (S,), log-probabilities (S,)).
+
+    Greedy rows take the argmax and report its log-probability under the unscaled model distribution.
+    ``logits`` may be overwritten; ``scratch``, a float32 buffer of at least (S, V), saves an allocation.
+    """
+    logits = logits.float()
+    if p.all_greedy:
+        tokens = logits.argmax(dim=-1)
+        return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(dim=-1)
+    scaled = logits.div_(p.temperature[:, None])
+    if p.filtered:
+        scaled = filter_logits(scaled, p.top_p, p.top_k)
+    peak = scaled.amax(dim=-1, keepdim=True)  # (S, 1)
+    weights = torch.sub(scaled, peak, out=scratch[: len(scaled)] if scratch is not None else None).exp_()
+    tokens, total = inverse_cdf(weights, torch.rand(len(scaled), 1, generator=generator))
+    if p.greedy.any():
+        tokens = torch.where(p.greedy, scaled.argmax(dim=-1), tokens)
+    return tokens, (scaled.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
+
+
+BLOCK = 1024
+
+
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw index i of each row of ``weights`` (S, V) >= 0 with probability weights[i] / row sum, given uniform
+    ``u`` (S, 1) in [0, 1); return (indices (S,), row sums (S, 1)).
+
+    Two levels, so that no cumulative sum runs over a whole row (a cumsum is several times slower than a sum on
+    CPU): block sums pick a block of ``BLOCK`` entries, then a cumsum inside that block picks the entry. The
+    draw always lands on an entry of positive weight, whatever the rounding."""
+    S, V = weights.shape
+    if V <= 4 * BLOCK:
+        cdf = weights.cumsum(dim=-1)
+        total = cdf[:, -1:]
+        return _first_above(cdf, u * total, weights > 0), total
+    full = V // BLOCK * BLOCK
+    sums = weights[:, :full].reshape(S, -1, BLOCK).sum(dim=-1)  # (S, nb), a view of the rows: no copy
+    if full < V:
+        sums = torch.cat([sums, weights[:, full:].sum(dim=-1, keepdim=True)], dim=-1)
+    cum = sums.cumsum(dim=-1)
+    total = cum[:, -1:]
+    target = u * total
+    block = _first_above(cum, target, sums > 0)[:, None]  # (S, 1)
+    wanted = block * BLOCK + torch.arange(BLOCK)  # (S, BLOCK); the last block may run past V
+    inner = weights.gather(-1, wanted.clamp(max=V - 1)).masked_fill_(wanted >= V, 0.0)
+    inner_cdf = inner.cumsum(dim=-1)
+    frac = (target - cum.gather(-1, block) + sums.gather(-1, block)) / sums.gather(-1, block)  # within the block
+    pos = _first_above(inner_cdf, frac.clamp_(0, 1) * inner_cdf[:, -1:], inner > 0)
+    return wanted.gather(-1, pos[:, None]).squeeze(-1), total
+
+
+def _first_above(cdf: torch.Tensor, target: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose ``cdf`` exceeds ``target`` (S, 1), never past the last index of positive
+    weight (a target that rounding put at or above the row total)."""
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    last = (positive * torch.arange(1, cdf.shape[-1] + 1)).argmax(dim=-1)
+    return torch.minimum(idx, last)
+
+
 def sample(
     logits: torch.Tensor,  # (S, V)
     temperature: torch.Tensor,  # (S,)
@@ -31,18 +119,9 @@ def sample(
     greedy: torch.Tensor,  # (S,) bool
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; return (tokens (S,), log-probabilities (S,) under the sampling distribution).
-
-    Greedy rows take the argmax and report its log-probability under the unscaled model distribution.
-    """
-    logits = logits.float()
-    temp = torch.where(greedy, torch.ones_like(temperature), temperature)
-    scaled = logits / temp[:, None]
-    if bool(((top_p < 1) | (top_k > 0)).any()):
-        scaled = filter_logits(scaled, torch.where(greedy, 1.0, top_p), torch.where(greedy, 0, top_k))
-    logp = scaled.log_softmax(dim=-1)
-    cdf = logp.exp().cumsum(dim=-1)
-    u = torch.rand(logits.shape[0], 1, generator=generator) * cdf[:, -1:]
-    drawn = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), drawn)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    """``sample_rows`` with the parameters given as separate tensors (``logits`` is not modified)."""
+    top_p = torch.where(greedy, 1.0, top_p)
+    top_k = torch.where(greedy, 0, top_k)
+    params = RowParams(torch.where(greedy, 1.0, temperature), top_p, top_k, greedy, bool(greedy.all()),
+                       bool(((top_p < 1) | (top_k > 0)).any()))
+    return sample_rows(logits.clone(), params, generator)

@@ -1,0 +1,487 @@
+"""The engine Protocol over HTTP: a client for N inference servers (``asyncrl serve``, SGLang, vLLM).
+
+- **Routing**: a new request goes to the live server with the fewest outstanding requests; its ``n`` samples
+  are one request (one shared prefill). A sample cut short by an abort is resubmitted as prompt + tokens so
+  far to the same server (AReaL's interruptible generation), tagged with the weight version of each chunk.
+- **Failures**: a connection error, 5xx or timeout marks the server dead for ``dead_cooldown_s`` and the
+  same chunk is retried on another server (at most ``max_attempts`` tries per chunk). A chunk whose response
+  arrived is never resubmitted, so a sample is never duplicated; tokens already received are kept. A server
+  that misses a weight update (dead while it happened) is retired for good: it would serve stale weights.
+- **Weight updates** (``update_weights`` with a path, or ``updating`` for other transports): with
+  ``interrupt_mode="abort"`` the servers are paused (running requests end with finish reason ``abort``),
+  new chunks wait at a client-side gate, the weights are loaded, the version is raised and generation
+  continues; resubmitted chunks are re-prefilled under the new weights. ``"recompute"`` skips the pause: the
+  server swaps the weights at a token boundary and re-prefills in place (``asyncrl serve`` only).
+
+Two HTTP dialects: ``sglang`` (SGLang's native API, also spoken by ``asyncrl serve``) and ``vllm`` (vLLM >=
+0.32 with ``VLLM_SERVER_DEV_MODE=1 --enable-scale-out``: ``/inference/v1/generate``, ``/pause``, ``/resume``,
+``/collective_rpc`` ``reload_weights``, ``/update_weight_version``; see docs/engine.md for the exact flags).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from asyncrl.engine.local import stop_strings
+from asyncrl.publish import WeightSyncError
+from asyncrl.types import Completion, SamplingParams, WeightUpdate
+
+log = logging.getLogger(__name__)
+
+
+# ---- dialects ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    """One control request: POST ``path`` with a JSON body and/or query parameters."""
+
+    path: str
+    json: dict | None = None
+    params: dict | None = None
+
+
+class SGLangAPI:
+    """SGLang's native API (``asyncrl serve`` speaks it too)."""
+
+    name = "sglang"
+    generate_path = "/generate"
+
+    def generate_body(self, ids: list[int], p: SamplingParams, stop: tuple[str, ...]) -> dict:
+        sp = {"n": p.n, "max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
+              "top_p": p.top_p, "top_k": p.top_k or -1, **_stop_tokens(p)}
+        if stop:
+            sp["stop"] = list(stop)
+        return {"input_ids": ids, "sampling_params": sp, "return_logprob": True}
+
+    def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:
+        results = body if isinstance(body, list) else [body]
+        out = []
+        for r in results:
+            meta = r["meta_info"]
+            pairs = meta.get("output_token_logprobs") or []
+            ids = [int(x[1]) for x in pairs] if pairs else list(r.get("output_ids", []))
+            versions = meta.get("output_token_versions")
+            if versions is None or len(versions) != len(ids):
+                versions = [_as_version(meta.get("weight_version"), version)] * len(ids)
+            out.append(Completion(prompt_ids, ids, [float(x[0]) for x in pairs], [int(v) for v in versions],
+                                  _finish(meta.get("finish_reason"))))
+        return out
+
+    def pause(self, keep: bool) -> list[Call]:
+        return [Call("/pause_generation", {"mode": "in_place" if keep else "abort"})]
+
+    def resume(self) -> list[Call]:
+        return [Call("/continue_generation", {})]
+
+    def load_from_disk(self, path: str, version: int) -> list[Call]:
+        return [Call("/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})]
+
+    def set_version(self, version: int) -> list[Call]:
+        return []
+
+
+class VLLMAPI:
+    """vLLM's token-in/token-out and RL endpoints (``VLLM_SERVER_DEV_MODE=1``, ``--enable-scale-out``)."""
+
+    name = "vllm"
+    generate_path = "/inference/v1/generate"
+
+    def generate_body(self, ids: list[int], p: SamplingParams, stop: tuple[str, ...]) -> dict:
+        sp = {"n": p.n, "max_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
+              "top_p": p.top_p, "top_k": p.top_k, "logprobs": 0, **_stop_tokens(p)}
+        if stop:
+            sp["stop"] = list(stop)
+        return {"token_ids": ids, "sampling_params": sp}
+
+    def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:
+        out = []
+        for c in sorted(body["choices"], key=lambda c: c["index"]):
+            ids = list(c.get("token_ids") or [])
+            content = (c.get("logprobs") or {}).get("content") or []
+            versions = [version] * len(ids)
+            for span in c.get("weight_versions") or []:
+                v = _as_version(span.get("version"), version)
+                versions[span["start"] : span["end"]] = [v] * (span["end"] - span["start"])
+            out.append(Completion(prompt_ids, ids, [float(x["logprob"]) for x in content], versions,
+                                  _finish(c.get("finish_reason"))))
+        return out
+
+    def pause(self, keep: bool) -> list[Call]:
+        return [Call("/pause", params={"mode": "keep" if keep else "abort"})]
+
+    def resume(self) -> list[Call]:
+        return [Call("/resume")]
+
+    def load_from_disk(self, path: str, version: int) -> list[Call]:
+        return [Call("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
+                *self.set_version(version)]
+
+    def set_version(self, version: int) -> list[Call]:
+        return [Call("/update_weight_version", {"new_version": str(version)})]
+
+
+APIS = {"sglang": SGLangAPI, "vllm": VLLMAPI}
+
+
+def _stop_tokens(p: SamplingParams) -> dict:
+    """Explicit stop tokens replace the model's end-of-sequence tokens (as in ``LocalEngine``); servers add
+    theirs to the end-of-sequence tokens unless ``ignore_eos``. Negative ids (``NO_STOP_TOKENS``) match nothing."""
+    if not p.stop_token_ids:
+        return {}
+    return {"stop_token_ids": [t for t in p.stop_token_ids if t >= 0], "ignore_eos": True}
+
+
+def _finish(reason) -> str:
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    return kind if kind in ("stop", "length", "abort") else "stop"
+
+
+def _as_version(value, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def join(done: Completion, more: Completion) -> Completion:
+    """A sample continued after an interruption: the tokens so far, then the new chunk."""
+    return Completion(done.prompt_ids, done.output_ids + more.output_ids, done.logprobs + more.logprobs,
+                      done.versions + more.versions, more.finish_reason)
+
+
+# ---- servers ----------------------------------------------------------------------------------------------
+@dataclass
+class _Server:
+    url: str
+    outstanding: int = 0
+    dead_until: float = 0.0
+    retired: str | None = None  # why it will never be used again
+
+    def live(self, now: float) -> bool:
+        return self.retired is None and now >= self.dead_until
+
+
+class ServerError(RuntimeError):
+    """A server failed to serve a request (connection, timeout or 5xx): try another one."""
+
+
+class RequestRejected(ValueError):
+    """A server refused a request as malformed (4xx): retrying elsewhere would not help."""
+
+
+class _Gate:
+    """Open/closed flag that threads set and asyncio tasks in any event loop can await."""
+
+    def __init__(self):
+        self._open = True
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+
+    def close(self) -> None:
+        with self._lock:
+            self._open = False
+
+    def open(self) -> None:
+        with self._lock:
+            self._open, waiters, self._waiters = True, self._waiters, []
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
+
+    async def wait(self) -> None:
+        while True:
+            with self._lock:
+                if self._open:
+                    return
+                loop = asyncio.get_running_loop()
+                fut = loop.create_future()
+                self._waiters.append((loop, fut))
+            await fut
+
+
+class RemoteEngine:
+    """The engine Protocol against inference servers at ``addrs`` ("host:port" or URLs).
+
+    ``launch``, if given, starts the servers on ``start`` and returns objects with ``url`` and ``close()``
+    (``asyncrl.engine.spawn.ServerProcess``); ``stop`` closes them."""
+
+    def __init__(self, addrs: list[str] = (), *, api: str = "sglang", interrupt_mode: str = "abort",
+                 request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0, max_attempts: int = 3,
+                 dead_cooldown_s: float = 5.0, startup_timeout_s: float = 120.0, version: int = 0,
+                 launch: Callable[[], list] | None = None):
+        if api not in APIS:
+            raise ValueError(f"server api must be one of {sorted(APIS)}, got '{api}'")
+        if interrupt_mode not in ("recompute", "abort"):
+            raise ValueError(f"interrupt_mode must be 'recompute' or 'abort', got '{interrupt_mode}'")
+        if api == "vllm" and interrupt_mode == "recompute":
+            raise ValueError("vLLM servers cannot re-prefill in place on a weight update: use interrupt_mode='abort'")
+        if not addrs and launch is None:
+            raise ValueError("RemoteEngine needs server addresses (or a launcher)")
+        self.api = APIS[api]()
+        self.interrupt_mode = interrupt_mode
+        self.request_timeout_s, self.connect_timeout_s = request_timeout_s, connect_timeout_s
+        self.max_attempts, self.dead_cooldown_s = max_attempts, dead_cooldown_s
+        self.startup_timeout_s = startup_timeout_s
+        self._servers = [_Server(_url(a)) for a in addrs]
+        self._launch, self._procs = launch, []
+        self._version = version
+        self._gate = _Gate()
+        self._failed_update: str | None = None
+        self._lock = threading.Lock()
+        self._rr = 0
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._sync = None
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="asyncrl-remote")
+        self.generated_tokens = 0
+        self.busy_s = 0.0
+        self.interruptions = 0
+        self.failovers = 0  # chunks retried on another server after a failure
+        self._in_flight = 0
+        self._busy_since = 0.0
+
+    # ---- the engine Protocol ---------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def addrs(self) -> list[str]:
+        return [s.url for s in self._servers]
+
+    def start(self) -> "RemoteEngine":
+        import httpx
+
+        from asyncrl.engine.spawn import wait_healthy
+
+        if self._launch is not None and not self._procs:
+            self._procs = list(self._launch())
+            self._servers = [_Server(p.url) for p in self._procs]
+            for p in self._procs:
+                p.wait_healthy()
+        self._sync = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s))
+        for s in self._servers:
+            wait_healthy(s.url, self.startup_timeout_s)
+        self._call_all(self.live_addrs(), self.api.set_version(self._version), self.startup_timeout_s,
+                       f"setting version {self._version}")
+        return self
+
+    def stop(self) -> None:
+        self._gate.open()
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+        for p in self._procs:
+            p.close()
+        self._procs = []
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def stats(self) -> dict:
+        busy = self.busy_s + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
+        return {"generated_tokens": self.generated_tokens, "busy_s": busy, "interruptions": self.interruptions}
+
+    def pause(self) -> None:
+        """Hold new chunks here and running requests at a token boundary on the servers."""
+        self._gate.close()
+        self._call_all(self.live_addrs(), self.api.pause(keep=True), self.request_timeout_s, "pausing")
+
+    def resume(self) -> None:
+        self._call_all(self.live_addrs(), self.api.resume(), self.request_timeout_s, "resuming")
+        self._gate.open()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        stop = stop_strings(params)
+        server = self._pick(set())
+        first, server = await self._chunk(server, prompt_ids, prompt_ids, params, stop)
+        return list(await asyncio.gather(*(self._finish(c, server, params, stop) for c in first)))
+
+    def update_weights(self, update: WeightUpdate, timeout: float | None = 60.0) -> None:
+        """Make every live server load ``update.path`` (a directory of safetensors) as ``update.version``."""
+        if update.path is None:
+            raise ValueError(f"a remote engine loads weights from disk or a broadcast, not an in-memory "
+                             f"state dict (update to version {update.version}): use weight_transport disk or dist")
+        timeout = timeout or self.request_timeout_s
+        with self.updating(update.version, timeout) as addrs:
+            self._call_all(addrs, self.api.load_from_disk(update.path, update.version), timeout,
+                           f"loading version {update.version} from {update.path}")
+
+    # ---- weight updates ------------------------------------------------------------------------------------
+    def live_addrs(self) -> list[str]:
+        now = time.monotonic()
+        return [s.url for s in self._servers if s.live(now)]
+
+    @contextlib.contextmanager
+    def updating(self, version: int, timeout: float):
+        """Around a weight transport: pause (in abort mode), yield the live server URLs, then raise the version
+        and continue. On failure the servers stay paused and every later request fails naming the version
+        (a server may hold part of it)."""
+        if self._failed_update:
+            raise WeightSyncError(self._failed_update)
+        now = time.monotonic()
+        for s in self._servers:
+            if s.retired is None and not s.live(now):
+                s.retired = f"missed the update to version {version}"
+                log.error("server %s is down during the update to version %d: retired", s.url, version)
+        addrs = self.live_addrs()
+        if not addrs:
+            raise WeightSyncError(f"no live server to update to version {version}")
+        abort = self.interrupt_mode == "abort"
+        try:
+            if abort:
+                self._gate.close()
+                self._call_all(addrs, self.api.pause(keep=False), timeout, f"pausing for version {version}")
+            yield addrs
+        except BaseException as e:
+            self._failed_update = f"weight update to version {version} failed: {type(e).__name__}: {e}"
+            self._gate.open()  # waiting requests see the failure instead of hanging
+            raise
+        self._version = version
+        if abort:
+            self._call_all(addrs, self.api.resume(), timeout, f"resuming after version {version}")
+            self._gate.open()
+
+    def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None,
+             params: dict | None = None) -> dict:
+        """A control request to one server; raises ``ServerError``/``RequestRejected`` with its message."""
+        import httpx
+
+        client = self._sync
+        if client is None:
+            raise RuntimeError("remote engine not started")
+        try:
+            r = client.post(url + path, json=body, params=params, timeout=timeout or self.request_timeout_s)
+        except httpx.HTTPError as e:
+            raise ServerError(f"{url}{path}: {type(e).__name__}: {e}") from e
+        return _checked(r, url + path)
+
+    def _call_all(self, addrs: list[str], calls: list[Call], timeout: float, what: str) -> None:
+        """Run ``calls`` (in order) on every server at once; raise ``WeightSyncError`` naming ``what`` if any
+        server fails."""
+        if not calls or not addrs:
+            return
+
+        def run(url: str) -> None:
+            for c in calls:
+                self.post(url, c.path, c.json, timeout, c.params)
+
+        futures = {url: self._pool.submit(run, url) for url in addrs}
+        errors = []
+        for url, f in futures.items():
+            try:
+                f.result(timeout=timeout)
+            except Exception as e:  # noqa: BLE001 - collected and raised together
+                errors.append(f"{url}: {e}")
+        if errors:
+            raise WeightSyncError(f"{what} failed on {len(errors)} of {len(addrs)} servers: " + "; ".join(errors))
+
+    # ---- generation ------------------------------------------------------------------------------------------
+    def _pick(self, exclude: set[str]) -> _Server | None:
+        """The live server with the fewest outstanding requests (ties in turn), or None."""
+        now = time.monotonic()
+        with self._lock:
+            live = [s for s in self._servers if s.live(now) and s.url not in exclude]
+            if not live:
+                return None
+            self._rr += 1
+            return min(live, key=lambda s: (s.outstanding, (self._servers.index(s) - self._rr) % len(self._servers)))
+
+    async def _finish(self, c: Completion, server: _Server, params: SamplingParams, stop) -> Completion:
+        """Continue a sample cut short by an abort until it stops or reaches ``max_new_tokens``."""
+        while c.finish_reason == "abort" and len(c.output_ids) < params.max_new_tokens:
+            self.interruptions += 1
+            rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids))
+            (more,), server = await self._chunk(server, c.prompt_ids, c.prompt_ids + c.output_ids, rest, stop)
+            c = join(c, more)
+        if c.finish_reason == "abort":
+            c = dataclasses.replace(c, finish_reason="length")
+        return c
+
+    async def _chunk(self, server: _Server | None, prompt_ids: list[int], ids: list[int], params: SamplingParams,
+                     stop: tuple[str, ...]) -> tuple[list[Completion], _Server]:
+        """One request for ``ids``; on a server failure, the same request on another server."""
+        deadline = time.monotonic() + self.request_timeout_s
+        tried: set[str] = set()
+        errors: list[str] = []
+        body = self.api.generate_body(ids, params, stop)
+        while True:
+            await self._gate.wait()
+            if self._failed_update:
+                raise WeightSyncError(self._failed_update)
+            if server is None or not server.live(time.monotonic()) or server.url in tried:
+                server = self._pick(tried) or self._pick(set())
+            if server is None:
+                if time.monotonic() > deadline:
+                    raise ServerError(f"no live server within {self.request_timeout_s}s: " + "; ".join(errors))
+                await asyncio.sleep(min(self.dead_cooldown_s, 0.5))
+                continue
+            version = self._version
+            try:
+                result = self.api.parse(await self._post(server, body), prompt_ids, version)
+            except ServerError as e:
+                errors.append(str(e))
+                tried.add(server.url)
+                server.dead_until = time.monotonic() + self.dead_cooldown_s
+                self.failovers += 1
+                log.warning("server %s failed (%s); retrying on another server", server.url, e)
+                if len(errors) >= self.max_attempts:
+                    raise ServerError(f"request failed on {len(errors)} attempts: " + "; ".join(errors)) from e
+                server = None
+                continue
+            if len(result) != params.n:
+                raise ServerError(f"{server.url} returned {len(result)} samples for n={params.n}")
+            self.generated_tokens += sum(len(c.output_ids) for c in result)
+            return result, server
+
+    async def _post(self, server: _Server, body: dict):
+        import httpx
+
+        client = self._client()
+        with self._lock:
+            server.outstanding += 1
+            if self._in_flight == 0:
+                self._busy_since = time.monotonic()
+            self._in_flight += 1
+        try:
+            r = await client.post(server.url + self.api.generate_path, json=body)
+        except httpx.HTTPError as e:  # connection refused/reset, timeout: the server is unusable for now
+            raise ServerError(f"{server.url}: {type(e).__name__}: {e}") from e
+        finally:
+            with self._lock:
+                server.outstanding -= 1
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self.busy_s += time.monotonic() - self._busy_since
+        return _checked(r, server.url + self.api.generate_path)
+
+    def _client(self):
+        """An ``httpx.AsyncClient`` for the running event loop (clients cannot be shared across loops)."""
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
+                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            self._clients[loop] = client
+        return client
+
+
+def _checked(r, where: str):
+    if r.status_code >= 500:
+        raise ServerError(f"{where}: HTTP {r.status_code}: {r.text[:500]}")
+    if r.status_code >= 400:
+        raise RequestRejected(f"{where}: HTTP {r.status_code}: {r.text[:500]}")
+    return r.json() if r.content else {}
+
+
+def _url(addr: str) -> str:
+    addr = addr.strip().rstrip("/")
+    return addr if "://" in addr else f"http://{addr}"

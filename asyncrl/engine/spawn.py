@@ -1,0 +1,115 @@
+"""Starting servers as child processes: ``asyncrl serve`` (the ``local_servers`` backend, tests, benches)
+or any command that serves ``/health``, on a free 127.0.0.1 port, always ended by ``close``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+class ServerProcess:
+    """A server in a child process; ``close`` always ends it (terminate, then kill)."""
+
+    def __init__(self, cmd: list[str], url: str, startup_timeout_s: float = 120.0, env: dict | None = None,
+                 log_path: str | None = None, wait: bool = True):
+        self.url, self.startup_timeout_s = url, startup_timeout_s
+        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        # a session of its own, so that close/kill reach the server's own children too (vLLM's engine core)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
+        if wait:
+            self.wait_healthy()
+
+    def wait_healthy(self) -> "ServerProcess":
+        """Block until the server answers ``/health`` (ending it if it does not in time)."""
+        try:
+            wait_healthy(self.url, self.startup_timeout_s, self.proc)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def kill(self) -> None:
+        """End the server and its children at once (SIGKILL), as a crash would."""
+        self._signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        """Ask the server to exit (SIGTERM); kill it if it has not within 15 s."""
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._signal(signal.SIGKILL)  # whatever of its session is left
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()
+            self._log = subprocess.DEVNULL
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Poll ``url/health`` until it answers 200; raise naming the URL if it does not within ``timeout_s``."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server for {url} exited with code {proc.returncode} during start-up")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"server {url} not healthy within {timeout_s}s")
+
+
+
+
+def asyncrl_server(model: str, *args: str, port: int | None = None, startup_timeout_s: float = 120.0,
+                   log_path: str | None = None, wait: bool = True) -> ServerProcess:
+    """``asyncrl serve --model MODEL ARGS`` on 127.0.0.1 (healthy when this returns, if ``wait``)."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "asyncrl.engine.server", "--model", model, "--host", "127.0.0.1", "--port",
+           str(port), *args]
+    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, log_path=log_path, wait=wait)
+
+
+VLLM_FLAGS = ("--dtype", "float32", "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--enable-scale-out")
+"""What the remote client needs from a vLLM (>= 0.32) server besides ``VLLM_SERVER_DEV_MODE=1``: the
+token-in/token-out ``/inference/v1/generate`` (``--enable-scale-out``), log-probs of the distribution tokens
+are sampled from (``processed_logprobs``: after temperature/top-k/top-p) and, on CPU, eager float32."""
+
+VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false"}
+"""Environment of a vLLM-CPU server: the dev-mode routes (``/pause``, ``/resume``, ``/collective_rpc``,
+``/update_weight_version``) and a 1 GiB KV cache."""
+
+
+def vllm_server(python: str, model: str, *args: str, port: int | None = None, threads: int = 1,
+                max_model_len: int = 512, startup_timeout_s: float = 300.0, log_path: str | None = None,
+                wait: bool = True) -> ServerProcess:
+    """A vLLM OpenAI server (``python`` is the interpreter of its environment) with ``VLLM_FLAGS`` on 127.0.0.1,
+    ``threads`` CPU threads."""
+    port = port or free_port()
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1", "--port",
+           str(port), "--max-model-len", str(max_model_len), *VLLM_FLAGS, *args]
+    env = {**VLLM_ENV, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)

@@ -1,0 +1,111 @@
+"""Weight transports: in-process, disk (atomic versioned directories) and torch.distributed (gloo) broadcast."""
+
+import asyncio
+import os
+
+import pytest
+import torch
+
+from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
+from asyncrl.engine.remote import RemoteEngine
+from asyncrl.engine.spawn import asyncrl_server
+from asyncrl.models import build_tiny_model, load_model
+from asyncrl.publish import (DiskPublisher, DistPublisher, InProcessPublisher, WeightSyncError, buckets,
+                             read_weights, write_weights)
+from asyncrl.types import SamplingParams
+from conftest import make_model
+
+
+def _greedy(engine, prompt, n=8):
+    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=n, greedy=True))
+    return c
+
+
+def _hf_greedy(model, prompt, n=8):
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_write_read_round_trip_is_atomic_and_versioned(tmp_path):
+    sd = make_model(seed=3).state_dict()
+    path = write_weights(sd, tmp_path, 7)
+    assert path.name == "v000007" and sorted(os.listdir(tmp_path)) == ["v000007"]  # no temporary left behind
+    back = read_weights(path)
+    assert back.keys() == sd.keys() and all(torch.equal(back[k], sd[k]) for k in sd)
+    tied = {"a": torch.ones(3), "b": None}
+    tied["b"] = tied["a"]  # shared storage (tied embeddings) is written as two tensors
+    assert torch.equal(read_weights(write_weights(tied, tmp_path, 8))["b"], torch.ones(3))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        read_weights(tmp_path / "v000007" / "..")
+
+
+def test_disk_publisher_updates_a_local_engine_and_keeps_two_versions(tmp_path):
+    old, new = make_model(seed=0), make_model(seed=1)
+    engine = LocalEngine(old, max_slots=2, max_len=64)
+    publisher = DiskPublisher([engine], str(tmp_path), keep=2)
+    prompt = [3, 9, 27]
+    for version, model in [(1, new), (2, old), (3, new)]:
+        seconds = publisher.publish(model.state_dict(), version)
+        assert seconds > 0 and engine.version == version
+        c = _greedy(engine, prompt)
+        assert c.output_ids == _hf_greedy(model, prompt) and c.versions == [version] * 8
+    assert sorted(os.listdir(tmp_path)) == ["v000002", "v000003"]
+
+
+def test_transport_failures_name_the_version(tmp_path):
+    model = make_model()
+    engine = LocalEngine(model, max_slots=2, max_len=64)
+    partial = {k: v for k, v in model.state_dict().items() if "lm_head" not in k}
+    with pytest.raises(WeightSyncError, match="version 4.*lm_head"):
+        InProcessPublisher([engine]).publish(partial, 4)
+    with pytest.raises(WeightSyncError, match="version 5.*lm_head"):
+        DiskPublisher([engine], str(tmp_path)).publish(partial, 5)
+    assert engine.version == 0  # the engine kept serving the old model
+    engine.start().stop()
+    with pytest.raises(WeightSyncError, match="version 6.*stopped"):
+        InProcessPublisher([engine]).publish(model.state_dict(), 6)
+
+
+def test_in_process_publish_to_a_running_engine_is_fast():
+    old, new = make_model(seed=0), make_model(seed=1)
+    engine = LocalEngine(old, max_slots=4, max_len=64).start()
+    try:
+        seconds = InProcessPublisher([engine], timeout_s=10).publish(new.state_dict(), 1)
+        assert engine.version == 1 and seconds < 5
+    finally:
+        engine.stop()
+
+
+def test_buckets_respect_the_size_and_keep_order():
+    sd = {f"w{i}": torch.zeros(n) for i, n in enumerate([10, 10, 30, 5, 5, 5])}
+    groups = buckets(sd, bucket_bytes=80)
+    assert groups == [["w0", "w1"], ["w2"], ["w3", "w4", "w5"]]  # a tensor larger than a bucket goes alone
+    assert [n for g in groups for n in g] == list(sd)
+
+
+def test_dist_broadcast_to_a_server_process(tiny_model_dir, tokenizer, tmp_path):
+    """gloo broadcast in small buckets from this process to an `asyncrl serve` process: greedy output afterwards
+    is the new model's, every token tagged with the new version; a dead server fails the next publish loudly."""
+    old = load_model(tiny_model_dir)
+    new = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=5)
+    server = asyncrl_server(tiny_model_dir, "--max-len", "128", "--threads", "1",
+                            log_path=str(tmp_path / "server.log"))
+    engine = RemoteEngine([server.url]).start()
+    publisher = DistPublisher([engine], backend="gloo", bucket_mb=1, timeout_s=30)
+    prompt = [5, 17, 42, 99]
+    params = SamplingParams(max_new_tokens=8, greedy=True, stop_token_ids=NO_STOP_TOKENS)
+    try:
+        (before,) = asyncio.run(engine.generate(prompt, params))
+        assert before.output_ids == _hf_greedy(old, prompt)
+        for version, model in [(1, new), (2, old), (3, new)]:
+            publisher.publish(model.state_dict(), version)
+            (after,) = asyncio.run(engine.generate(prompt, params))
+            assert after.output_ids == _hf_greedy(model, prompt) and after.versions == [version] * 8
+        server.kill()
+        with pytest.raises(WeightSyncError, match="version 4"):
+            publisher.publish(new.state_dict(), 4)
+    finally:
+        publisher.close()
+        engine.stop()
+        server.close()

@@ -1,0 +1,265 @@
+"""The remote engine client against real ``asyncrl serve`` servers on 127.0.0.1."""
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import torch
+
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.remote import RemoteEngine, RequestRejected, ServerError
+from asyncrl.engine.server import ServerState, ServerThread, build_app
+from asyncrl.engine.spawn import asyncrl_server
+from asyncrl.models import build_tiny_model, load_model
+from asyncrl.publish import DiskPublisher, WeightSyncError
+from asyncrl.types import SamplingParams, WeightUpdate
+
+
+def _reference_logprobs(model, prompt, output):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
+    return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+
+
+@pytest.fixture(scope="module")
+def models(tokenizer):
+    return tuple(build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=s).eval()
+                 for s in (0, 1))
+
+
+class _Servers:
+    """In-process servers of one model, each with its own engine thread."""
+
+    def __init__(self, model, n, **engine_kw):
+        self.engines = [LocalEngine(model, max_slots=8, max_len=200, **engine_kw).start() for _ in range(n)]
+        self.http = [ServerThread(build_app(ServerState(e, None, "tiny", "-"))) for e in self.engines]
+        self.urls = [h.url for h in self.http]
+
+    def close(self):
+        for h in self.http:
+            h.close()
+        for e in self.engines:
+            e.stop()
+
+
+@pytest.fixture
+def two_servers(models):
+    servers = _Servers(models[0], 2)
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+def _prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 300, (int(l),), generator=g).tolist() for l in torch.randint(3, 12, (n,), generator=g)]
+
+
+def _run(engine, prompts, params):
+    async def main():
+        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    return asyncio.run(main())
+
+
+def test_greedy_through_two_servers_equals_the_local_engine(two_servers, models):
+    engine = RemoteEngine(two_servers.urls).start()
+    try:
+        prompts = _prompts(12)
+        params = SamplingParams(n=2, max_new_tokens=10, greedy=True)
+        remote = _run(engine, prompts, params)
+        local = LocalEngine(models[0], max_slots=8, max_len=200).generate_batch(prompts, params)
+        for r, l in zip(remote, local):
+            assert [c.output_ids for c in r] == [c.output_ids for c in l]
+            assert all(torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+                       for a, b in zip(r, l))
+            assert all(c.versions == [0] * 10 and c.prompt_ids == l[0].prompt_ids for c in r)
+        # least-outstanding routing spread the concurrent requests over both servers
+        served = [httpx.get(f"{u}/get_server_info").json()["requests_completed"] for u in two_servers.urls]
+        assert sum(served) == len(prompts) and min(served) >= 3
+        assert engine.stats()["generated_tokens"] == 12 * 2 * 10
+    finally:
+        engine.stop()
+
+
+def test_sampled_logprobs_through_the_client_match_a_forward(two_servers, models):
+    engine = RemoteEngine(two_servers.urls).start()
+    try:
+        prompt = _prompts(1, seed=4)[0]
+        (group,) = _run(engine, [prompt], SamplingParams(n=3, max_new_tokens=8, temperature=0.8))
+        for c in group:
+            with torch.no_grad():
+                logits = models[0](torch.tensor([prompt + c.output_ids])).logits[0, len(prompt) - 1 : -1] / 0.8
+            ref = logits.log_softmax(-1).gather(-1, torch.tensor(c.output_ids)[:, None]).squeeze(-1)
+            assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("mode", ["abort", "recompute"])
+def test_weight_update_mid_run_through_the_client(two_servers, models, tmp_path, mode):
+    """Long requests in flight; a disk publish lands; every sample continues under the new weights, and every
+    token's log-prob matches a fresh forward of the version that produced it."""
+    old, new = models
+    engine = RemoteEngine(two_servers.urls, interrupt_mode=mode).start()
+    publisher = DiskPublisher([engine], str(tmp_path / "w"))
+    prompts = _prompts(4, seed=2)
+    params = SamplingParams(n=2, max_new_tokens=180, temperature=1.0)
+    try:
+        async def main():
+            tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
+            while engine.stats()["busy_s"] == 0 or _generated(two_servers) < 16:
+                await asyncio.sleep(0.002)
+            await asyncio.to_thread(publisher.publish, new.state_dict(), 1)
+            return await asyncio.gather(*tasks)
+
+        groups = asyncio.run(main())
+        assert engine.version == 1
+        spanning = 0
+        for prompt, group in zip(prompts, groups):
+            for c in group:
+                assert len(c.output_ids) == 180 and c.finish_reason == "length"
+                assert c.versions == sorted(c.versions) and set(c.versions) <= {0, 1}
+                k = c.versions.index(1) if 1 in c.versions else len(c.versions)
+                spanning += 0 < k < 180
+                got = torch.tensor(c.logprobs)
+                assert torch.allclose(got[:k], _reference_logprobs(old, prompt, c.output_ids)[:k], atol=1e-4)
+                assert torch.allclose(got[k:], _reference_logprobs(new, prompt, c.output_ids)[k:], atol=1e-4)
+        assert spanning >= 4  # the update really landed mid-generation
+        if mode == "abort":
+            assert engine.stats()["interruptions"] >= 4
+        (after,) = _run(engine, [prompts[0]], SamplingParams(max_new_tokens=8, greedy=True))
+        ref = new.generate(torch.tensor([prompts[0]]), max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert after[0].output_ids == ref[0, len(prompts[0]):].tolist() and after[0].versions == [1] * 8
+    finally:
+        publisher.close()
+        engine.stop()
+
+
+def _generated(servers):
+    return sum(e.generated_tokens for e in servers.engines)
+
+
+def test_pause_and_resume_hold_generation(two_servers):
+    engine = RemoteEngine(two_servers.urls).start()
+    try:
+        async def main():
+            engine.pause()
+            task = asyncio.ensure_future(engine.generate([5, 6, 7], SamplingParams(max_new_tokens=4, greedy=True)))
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            await asyncio.to_thread(engine.resume)
+            return await asyncio.wait_for(task, 30)
+
+        (c,) = asyncio.run(main())
+        assert len(c.output_ids) == 4
+    finally:
+        engine.stop()
+
+
+def test_malformed_request_is_rejected_not_retried(two_servers):
+    engine = RemoteEngine(two_servers.urls).start()
+    try:
+        with pytest.raises(RequestRejected, match="max_len"):
+            _run(engine, [[5] * 190], SamplingParams(max_new_tokens=50))
+        with pytest.raises(ValueError, match="in-memory state dict"):
+            engine.update_weights(WeightUpdate(1, state_dict={}))
+    finally:
+        engine.stop()
+
+
+def test_a_hung_server_times_out_and_the_request_moves(two_servers):
+    """A server that accepts connections but never answers: the request times out there and completes on
+    the other server."""
+    from fastapi import FastAPI
+
+    hung = FastAPI()
+
+    @hung.get("/health")
+    async def health():
+        return {}
+
+    @hung.post("/generate")
+    async def never():
+        await asyncio.sleep(3600)
+
+    http = ServerThread(hung)
+    engine = RemoteEngine([http.url, two_servers.urls[0]], request_timeout_s=1.0, dead_cooldown_s=60).start()
+    try:
+        t0 = time.monotonic()
+        results = _run(engine, _prompts(2), SamplingParams(max_new_tokens=5, greedy=True))
+        assert all(len(c.output_ids) == 5 for (c,) in results) and time.monotonic() - t0 < 10
+        hung_only = RemoteEngine([http.url], request_timeout_s=0.5).start()
+        with pytest.raises(WeightSyncError, match="version 1"):  # the hung server cannot take an update either
+            hung_only.update_weights(WeightUpdate(1, path="/nowhere"), timeout=0.5)
+        hung_only.stop()
+    finally:
+        engine.stop()
+        http.server.force_exit = True
+        http.close()
+
+
+def test_all_servers_down_fails_with_a_reason(models):
+    servers = _Servers(models[0], 1)
+    engine = RemoteEngine(servers.urls, request_timeout_s=2.0, max_attempts=2, dead_cooldown_s=0.1).start()
+    servers.close()
+    try:
+        with pytest.raises(ServerError, match=servers.urls[0]):
+            _run(engine, [[1, 2, 3]], SamplingParams(max_new_tokens=3))
+    finally:
+        engine.stop()
+
+
+def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, tokenizer, tmp_path):
+    """Two `asyncrl serve` processes; one is killed while requests are in flight. Every request completes with
+    exactly the greedy output of an unbroken run: nothing lost, nothing duplicated."""
+    servers = [asyncrl_server(tiny_model_dir, "--max-slots", "8", "--max-len", "200", "--threads", "1",
+                              wait=False, log_path=str(tmp_path / f"server{i}.log")) for i in range(2)]
+    try:
+        for s in servers:
+            s.wait_healthy()
+        engine = RemoteEngine([s.url for s in servers], dead_cooldown_s=60).start()
+        prompts = _prompts(16, seed=7)
+        params = SamplingParams(n=2, max_new_tokens=60, greedy=True)
+
+        async def main():
+            tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
+            while engine.stats()["generated_tokens"] < 60:  # some requests done, most in flight
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(servers[0].kill)
+            return await asyncio.gather(*tasks)
+
+        results = asyncio.run(main())
+        local = LocalEngine(load_model(tiny_model_dir), max_slots=8, max_len=200,
+                            stop_token_ids=(tokenizer.eos_token_id,))
+        expected = local.generate_batch(prompts, params)
+        assert len(results) == len(prompts)
+        for got, want in zip(results, expected):
+            assert [(c.output_ids, c.finish_reason) for c in got] == [(c.output_ids, c.finish_reason) for c in want]
+            assert all(torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+                       for a, b in zip(got, want))
+        assert servers[0].url not in engine.live_addrs() and engine.failovers > 0
+        engine.stop()
+    finally:
+        for s in servers:
+            s.close()
+
+
+@pytest.mark.parametrize("transport", ["dist"])
+def test_controller_with_local_servers_by_config_alone(tmp_path, tiny_model_dir, transport):
+    """`rollout.backend=local_servers`: the controller starts two `asyncrl serve` processes, rolls out through the
+    remote client, pushes each version over the weight transport and stops the servers at the end."""
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.controller import train
+
+    cfg = configlib.load(TrainConfig, None, [
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=3",
+        "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24", "valid_dataset.size=8",
+        "evaluator.freq_steps=0", "rollout.max_slots=16", "actor.lr=1e-3",
+        "reward.fn=rewards_for_tests:digit_count_reward", "rollout.backend=local_servers", "rollout.n_servers=2",
+        f"rollout.weight_transport={transport}", "rollout.max_head_offpolicyness=1",
+    ])
+    last = train(cfg)
+    assert last["version"] == 3 and last["rollout_failures"] == 0 and last["staleness_max"] <= 1
