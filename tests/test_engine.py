@@ -127,6 +127,28 @@ def test_abort_mode_ends_requests_on_update():
     assert c.finish_reason == "abort" and len(c.output_ids) == 2 and engine.version == 1
 
 
+@pytest.mark.parametrize("threaded", [False, True])
+def test_drain_mode_finishes_running_requests_before_an_update(threaded):
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=2, max_len=128, interrupt_mode="drain")
+    first = engine.submit(_prompts(1)[0], SamplingParams(max_new_tokens=40, greedy=True))
+    engine.step()  # the first request is running
+    second = engine.submit(_prompts(1, seed=1)[0], SamplingParams(max_new_tokens=5, greedy=True))
+    if threaded:
+        engine.start()
+    try:
+        engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()), timeout=30)
+        engine.run_until_idle() if not threaded else None
+        (a,), (b,) = first.result(timeout=30), second.result(timeout=30)
+    finally:
+        engine.stop()
+    # the running request finished under the old weights; no request spans the update
+    assert a.versions == [0] * 40 and a.finish_reason == "length" and engine.version == 1
+    assert b.versions in ([0] * 5, [1] * 5)
+    if not threaded:  # the queued request started only after the update
+        assert b.versions == [1] * 5
+
+
 def test_threaded_engine_async_generate_and_update():
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
     engine = LocalEngine(old, max_slots=8, max_len=128).start()

@@ -18,8 +18,9 @@ class RolloutConfig:
     running at rollout.server_addrs: asyncrl serve, SGLang or vLLM)."""
     interrupt_mode: str = "recompute"
     """What in-flight requests do on a weight update: 'recompute' (re-prefill under the new weights and
-    continue) or 'abort' (end them; the workflow or remote client resubmits prompt + partial output). vLLM and
-    SGLang servers need 'abort'."""
+    continue), 'abort' (end them; the workflow or remote client resubmits prompt + partial output) or 'drain'
+    (backend local only: the update waits until running requests finish; non-interruptible generation, for
+    ablations). vLLM and SGLang servers need 'abort'."""
     max_slots: int = 64
     """Sequences the built-in engine (or each local server) decodes at once (KV-cache slots)."""
     threads: int = 1
@@ -61,7 +62,7 @@ class RolloutConfig:
                 raise ConfigError(f"rollout.{key} must be one of {list(allowed)}, got '{getattr(self, key)}'")
 
         one_of("backend", ENGINE_BACKENDS)
-        one_of("interrupt_mode", ("recompute", "abort"))
+        one_of("interrupt_mode", ("recompute", "abort", "drain"))
         one_of("server_api", ("sglang", "vllm"))
         one_of("weight_transport", WEIGHT_TRANSPORTS)
         one_of("dist_backend", ("gloo", "nccl"))
@@ -84,6 +85,9 @@ class RolloutConfig:
         if self.server_api == "vllm" and self.backend != "local" and self.interrupt_mode != "abort":
             raise ConfigError("rollout.interrupt_mode must be 'abort' with rollout.server_api 'vllm' (vLLM cannot "
                               "re-prefill running requests in place)")
+        if self.interrupt_mode == "drain" and self.backend != "local":
+            raise ConfigError("rollout.interrupt_mode 'drain' is implemented by the built-in engine only "
+                              "(rollout.backend 'local')")
         if self.dist_bucket_mb < 1:
             raise ConfigError(f"rollout.dist_bucket_mb must be >= 1, got {self.dist_bucket_mb}")
 

@@ -29,7 +29,7 @@ from asyncrl.engine.decoder import Decoder, Weights
 from asyncrl.engine.sampling import RowParams, sample_rows
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
-INTERRUPT_MODES = ("recompute", "abort")
+INTERRUPT_MODES = ("recompute", "abort", "drain")
 
 NO_STOP_TOKENS = (-1,)
 """``SamplingParams.stop_token_ids`` that no token matches: a sample runs to ``max_new_tokens`` (an empty tuple
@@ -177,6 +177,8 @@ class LocalEngine:
                 raise RuntimeError(f"engine is stopped; weight update to version {update.version} not applied")
             weights = self.decoder.prepare(_state_dict_of(update))
             if self._thread is None:
+                while self.interrupt_mode == "drain" and self._active:
+                    self.step(admit=False)
                 self._install(update.version, weights)
                 self._interrupt_running()
                 return
@@ -248,7 +250,12 @@ class LocalEngine:
                     self._cv.wait()
                 if self._stopped:
                     return
-                pending, self._update = self._update, None
+                # drain (non-interruptible generation, for ablations): a pending update waits until every
+                # running sequence has finished, and no new request starts meanwhile
+                draining = self._update is not None and self.interrupt_mode == "drain" and bool(self._active)
+                pending = None if draining else self._update
+                if not draining:
+                    self._update = None
                 abort, self._abort = self._abort, False
             try:
                 if pending is not None:
@@ -258,7 +265,7 @@ class LocalEngine:
                 if abort:
                     self._abort_running()
                 if pending is None and not abort:
-                    self.step()
+                    self.step(admit=not draining)
             except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the engine
                 self._fail_all(e)
 
@@ -268,10 +275,11 @@ class LocalEngine:
             self.step()
 
     @torch.inference_mode()
-    def step(self) -> None:
+    def step(self, admit: bool = True) -> None:
         """One token boundary: admit waiting requests, then decode one token for every running sequence."""
         t0 = time.perf_counter()
-        self._admit()
+        if admit:
+            self._admit()
         if self._active:
             seqs = self._active
             tokens = torch.tensor([s.tokens[-1] for s in seqs])[:, None]
