@@ -5,13 +5,16 @@ from __future__ import annotations
 import time
 
 from asyncrl.engine.local import LocalEngine
-from asyncrl.reward import call_reward
+from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.types import SamplingParams
 from asyncrl.workflow.rlvr import chat_prompt_ids
 
 
-def evaluate(engine: LocalEngine, tokenizer, items: list[dict], reward_fn, params: SamplingParams) -> dict:
-    """Generate one answer per item with ``engine`` (in the calling thread) and score it."""
+def evaluate(engine: LocalEngine, tokenizer, items: list[dict], reward_fn, params: SamplingParams,
+             default: float = 0.0) -> dict:
+    """Generate one answer per item with ``engine`` (in the calling thread) and score it. A failed score is
+    counted in ``eval_reward_errors`` and scores the reward service's configured default (``reward.default``,
+    carried by :class:`RewardFailure` from ``RewardService.eval_fn``), else ``default``."""
     t0 = time.perf_counter()
     prompts = [chat_prompt_ids(tokenizer, it["question"]) for it in items]
     results = engine.generate_batch(prompts, params)
@@ -20,9 +23,12 @@ def evaluate(engine: LocalEngine, tokenizer, items: list[dict], reward_fn, param
         text = tokenizer.decode(c.output_ids, skip_special_tokens=True)
         try:
             scores.append(call_reward(reward_fn, item, text))
-        except Exception:  # noqa: BLE001 - counted; a failing reward scores 0
+        except RewardFailure as e:  # counted; scores the service's reward.default
             errors += 1
-            scores.append(0.0)
+            scores.append(e.default)
+        except Exception:  # noqa: BLE001 - counted; a plain reward function that fails scores ``default``
+            errors += 1
+            scores.append(default)
         lengths.append(len(c.output_ids))
     return {
         "eval_accuracy": sum(scores) / len(scores),

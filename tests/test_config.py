@@ -88,3 +88,26 @@ def test_dump_round_trips(tmp_path):
     configlib.dump(cfg, tmp_path / "out.yaml")
     again = configlib.load(TrainConfig, str(tmp_path / "out.yaml"))
     assert again == cfg
+
+
+def test_eval_command_scores_a_file_with_the_configured_reward(tmp_path, tiny_model_dir, capsys):
+    """``asyncrl eval --model M valid_dataset.path=F reward.fn=...``: the file alone (no training source) is
+    evaluated with reward.fn, and a failing reward scores reward.default; the built-in task stays the default."""
+    import json
+
+    from asyncrl.cli import main
+
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
+                            for i in range(5)))
+    common = ["eval", "--model", tiny_model_dir, "max_new_tokens=4", "threads=1"]
+    assert main(common + [f"valid_dataset.path={path}", "valid_dataset.size=3",
+                          "reward.fn=data_fixtures.reward_fns:raising", "reward.default=0.25",
+                          "reward.workers=0"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["n"] == 3 and record["eval_reward_errors"] == 3 and record["eval_accuracy"] == 0.25
+    assert main(common + ["valid_dataset.size=2", "reward.workers=1"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["n"] == 2 and record["eval_reward_errors"] == 0 and 0.0 <= record["eval_accuracy"] <= 1.0
+    assert main(common + [f"valid_dataset.path={tmp_path / 'missing.jsonl'}"]) == 2
+    assert "valid_dataset.path" in capsys.readouterr().err

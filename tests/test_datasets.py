@@ -208,6 +208,60 @@ def test_reasoning_gym_task_by_name():
         build("gym:chain_summ")
 
 
+GYM_TINY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}  # few distinct questions
+
+
+def test_gym_prompt_template_keeps_held_out_questions_out_of_training():
+    """The held-out exclusion compares the same (untemplated) questions the generator makes: with a template,
+    held-out problems must still never be trained on."""
+    pytest.importorskip("reasoning_gym")
+    template = "{question}\nGive the result in <answer></answer> tags."
+    data = build("gym:chain_sum", valid_size=40, gym_options=GYM_TINY, prompt_template=template)
+    held = {it["question"] for it in data.valid}
+    trained = {it["question"] for it in take(data.train, 400)}
+    assert all(q.endswith("<answer></answer> tags.") for q in held | trained)
+    assert not held & trained
+    raw = build("gym:chain_sum", valid_size=40, gym_options=GYM_TINY)  # the same problems, untemplated
+    assert {template.format(**it) for it in raw.valid} == held
+
+
+def test_gym_prompt_template_with_an_unknown_field_names_the_key():
+    pytest.importorskip("reasoning_gym")
+    with pytest.raises(ConfigError, match=r"train_dataset.prompt_template.*'problem'"):
+        build("gym:chain_sum", valid_size=5, gym_options=GYM_TINY, prompt_template="{problem} Answer it.")
+    with pytest.raises(ConfigError, match="train_dataset.prompt_template"):
+        build("gym:chain_sum", valid_size=5, gym_options=GYM_TINY, prompt_template="{question")
+
+
+def test_prompt_template_applies_to_the_builtin_task():
+    small = TaskConfig(min_terms=2, max_terms=2, max_operand=6)  # few distinct problems: collisions likely
+    data = build_dataset(small, TrainDatasetConfig(prompt_template="Q: {question} Think step by step."),
+                         ValidDatasetConfig(size=20))
+    held = {it["question"] for it in data.valid}
+    trained = {it["question"] for it in take(data.train, 300)}
+    assert all(q.startswith("Q: Compute ") and q.endswith("step by step.") for q in held | trained)
+    assert len(held) == 20 and not held & trained
+    it = data.valid[0]
+    assert call_reward(data.reward_fn, it, f"The answer is {it['answer']}.") == 1.0
+    with pytest.raises(ConfigError, match=r"train_dataset.prompt_template.*'problem'"):
+        build_dataset(small, TrainDatasetConfig(prompt_template="{problem}"), ValidDatasetConfig(size=5))
+
+
+def test_eval_set_from_a_file_needs_no_training_source(tmp_path):
+    """``asyncrl eval valid_dataset.path=F``: the file alone, in its detected format, with its own verifier."""
+    from asyncrl.data import build_eval_set
+
+    path = write_jsonl(tmp_path / "test.jsonl", [{"question": f"{i} + 1 = ?", "answer": str(i + 1)}
+                                                 for i in range(8)])
+    items, reward_fn = build_eval_set(TaskConfig(), ValidDatasetConfig(path=path, size=5))
+    assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
+    assert reward_fn.__name__ == "math_reward" and call_reward(reward_fn, items[2], "\\boxed{3}") == 1.0
+    builtin, arith = build_eval_set(TaskConfig(), ValidDatasetConfig(size=5))  # default: the built-in task
+    assert len(builtin) == 5 and arith is arith_reward
+    with pytest.raises(ConfigError, match="valid_dataset.path"):
+        build_eval_set(TaskConfig(), ValidDatasetConfig(path=str(tmp_path / "missing.jsonl")))
+
+
 def test_shipped_samples_are_what_the_generator_writes():
     for name, text in render_all().items():
         assert (DATA_DIR / name).read_text(encoding="utf-8") == text, f"run python -m asyncrl.data.samples ({name})"

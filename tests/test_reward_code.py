@@ -101,6 +101,40 @@ def test_a_timeout_scores_zero_and_stops_after_one_case():
     assert time.monotonic() - t0 < 2 * LIMITS["wall_s"] + 1  # not 5 x the limit
 
 
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_slow_crash_is_not_a_timeout_but_the_cpu_limit_is(mechanism):
+    """Only a run killed for time (wall clock, or SIGXCPU / SIGKILL of RLIMIT_CPU) is a timeout; a program
+    that fails after more than cpu_s of wall time simply failed, and the next test cases still run."""
+    box = sb.Sandbox(mechanism, sb.default_python())
+    limits = sb.Limits(cpu_s=0.5, wall_s=30.0)  # a wall clock the runs never reach, even on a busy machine
+    crash = box.run("import time\ntime.sleep(0.8)\nraise SystemExit(3)", limits=limits)
+    assert crash.wall_s >= limits.cpu_s and crash.returncode != 0 and not crash.timed_out, crash
+    spin = box.run("while True:\n    pass", limits=limits)
+    assert spin.timed_out and spin.wall_s < limits.wall_s, spin  # the CPU limit, not the wall clock
+    assert sb._killed_by_cpu_limit(spin.returncode, spin.wall_s, limits.cpu_s)
+
+
+def test_timeouts_are_told_from_crashes_by_how_the_program_died():
+    import signal
+
+    xcpu, kill = int(signal.SIGXCPU), int(signal.SIGKILL)
+    for rc in (-xcpu, 128 + xcpu):  # rlimits mode / bwrap and unshare (128 + signal)
+        assert sb._killed_by_cpu_limit(rc, wall_s=0.1, cpu_s=1.0)
+    for rc in (-kill, 128 + kill):
+        assert sb._killed_by_cpu_limit(rc, wall_s=2.0, cpu_s=1.0)
+        assert not sb._killed_by_cpu_limit(rc, wall_s=0.1, cpu_s=1.0)  # killed before it could use cpu_s
+    for rc in (0, 1, 3, -int(signal.SIGSEGV), 128 + int(signal.SIGSEGV)):
+        assert not sb._killed_by_cpu_limit(rc, wall_s=30.0, cpu_s=1.0)
+
+
+def test_slow_failures_do_not_skip_the_remaining_cases():
+    from asyncrl.reward.code_reward import parse_tests, run_tests
+
+    cases = parse_tests([{"input": str(i), "output": "x"} for i in range(3)])
+    slow_crash = "import time\ntime.sleep(0.6)\n1/0"
+    assert run_tests(slow_crash, cases, sb.Limits(cpu_s=0.5, wall_s=30.0)) == ["failed"] * 3
+
+
 def test_program_environment_is_clean_and_private(monkeypatch):
     monkeypatch.setenv("HOST_SECRET_FOR_TEST", "hunter2")
     probe = fence("import os\nprint(sorted(k for k in os.environ if not k.startswith('ASYNCRL')))\n"

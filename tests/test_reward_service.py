@@ -130,9 +130,63 @@ def test_eval_fn_raises_for_the_caller_to_count(service_factory):
     s = service_factory(reward_fns.hanging, workers=1, timeout_s=0.5)
     with pytest.raises(RewardFailure, match="timeout"):
         s.eval_fn("q", "x", answer="1")
+    with pytest.raises(RewardFailure) as failure:
+        service_factory(reward_fns.raising, default=-0.25, workers=0).eval_fn("q", "x")
+    assert failure.value.default == -0.25
     ok = service_factory(reward_fns.exact_answer, workers=1)
     assert ok.eval_fn("q", "42", answer="42") == 1.0
     assert s.stats()["reward_timeouts"] == 0  # evaluation failures stay out of the training counters
+
+
+def test_a_worker_stuck_in_start_up_is_killed_and_replaced(service_factory, monkeypatch):
+    """A start-up past its timeout is a timeout like a call's: the worker goes (counted as a restart), and the
+    next call gets a fresh one instead of the stuck slot failing until close()."""
+    from asyncrl.reward import service
+
+    monkeypatch.setattr(service, "STARTUP_TIMEOUT_S", 0.001)  # no interpreter starts that fast
+    s = service_factory(reward_fns.exact_answer, workers=1, timeout_s=5)
+    assert s.score(ITEM, "42") == 0.0
+    stuck = next(iter(s._all)).proc.pid
+    assert _gone([stuck]) and s.stats()["reward_timeouts"] == 1
+    monkeypatch.setattr(service, "STARTUP_TIMEOUT_S", 120.0)
+    assert s.score(ITEM, "42") == 1.0
+    assert s.stats()["reward_worker_restarts"] == 1 and s.stats()["reward_timeouts"] == 1
+
+
+class _Completion:
+    def __init__(self, ids):
+        self.output_ids = ids
+
+
+class _FakeEngine:
+    def generate_batch(self, prompts, params):
+        return [(_Completion([7]),) for _ in prompts]
+
+
+class _FakeTokenizer:
+    def apply_chat_template(self, messages, **_):
+        return messages[0]["content"]
+
+    def __call__(self, text, **_):
+        return type("Encoded", (), {"input_ids": [1, 2]})()
+
+    def decode(self, ids, **_):
+        return "x"
+
+
+def test_failed_held_out_scores_get_the_configured_default(service_factory):
+    """Held-out evaluation scores a failed reward with reward.default, as training does, and counts it."""
+    from asyncrl.evaluate import evaluate
+    from asyncrl.types import SamplingParams
+
+    items = [{"question": "q", "answer": "1"}] * 4
+    s = service_factory(reward_fns.raising, default=-1.0, workers=0)
+    stats = evaluate(_FakeEngine(), _FakeTokenizer(), items, s.eval_fn, SamplingParams(max_new_tokens=1))
+    assert stats["eval_accuracy"] == -1.0 and stats["eval_reward_errors"] == 4
+    assert s.stats()["reward_errors"] == 0  # kept out of the training counters
+    plain = evaluate(_FakeEngine(), _FakeTokenizer(), items, reward_fns.raising, SamplingParams(max_new_tokens=1),
+                     default=-0.5)
+    assert plain["eval_accuracy"] == -0.5 and plain["eval_reward_errors"] == 4
 
 
 def test_config_kwargs_override_item_fields_and_describe_reaches_stats(service_factory):
@@ -168,7 +222,7 @@ def test_training_continues_when_the_reward_hangs(tmp_path, tiny_model_dir):
     from asyncrl.controller import train
 
     cfg = configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=2",
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=2",
         "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "valid_dataset.size=2",
         "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.fn=data_fixtures.reward_fns:hangs_on_even_ids",
         "reward.timeout_s=0.5", "reward.workers=2", "rollout.max_head_offpolicyness=0",

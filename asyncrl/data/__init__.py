@@ -71,9 +71,10 @@ def build_dataset(task: TaskConfig, train: TrainDatasetConfig, valid: ValidDatas
     if not train.path or train.path.startswith(BUILTIN_PREFIX):
         name = train.path[len(BUILTIN_PREFIX):] or task.name
         gen, reward_fn = build_task(dataclasses.replace(task, name=name))
-        held_out = gen.split(valid.seed, valid.size)
-        exclude = {it["question"] for it in held_out}
-        stream, held_out = limit.filter(gen.stream(train.seed, exclude)), list(limit.filter(held_out))
+        raw_held_out = gen.split(valid.seed, valid.size)
+        exclude = {it["question"] for it in raw_held_out}  # the generator compares untemplated questions
+        held_out = list(limit.filter(_templated(raw_held_out, train, f"task '{name}'")))
+        stream = limit.filter(_templated(gen.stream(train.seed, exclude), train, f"task '{name}'"))
     elif train.path.startswith(GYM_PREFIX):
         stream, held_out, reward_fn = _gym_source(train, valid, limit)
     else:
@@ -85,22 +86,48 @@ def build_dataset(task: TaskConfig, train: TrainDatasetConfig, valid: ValidDatas
     return Dataset(numbered, held_out, reward_fn, counters.snapshot)
 
 
+def build_eval_set(task: TaskConfig, valid: ValidDatasetConfig, train: TrainDatasetConfig | None = None,
+                   tokenizer=None) -> tuple[list[dict], Callable[..., float]]:
+    """Held-out items and their default reward for evaluation alone (``asyncrl eval``): the file
+    ``valid_dataset.path`` (read with ``train``'s type, fields and template; no training source needed), else
+    the held-out split of the training source (the built-in task by default)."""
+    train = train or TrainDatasetConfig()
+    if not valid.path:
+        data = build_dataset(task, train, valid, tokenizer)
+        return data.valid, data.reward_fn
+    train.validate()
+    counters = _Counters()
+    loader = _RowLoader(train, counters)
+    items = loader.load(resolve_path(valid.path, "valid_dataset.path"), valid.split, "valid_dataset.path")
+    held_out = list(_PromptLimit(tokenizer, train.max_prompt_tokens, counters).filter(items[: valid.size]))
+    if not held_out:
+        raise ConfigError("valid_dataset.path: every row is longer than train_dataset.max_prompt_tokens")
+    return held_out, default_reward(loader.row_type)
+
+
 # ---- sources --------------------------------------------------------------------------------------------
 def _gym_source(train: TrainDatasetConfig, valid: ValidDatasetConfig, limit: "_PromptLimit"):
     from asyncrl.data.gym import gym_items, gym_stream
     from asyncrl.reward.gym_reward import gym_reward
 
     name = train.path[len(GYM_PREFIX):]
-    held_out = list(limit.filter(_templated(gym_items(name, valid.seed, valid.size, train.gym_options), train)))
-    exclude = {it["question"] for it in held_out}
-    stream = _templated(gym_stream(name, train.seed, train.gym_options, exclude), train)
+    raw_held_out = list(gym_items(name, valid.seed, valid.size, train.gym_options))
+    exclude = {it["question"] for it in raw_held_out}  # gym_stream compares untemplated questions
+    held_out = list(limit.filter(_templated(raw_held_out, train, f"reasoning-gym task '{name}'")))
+    stream = _templated(gym_stream(name, train.seed, train.gym_options, exclude), train,
+                        f"reasoning-gym task '{name}'")
     return limit.filter(stream), held_out, gym_reward
 
 
-def _templated(items: Iterable[dict], train: TrainDatasetConfig) -> Iterator[dict]:
+def _templated(items: Iterable[dict], train: TrainDatasetConfig, source: str) -> Iterator[dict]:
+    """Items with ``question`` rebuilt by ``train_dataset.prompt_template`` (unchanged when it is empty)."""
     for item in items:
         if train.prompt_template:
-            item = {**item, "question": train.prompt_template.format(**item)}
+            try:
+                item = {**item, "question": train.prompt_template.format(**item)}
+            except (KeyError, IndexError, ValueError) as e:
+                raise ConfigError(f"train_dataset.prompt_template: cannot format it with the items of {source} "
+                                  f"(fields {sorted(item)}): {type(e).__name__}: {e}") from None
         yield item
 
 

@@ -45,8 +45,9 @@ class TrainDatasetConfig:
     """Field mapping {item field: column}, e.g. {question: problem, answer: final_answer}. Unmapped fields
     are looked for under their usual names (question/problem/prompt, answer, solution, tests/input_output)."""
     prompt_template: str = ""
-    """Python format string over the row's fields that builds the user turn, e.g.
-    '{question} Put the final answer in \\boxed{{}}.'; empty = the question as is."""
+    """Python format string over the item's fields that builds the user turn, e.g.
+    '{question} Put the final answer in \\boxed{{}}.'; empty = the question as is. Fields: a file row's
+    columns, the built-in task's question/answer/solution, a gym item's question/answer/metadata/gym_task."""
     split: str = "train"
     """Split to read from a saved DatasetDict directory."""
     max_prompt_tokens: int = 0

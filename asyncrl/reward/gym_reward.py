@@ -23,8 +23,9 @@ def scorer(task: str) -> Callable[[str | None, dict], float]:
 
 
 def extract_gym_answer(completion: str) -> str | None:
-    """``<answer>...</answer>`` (reasoning-gym's convention), else a boxed / '####' / 'answer is' answer,
-    else the last non-empty line."""
+    """The marked final answer (:func:`asyncrl.reward.math_reward.final_answer`: the last ``\\boxed{}``
+    first, then ``<answer>...</answer>`` (reasoning-gym's convention), '####', 'answer is'), else the last
+    non-empty line."""
     marked = final_answer(completion)
     if marked is not None:
         return marked

@@ -4,10 +4,11 @@ Layers, from strongest to always-present:
 
 - ``bwrap``: bubblewrap gives fresh user, pid, network, ipc, uts and mount namespaces and a minimal read-only
   root (``/usr`` and its symlinks, the program at ``/app``, a size-capped tmpfs ``/tmp`` as the working
-  directory, a private ``/proc`` and four device nodes). Host files (home, the project's sources, other runs)
-  do not exist inside; the only network interface is a loopback that is down.
+  directory, a private ``/proc`` and bubblewrap's minimal ``/dev``: null, zero, full, random, urandom, tty,
+  a private ``pts`` and ``shm``). Host files (home, the project's sources, other runs) do not exist inside;
+  the only network interface is a loopback that is down.
 - ``unshare``: the same view built by hand as root with util-linux ``unshare`` + ``mount`` + ``chroot``, when
-  bubblewrap is not installed.
+  bubblewrap is not installed; its ``/dev`` holds only null, zero, random and urandom.
 - ``rlimits``: no namespaces; only the limits and the private uid below. Weak (files and network of the host
   are reachable); used only when nothing else works, and reported.
 
@@ -48,7 +49,6 @@ UID_BASE, UID_COUNT = 61000, 64
 UID_LOCK_DIR = Path(tempfile.gettempdir()) / "asyncrl-sandbox-uids"
 TAG_VAR = "ASYNCRL_SANDBOX_TAG"
 ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
-DEVICES = ("null", "zero", "random", "urandom")
 MB = 1 << 20
 
 
@@ -270,8 +270,7 @@ def _execute(argv, env, cwd, layout: _Layout, limits: Limits, new_session: bool)
         proc.wait()
     wall = time.monotonic() - t0
     stdout, stderr = _read_capped(layout.stdout_path, limits.file_mb * MB), _read_capped(layout.stderr_path, 64 << 10)
-    # CPU time never exceeds wall time, so a failed run that lasted the CPU limit was stopped by it.
-    timed_out = wall_exceeded or (proc.returncode != 0 and wall >= limits.cpu_s)
+    timed_out = wall_exceeded or _killed_by_cpu_limit(proc.returncode, wall, limits.cpu_s)
     returned = None
     for line in reversed(stdout.splitlines()):
         if line.startswith(layout.nonce):
@@ -279,6 +278,18 @@ def _execute(argv, env, cwd, layout: _Layout, limits: Limits, new_session: bool)
             stdout = stdout[: stdout.rfind(layout.nonce)].removesuffix("\n")
             break
     return RunResult(stdout, stderr, proc.returncode, timed_out, wall, returned)
+
+
+def _killed_by_cpu_limit(returncode: int | None, wall_s: float, cpu_s: float) -> bool:
+    """Whether the program died of RLIMIT_CPU: SIGXCPU at the soft limit, or SIGKILL at the hard one (only
+    if it ran for at least ``cpu_s`` of wall time: a single-threaded program's CPU time never exceeds wall
+    time, and an earlier SIGKILL came from elsewhere). The bwrap and unshare front processes report a
+    program killed by signal N as exit status 128 + N; the rlimits mode reports -N. Any other failure, however
+    slow, is a crash, not a timeout."""
+    if returncode is None or returncode == 0:
+        return False
+    sig = -returncode if returncode < 0 else returncode - 128
+    return sig == signal.SIGXCPU or (sig == signal.SIGKILL and wall_s >= cpu_s)
 
 
 def _wait_exit(proc: subprocess.Popen, timeout: float) -> bool:

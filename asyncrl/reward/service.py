@@ -2,8 +2,9 @@
 
 A reward that raises, returns a non-finite value, kills its worker or runs past ``timeout_s`` costs one
 sample: it gets the configured default, is counted (``reward_errors`` / ``reward_timeouts``), is logged the
-first time with the sample id, and training goes on. A timed-out worker is killed with its whole process
-group (including any sandbox it started) and replaced on the next call.
+first time with the sample id, and training goes on. A timed-out worker (a call past ``timeout_s``, or a
+start-up past ``STARTUP_TIMEOUT_S``) is killed with its whole process group (including any sandbox it
+started) and replaced on the next call (counted in ``reward_worker_restarts``).
 
 ``workers=0`` scores in the calling thread: no processes, but no timeout can be enforced.
 """
@@ -33,7 +34,12 @@ STARTUP_TIMEOUT_S = 120.0  # importing a reward module (sympy, reasoning-gym) ca
 
 
 class RewardFailure(RuntimeError):
-    """A reward call that raised, returned a non-number, lost its worker or timed out."""
+    """A reward call that raised, returned a non-number, lost its worker or timed out. ``default`` is the
+    reward the service gives instead (``reward.default``), for the caller to score the sample with."""
+
+    def __init__(self, message: str, default: float = 0.0):
+        super().__init__(message)
+        self.default = default
 
 
 class _Worker:
@@ -146,11 +152,11 @@ class RewardService:
 
     def eval_fn(self, prompt: str, completion: str, **fields) -> float:
         """A plain reward function that scores through the service (workers, timeout) for held-out
-        evaluation: a failure raises :class:`RewardFailure` for the caller to count (``eval_reward_errors``)
-        instead of entering the training counters."""
+        evaluation: a failure raises :class:`RewardFailure` (carrying the configured default) for the caller
+        to count (``eval_reward_errors``) instead of entering the training counters."""
         status, value = self._run({"question": prompt, **fields}, completion)
         if status != "ok":
-            raise RewardFailure(f"reward {status}: {value}" if value else f"reward {status}")
+            raise RewardFailure(f"reward {status}: {value}" if value else f"reward {status}", self.default)
         return value
 
     def _run(self, item: dict, completion: str) -> tuple[str, object]:
@@ -175,11 +181,9 @@ class RewardService:
                 return "error", "the reward service is closed"
             if worker is None or not worker.alive():
                 worker = self._start_worker(worker)
-            if worker.startup_error:
-                return worker.startup_error
-            status, value = worker.call(item, completion, self.timeout_s)
+            status, value = worker.startup_error or worker.call(item, completion, self.timeout_s)
             if status != "ok" and not (status == "error" and worker.alive()):
-                worker.kill()  # timed out or died: its process group goes, a fresh one starts next time
+                worker.kill()  # timed out (in a call or at start-up) or died: a fresh one starts next time
             return status, value
         finally:
             if self._closed and worker is not None:
