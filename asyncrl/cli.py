@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command: train | sft | eval | init-model."""
+"""The ``asyncrl`` command: train | sft | eval | serve | report | init-model."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve a model over HTTP (SGLang-style and OpenAI-compatible APIs)",
                            add_help=False)
     serve.add_argument("serve_args", nargs=argparse.REMAINDER)
+    report = sub.add_parser("report", help="render RUN_DIR/report.html (plots of a run directory)", add_help=False)
+    report.add_argument("report_args", nargs=argparse.REMAINDER)
     init = sub.add_parser("init-model", help="build the tiny tokenizer and a randomly initialised model")
     init.add_argument("--out", default="outputs/tiny-init", help="output directory")
     init.add_argument("--vocab-size", type=int, default=1024)
@@ -54,6 +56,10 @@ def _dispatch(args) -> int:
         from asyncrl.engine.server import main as serve_main
 
         return serve_main(args.serve_args)
+    if args.command == "report":
+        from asyncrl.report import main as report_main
+
+        return report_main(args.report_args)
     from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
 
     cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
@@ -81,22 +87,26 @@ def _dispatch(args) -> int:
 def _eval(cfg) -> dict:
     import torch
 
-    from asyncrl.data import build_dataset
-    from asyncrl.data.config import TrainDatasetConfig
+    from asyncrl.data import build_eval_set
     from asyncrl.engine.local import LocalEngine
     from asyncrl.evaluate import evaluate
     from asyncrl.models import DTYPES, load_model, load_tokenizer
+    from asyncrl.reward import build_reward_service
     from asyncrl.types import SamplingParams
 
     torch.set_num_threads(cfg.threads)
-    tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
-    data = build_dataset(cfg.task, TrainDatasetConfig(), cfg.valid_dataset)
-    valid, reward_fn = data.valid, data.reward_fn
-    engine = LocalEngine(model, max_slots=64, max_len=min(model.config.max_position_embeddings, 1024),
-                         dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
-    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, temperature=cfg.temperature,
-                            stop_token_ids=(tokenizer.eos_token_id,))
-    return {"model": cfg.model.path, "n": len(valid), **evaluate(engine, tokenizer, valid, reward_fn, params)}
+    valid, default_fn = build_eval_set(cfg.task, cfg.valid_dataset)  # config errors before loading the model
+    reward = build_reward_service(cfg.reward, default_fn)
+    try:
+        tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
+        engine = LocalEngine(model, max_slots=64, max_len=min(model.config.max_position_embeddings, 1024),
+                             dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy,
+                                temperature=cfg.temperature, stop_token_ids=(tokenizer.eos_token_id,))
+        return {"model": cfg.model.path, "n": len(valid),
+                **evaluate(engine, tokenizer, valid, reward.eval_fn, params)}
+    finally:
+        reward.close()
 
 
 def _init_model(args) -> int:

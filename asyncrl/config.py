@@ -69,6 +69,8 @@ class TrainConfig:
     """Stop after this much wall time in seconds (0 = no limit), then evaluate and save."""
     progress_bar: bool = True
     """Show a progress bar on the terminal."""
+    report: bool = True
+    """Write RUN_DIR/report.html at the end of the run (plots; needs the 'report' extra, else a warning)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -150,9 +152,12 @@ class EvalConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The checkpoint to evaluate."""
     task: TaskConfig = field(default_factory=TaskConfig)
-    """The built-in task."""
+    """The built-in task (evaluated unless valid_dataset.path names a file)."""
     valid_dataset: ValidDatasetConfig = field(default_factory=ValidDatasetConfig)
-    """Held-out prompts."""
+    """Held-out prompts: the built-in task's held-out split, or the file valid_dataset.path (row format
+    detected from its fields; its first `size` rows are evaluated)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """How answers are scored (reward.fn empty = the data's own verifier; reward.default for failures)."""
     greedy: bool = True
     """Greedy decoding (else sample at temperature)."""
     temperature: float = 1.0
@@ -166,6 +171,7 @@ class EvalConfig:
 
     def validate(self) -> None:
         _positive(self, ["max_new_tokens", "threads", "valid_dataset.size"])
+        self.reward.validate()
 
 
 def _get(cfg, dotted: str):

@@ -41,6 +41,17 @@ def train(cfg: TrainConfig) -> dict:
         return run.loop()
     finally:
         run.close()
+        if cfg.report:
+            _write_report(run.dir)
+
+
+def _write_report(run_dir) -> None:
+    from asyncrl.report import write_report
+
+    try:
+        log.info("run report: %s", write_report(run_dir))
+    except Exception as e:  # a finished run never fails for its report
+        log.warning("no run report: %s", e)
 
 
 class _Run:
@@ -167,8 +178,10 @@ def _batch_stats(batch, version: int) -> dict:
         "reward_std": float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0,
         "staleness_max": int(staleness.max()) if staleness.numel() else 0,
         "staleness_mean": float(staleness.mean()) if staleness.numel() else 0.0,
+        "staleness_hist": torch.bincount(staleness.long()).tolist() if staleness.numel() else [],
         "versions_per_sample_max": max(spans),
         "response_len_mean": float(mask.sum(-1).float().mean()),
+        "response_len_max": int(mask.sum(-1).max()),
         "truncated_frac": float(batch.truncated.float().mean()),
         "n_samples": int(batch.input_ids.shape[0]),
     }

@@ -27,7 +27,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def run(algo: str, budget_s: float, out: str, overrides: list[str]) -> dict:
     cfg = configlib.load(TrainConfig, str(EXAMPLES / f"{algo}.yaml"), [
         f"max_train_time_s={budget_s}", "total_train_steps=100000", f"output_dir={out}", "trial_name=bench",
-        "progress_bar=false", "evaluator.freq_steps=0", "saver.freq_steps=0", *overrides])
+        "progress_bar=false", "report=false", "evaluator.freq_steps=0", "saver.freq_steps=0", *overrides])
     train(cfg)
     records = read_metrics(Path(out) / cfg.experiment_name / "bench")
     steps = [r for r in records if r["step"] > 0]

@@ -10,7 +10,7 @@ from asyncrl.models import load_model
 
 def _cfg(tmp_path, model_path, *extra):
     return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false",
+        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
         "total_train_steps=5", "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24",
         "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.max_slots=16", "actor.lr=1e-3",
         "reward.fn=rewards_for_tests:digit_count_reward", *extra,
@@ -48,7 +48,7 @@ def test_failing_reward_is_counted_and_training_continues(tmp_path, tiny_model_d
 def test_shipped_model_async_run_improves_nothing_breaks(tmp_path):
     """The real shipped checkpoint through the real task and verifier, asynchronously (η = 2)."""
     cfg = configlib.load(TrainConfig, None, [
-        f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=4", "train_dataset.batch_size=4",
+        f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=4", "train_dataset.batch_size=4",
         "gconfig.n_samples=4", "valid_dataset.size=16", "evaluator.freq_steps=0", "rollout.max_head_offpolicyness=2",
     ])
     last = train(cfg)

@@ -16,7 +16,7 @@ from asyncrl.models import load_model
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ALGORITHMS = ["grpo", "dr_grpo", "rloo", "liteppo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "gspo", "dapo",
               "sapo", "cispo", "pg"]
-TINY_RUN = ["progress_bar=false", "total_train_steps=2", "train_dataset.batch_size=2", "gconfig.n_samples=4",
+TINY_RUN = ["progress_bar=false", "report=false", "total_train_steps=2", "train_dataset.batch_size=2", "gconfig.n_samples=4",
             "gconfig.max_new_tokens=24", "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=16",
             "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward"]
 

@@ -255,7 +255,7 @@ def test_controller_with_local_servers_by_config_alone(tmp_path, tiny_model_dir,
     from asyncrl.controller import train
 
     cfg = configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=3",
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=3",
         "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24", "valid_dataset.size=8",
         "evaluator.freq_steps=0", "rollout.max_slots=16", "actor.lr=1e-3",
         "reward.fn=rewards_for_tests:digit_count_reward", "rollout.backend=local_servers", "rollout.n_servers=2",

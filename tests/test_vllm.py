@@ -174,7 +174,7 @@ def test_one_rl_step_end_to_end(engine, server, models, tmp_path):
 
     path = models[0]
     cfg = configlib.load(TrainConfig, None, [
-        f"model.path={path}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=2",
+        f"model.path={path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=2",
         "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24", "valid_dataset.size=8",
         "evaluator.freq_steps=0", "rollout.max_slots=16", "actor.lr=1e-3",
         "reward.fn=rewards_for_tests:digit_count_reward", "rollout.backend=remote",

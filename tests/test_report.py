@@ -1,0 +1,164 @@
+import base64
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from asyncrl.report import ReportError, load_run, main, summarize, time_to_target, write_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                                      reason="plots need matplotlib (pip install -e '.[report]')")
+N_STEPS = 24
+STEP_S = 2.0  # every synthetic step: 0.5 s waiting, 1.2 s training, 0.1 s sync, 0.2 s eval/idle
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A synthetic run directory shaped like asyncrl train's: η = 2, accuracy 0.2 -> 0.6, 24 steps."""
+    d = tmp_path / "exp" / "trial"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("model:\n  path: builtin:tiny-sft\nrollout:\n  max_head_offpolicyness: 2\n"
+                                   "train_dataset:\n  batch_size: 4\nactor:\n  policy_loss: decoupled_ppo\n")
+    records = [{"step": 0, "version": 0, "eval_accuracy": 0.2, "eval_time_s": 1.0}]
+    spans, gen = [{"type": "span", "kind": "eval", "t0": 0.0, "t1": 1.0, "step": 0}], []
+    for step in range(1, N_STEPS + 1):
+        t = 1.0 + (step - 1) * STEP_S
+        rec = {"step": step, "version": step, "reward_mean": 0.2 + 0.4 * step / N_STEPS,
+               "staleness_max": min(step - 1, 2), "staleness_mean": min(step - 1, 2) / 2,
+               "gen_tokens_per_s": 1000.0, "gen_busy_frac": 0.75, "train_tokens_per_s": 2000.0,
+               "train_tokens": 2400, "train_time_s": 1.2, "trainer_wait_s": 0.5, "weight_sync_s": 0.1,
+               "step_time_s": STEP_S, "elapsed_s": step * STEP_S}
+        if step % 4 == 0:
+            rec.update(eval_accuracy=0.2 + 0.4 * step / N_STEPS, eval_time_s=0.2)
+        records.append(rec)
+        for kind, a, b in (("wait", 0.0, 0.5), ("train", 0.5, 1.7), ("sync", 1.7, 1.8), ("eval", 1.8, 2.0)):
+            spans.append({"type": "span", "kind": kind, "t0": t + a, "t1": t + b, "step": step - 1})
+    for i in range(int((1 + N_STEPS * STEP_S) / 0.25)):
+        gen.append({"type": "gen", "t": 0.25 * i, "busy_s": 0.75 * 0.25 * i, "generated_tokens": 250 * i})
+    _write_jsonl(d / "metrics.jsonl", records)
+    _write_jsonl(d / "timeline.jsonl", spans + gen)
+    return d
+
+
+def test_summary_numbers(run_dir):
+    s = summarize(load_run(run_dir), target=0.5)
+    assert s.steps == N_STEPS and s.eta == 2 and s.wall_s == pytest.approx(N_STEPS * STEP_S)
+    assert (s.initial_accuracy, s.final_accuracy) == (pytest.approx(0.2), pytest.approx(0.6))
+    # accuracy 0.2 + 0.4 * step / 24 first reaches 0.5 at the step-20 evaluation (step 18 is not evaluated)
+    assert (s.time_to_target_s, s.steps_to_target) == (pytest.approx(20 * STEP_S), 20)
+    assert s.generator_idle_frac == pytest.approx(0.25)
+    assert s.trainer_idle_frac == pytest.approx(0.25)
+    assert s.gen_tokens_per_s == pytest.approx(1000.0) and s.train_tokens_per_s == pytest.approx(2000.0)
+    assert s.trained_tokens_per_wall_s == pytest.approx(2400 / STEP_S)
+    assert s.staleness_unit == "steps" and s.staleness_hist == {0: 1, 1: 1, 2: N_STEPS - 2}
+    assert s.staleness_max == 2 and s.gen_tokens_per_busy_s == pytest.approx(1000.0 / 0.75)
+    assert s.trainer_breakdown == {"wait": pytest.approx(0.25), "train": pytest.approx(0.6),
+                                   "sync": pytest.approx(0.05), "eval": pytest.approx(0.1)}
+    assert summarize(load_run(run_dir), target=0.9).time_to_target_s is None
+
+
+def test_time_to_target_counts_the_initial_evaluation_as_zero():
+    records = [{"step": 0, "eval_accuracy": 0.7}, {"step": 1, "elapsed_s": 3.0, "eval_accuracy": 0.8}]
+    assert time_to_target(records, 0.6) == (0.0, 0)
+    assert time_to_target(records, 0.75) == (3.0, 1)
+    assert time_to_target(records, 0.9) is None
+
+
+def test_per_token_staleness_histogram_is_used_when_logged(run_dir):
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows[1:]:
+        r["staleness_hist"] = [10, 5, 1]
+    _write_jsonl(path, rows)
+    s = summarize(load_run(run_dir))
+    assert s.staleness_unit == "tokens" and s.staleness_hist == {0: 10 * N_STEPS, 1: 5 * N_STEPS, 2: N_STEPS}
+
+
+@needs_matplotlib
+def test_report_page_inlines_every_plot(run_dir):
+    page = write_report(run_dir)
+    assert page == run_dir / "report.html"
+    text = page.read_text()
+    images = re.findall(r'<img class="plot" id="plot-(\w+)"[^>]*src="data:image/png;base64,([^"]+)"', text)
+    assert [name for name, _ in images] == ["learning", "staleness", "throughput", "timeline"]
+    for name, data in images:
+        png = base64.b64decode(data)
+        assert png.startswith(PNG_MAGIC) and len(png) > 5000
+        assert (run_dir / "plots" / f"{name}.png").read_bytes() == png
+    assert "http://" not in text and "https://" not in text  # self-contained: nothing to fetch
+    assert "0.200 → 0.600" in text and "η 2" in text
+
+
+def test_torn_last_line_of_a_killed_run_is_skipped(run_dir):
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 25, "reward_me')
+    assert len(load_run(run_dir).steps) == N_STEPS
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    from asyncrl.cli import main as asyncrl_main
+
+    assert main([str(tmp_path)]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().err
+    assert asyncrl_main(["report", str(tmp_path)]) == 2  # `asyncrl report RUN_DIR` is the same command
+    assert "has no metrics.jsonl" in capsys.readouterr().err
+    with pytest.raises(ReportError, match="not a run directory"):
+        load_run(tmp_path)
+
+
+def test_missing_matplotlib_says_how_to_install(run_dir, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    assert main([str(run_dir)]) == 2
+    assert "pip install 'asyncrl[report]'" in capsys.readouterr().err
+
+
+@needs_matplotlib
+def test_report_of_a_real_run(tmp_path, tiny_model_dir):
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.controller import train
+
+    train(configlib.load(TrainConfig, None, [
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=3",
+        "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "valid_dataset.size=4",
+        "evaluator.freq_steps=2", "rollout.max_slots=8", "rollout.max_head_offpolicyness=1", "reward.workers=0",
+        "reward.fn=rewards_for_tests:digit_count_reward",
+    ]))
+    run_dir = tmp_path / "asyncrl" / "default"
+    assert (run_dir / "report.html").is_file()  # asyncrl train writes the report at the end of every run
+    s = summarize(load_run(run_dir))
+    assert s.steps == 3 and s.eta == 1 and s.wall_s > 0 and s.gen_tokens_per_s > 0
+    assert s.final_accuracy is not None and s.staleness_max <= 1
+    text = write_report(run_dir).read_text()
+    assert text.count('<img class="plot"') == 4
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@needs_matplotlib
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install -y chromium)")
+def test_page_renders_in_headless_chromium(run_dir, tmp_path):
+    page = write_report(run_dir)
+    result = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
+         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    body = re.search(r"<body[^>]*>", result.stdout)
+    assert body, result.stdout[:500]
+    attrs = dict(re.findall(r'data-([\w-]+)="([^"]*)"', body.group(0)))
+    assert attrs.get("plots-expected") == "4" and attrs.get("plots-loaded") == "4", attrs
+    assert "js-errors" not in attrs, attrs["js-errors"]
+    assert "Uncaught" not in result.stderr
