@@ -1,16 +1,16 @@
 """A Llama-family decoder forward pass (Llama, Qwen2, Qwen3, Mistral) over a pre-allocated KV cache.
 
 The weights come from a Hugging Face model's state dict; the cache holds ``slots`` sequences of up to
-``max_len`` tokens, keys and values of a layer side by side: ``kv_cache: (L, slots, 2 kv_heads, max_len + 1,
-head_dim)`` (heads ``[0, kv_heads)`` are keys; position ``max_len`` is a scratch column that padding writes
-into). One function, ``forward``, serves prefill, decode and re-prefill after a weight update: it appends a
+``max_len`` tokens: ``kv_cache: (L, 2, slots, kv_heads, max_len + 1, head_dim)`` (keys, then values;
+position ``max_len`` is a scratch column that padding writes into). One function, ``forward``, serves prefill, decode and re-prefill after a weight update: it appends a
 chunk of tokens to a contiguous range of slots and returns the logits of each row's last token.
 
 Layout choices measured on this CPU (docs/engine.md): fused qkv and gate/up projections; weights stored
 transposed and contiguous for ``x @ W``; the rows of the q/k projections permuted so that rotary pairs are
 adjacent, which makes the rotary embedding one complex multiply, in place, for q and k together (dot products
 between q and k are unchanged by a permutation applied to both); the 1/sqrt(head_dim) score scale folded into
-q's rotation; keys and values written to the cache by one ``index_copy_``; everything that depends only on
+q's rotation; keys and values written to the cache by one ``index_copy_`` and read in place (the K or V block
+of a range of slots is one strided batch: no copy per step); everything that depends only on
 positions (rotations, the additive mask, the write index) computed once per forward, not once per layer; the
 residual adds fused into the output projections (``addmm``); grouped-query attention as two batched matmuls
 over only the used cache length, keys as the tall operand and the softmax taken along it (no repeated K/V,
@@ -185,7 +185,9 @@ class Decoder:
         # q's rotation also applies the 1/sqrt(D) score scale; k's does not (cached keys stay unscaled)
         self.head_scale = torch.tensor([s.head_dim**-0.5] * s.n_heads + [1.0] * s.n_kv_heads)
         self.cache_len = max_len + 1  # position max_len is scratch for padding
-        self.kv_cache = torch.zeros((s.n_layers, slots, 2 * s.n_kv_heads, self.cache_len, s.head_dim), dtype=dtype)
+        # keys, then values: (L, 2, slots, kv_heads, cache_len, D). The K (or V) block of a range of slots then
+        # merges its slot and head dims without a copy, so attention reads the cache in place
+        self.kv_cache = torch.zeros((s.n_layers, 2, slots, s.n_kv_heads, self.cache_len, s.head_dim), dtype=dtype)
         self.w = prepare_weights(hf_model.state_dict(), s, dtype)
         self._spare: Weights | None = None  # the weight set retired by the last install, reused by prepare
         # float32 logits of up to ``slots`` rows, reused by every forward: a fresh (S, V) tensor per token costs
@@ -212,11 +214,11 @@ class Decoder:
         """Copy the first ``length`` cached positions of slot ``src`` into the contiguous slots ``dsts`` (a
         group's prefill to its other samples; a running sequence into the hole a finished one left)."""
         if len(dsts):
-            self.kv_cache[:, dsts.start : dsts.stop, :, :length] = self.kv_cache[:, src : src + 1, :, :length]
+            self.kv_cache[:, :, dsts.start : dsts.stop, :, :length] = self.kv_cache[:, :, src : src + 1, :, :length]
 
     # ---- forward -------------------------------------------------------------------------------------
     def _plan(self, first_slot: int, start: torch.Tensor, lengths: torch.Tensor, C: int) -> _Plan:
-        S, nk2 = start.shape[0], 2 * self.shape.n_kv_heads
+        S, nk = start.shape[0], self.shape.n_kv_heads
         steps = torch.arange(C)
         pos = start[:, None] + steps[None, :]  # (S, C)
         t_used = int((start + lengths).max())
@@ -224,7 +226,10 @@ class Decoder:
         mask.masked_fill_((torch.arange(t_used)[None, :, None] > pos[:, None, :])[:, None, :, None], float("-inf"))
         # padding rows write into the scratch column, so no write ever clobbers a cached position
         wpos = torch.where(steps[None, :] < lengths[:, None], pos, self.max_len)  # (S, C)
-        base = (torch.arange(first_slot, first_slot + S)[:, None] * nk2 + torch.arange(nk2)) * self.cache_len
+        # row of (kv, slot, head) in the flattened cache, for the 2 nk heads of each slot: keys, then values
+        kv_idx, head = torch.arange(2 * nk) // nk, torch.arange(2 * nk) % nk
+        slot = torch.arange(first_slot, first_slot + S)[:, None]
+        base = ((kv_idx * self.slots + slot) * nk + head) * self.cache_len  # (S, 2 nk)
         rot = self.rotation[wpos][:, :, None, :] * self.head_scale[:, None]  # (S, C, nq + nk, D/2)
         return _Plan(rot=rot, write=(base[:, :, None] + wpos[:, None, :]).reshape(-1), mask=mask,
                      slots=slice(first_slot, first_slot + S), t_used=t_used)
@@ -258,8 +263,8 @@ class Decoder:
             qkv[:, :, nq : nq + nk] = self._rms(qkv[:, :, nq : nq + nk], lw.kn)
         _rotate(qkv[:, :, : nq + nk], plan.rot)
         kv.view(-1, D).index_copy_(0, plan.write, qkv[:, :, nq:].transpose(1, 2).reshape(-1, D))
-        heads = kv[plan.slots, :, : plan.t_used]  # (S, 2nk, T, D)
-        att = _attention(qkv[:, :, :nq], heads[:, :nk], heads[:, nk:], plan.mask)  # (S, C, nq D)
+        k, v = kv[0, plan.slots, :, : plan.t_used], kv[1, plan.slots, :, : plan.t_used]  # (S, nk, T, D) views
+        att = _attention(qkv[:, :, :nq], k, v, plan.mask)  # (S, C, nq D)
         x = torch.addmm(x, att.view(S * C, nq * D), lw.wo)
         gate, up = (self._rms(x, lw.ln2) @ lw.wgu).chunk(2, dim=-1)
         return torch.addmm(x, F.silu(gate) * up, lw.wd)
