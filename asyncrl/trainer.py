@@ -15,6 +15,7 @@ One step (``Trainer.step``), as in AReaL's trainer:
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -428,10 +429,36 @@ class Trainer:
         return self.model.state_dict()
 
     def save(self, path: str, tokenizer=None) -> None:
+        """The policy in HF format at ``path``; a critic (separate model and/or value head) in
+        ``path/critic/``, which ``actor.critic_path`` loads back."""
         self.model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
+        if self.value_head is not None:
+            save_critic(os.path.join(path, CRITIC_DIR), self.value_head, self.critic_model)
 
+
+
+CRITIC_DIR = "critic"
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+def save_critic(path: str, value_head: ValueHead, critic_model=None) -> None:
+    """``path/value_head.safetensors`` and, for a separate critic, its trunk in HF format beside it."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    if critic_model is not None:
+        critic_model.save_pretrained(path)
+    save_file({k: v.detach().contiguous() for k, v in value_head.state_dict().items()},
+              os.path.join(path, VALUE_HEAD_FILE))
+
+
+def load_value_head(path: str, value_head: ValueHead) -> None:
+    """Load ``path/value_head.safetensors`` (written by :func:`save_critic`) into ``value_head``."""
+    from safetensors.torch import load_file
+
+    value_head.load_state_dict(load_file(os.path.join(path, VALUE_HEAD_FILE)))
 
 
 def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
@@ -477,15 +504,21 @@ def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_d
     ref_model = None
     if cfg.ref_model != "none":
         ref_model = load_model(model_path if cfg.ref_model == "init" else cfg.ref_model)
+    if cfg.critic_path and not os.path.isfile(os.path.join(cfg.critic_path, VALUE_HEAD_FILE)):
+        raise FileNotFoundError(f"actor.critic_path: {os.path.join(cfg.critic_path, VALUE_HEAD_FILE)} not found "
+                                f"(a checkpoint's {CRITIC_DIR}/ directory holds it)")
     critic_model = None
     if cfg.critic == "separate":
         from transformers import AutoModel
 
-        critic_model = AutoModel.from_pretrained(model_path)
-    return Trainer(
+        critic_model = AutoModel.from_pretrained(cfg.critic_path or model_path)
+    trainer = Trainer(
         model, build_algorithm(cfg, max_new_tokens), ref_model=ref_model, critic=cfg.critic,
         critic_model=critic_model, critic_lr=cfg.critic_lr,
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
         pack_sequences=cfg.pack_sequences, temperature=temperature, autocast_dtype=autocast_dtype,
     )
+    if cfg.critic_path and trainer.value_head is not None:
+        load_value_head(cfg.critic_path, trainer.value_head)
+    return trainer

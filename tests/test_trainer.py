@@ -175,6 +175,41 @@ def test_build_trainer_loads_reference_and_critic_from_the_model_path(tiny_model
     assert trainer.pack_sequences
 
 
+@pytest.mark.parametrize("kind", ["value_head", "separate"])
+def test_a_saved_critic_loads_back_through_critic_path(tiny_model_dir, tmp_path, kind):
+    from asyncrl.models import load_model
+    from asyncrl.trainer import CRITIC_DIR
+
+    batch = make_batch([12, 14, 10, 16], group_size=2)
+    cfg = ActorConfig(critic=kind, adv_estimator="gae", lr=1e-2, critic_lr=1e-2)
+    trainer = build_trainer(cfg, load_model(tiny_model_dir), model_path=tiny_model_dir, temperature=1.0,
+                            autocast_dtype=None, max_new_tokens=16)
+    for _ in range(2):
+        trainer.step(batch)
+    values = trainer.values(batch)
+    assert (values * batch.loss_mask).abs().sum() > 0  # the critic learned something worth keeping
+    trainer.save(str(tmp_path / "ckpt"))
+    critic_dir = tmp_path / "ckpt" / CRITIC_DIR
+    assert (critic_dir / "value_head.safetensors").is_file()
+    assert (critic_dir / "config.json").is_file() == (kind == "separate")
+
+    cfg.critic_path = str(critic_dir)
+    policy = trainer.model if kind == "value_head" else load_model(tiny_model_dir)
+    restored = build_trainer(cfg, policy, model_path=tiny_model_dir, temperature=1.0, autocast_dtype=None,
+                             max_new_tokens=16)
+    assert torch.allclose(restored.values(batch), values, atol=1e-6)
+    with pytest.raises(FileNotFoundError, match="critic_path"):
+        build_trainer(ActorConfig(critic=kind, critic_path=str(tmp_path)), load_model(tiny_model_dir),
+                      model_path=tiny_model_dir, temperature=1.0, autocast_dtype=None)
+
+
+def test_critic_path_without_a_critic_is_refused():
+    from asyncrl.configlib import ConfigError
+
+    with pytest.raises(ConfigError, match="actor.critic_path"):
+        ActorConfig(critic_path="/x").validate(max_staleness=0, n_samples=4)
+
+
 def _bandit(algo: Algorithm, steps: int = 6, **trainer_kw) -> tuple[float, float]:
     """P(first completion token < 160) before and after ``steps`` on-policy steps rewarding exactly that."""
     model = make_model(seed=0)

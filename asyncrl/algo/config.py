@@ -136,6 +136,9 @@ class ActorConfig:
     second model initialised from model.path with a value head and its own optimizer)."""
     critic_lr: float | None = None
     """Learning rate of a separate critic (None = lr)."""
+    critic_path: str = ""
+    """Start the critic from a saved one: a checkpoint's critic/ directory (value head, and the trunk of a
+    separate critic). Empty = a fresh value head (and a separate critic initialised from model.path)."""
     value_eps_clip: float | None = 0.5
     """Clip of the value update around the values before the step (None = unclipped)."""
     value_loss_coef: float = 0.5
@@ -216,6 +219,9 @@ class ActorConfig:
             problems.append(f"actor.kl_ctl={self.kl_ctl} asks for a KL penalty, but there is no reference model to "
                             "measure it against; set actor.ref_model=init (a frozen copy of model.path) or a "
                             "checkpoint directory, or actor.kl_ctl=0")
+        if self.critic_path and self.critic == "none":
+            raise ConfigError("actor.critic_path is set but actor.critic is 'none': set actor.critic to the kind "
+                              "that was saved (value_head or separate)")
         if self.adv_estimator in CRITIC_ESTIMATORS and self.critic == "none":
             problems.append(f"actor.adv_estimator={self.adv_estimator} without a critic uses V = 0: the advantages "
                             "are raw returns with no baseline; set actor.critic=value_head or separate")
