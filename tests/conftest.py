@@ -32,6 +32,13 @@ def make_model(vocab: int = 320, seed: int = 0, hidden: int = 64, layers: int = 
     return Qwen2ForCausalLM(Qwen2Config(**kw)).eval()
 
 
+def reference_logprobs(model, prompt: list[int], output: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of ``output`` after ``prompt`` from one plain forward pass of ``model`` at ``temperature``."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1] / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+
+
 @pytest.fixture
 def tiny_model_dir(tmp_path, tokenizer):
     """A randomly initialised tiny model with the task tokenizer, saved in HF format."""

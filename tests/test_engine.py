@@ -6,7 +6,7 @@ import torch
 from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
 from asyncrl.engine.sampling import filter_logits, sample
 from asyncrl.types import SamplingParams, WeightUpdate
-from conftest import make_model
+from conftest import make_model, reference_logprobs
 
 VOCAB = 320
 
@@ -14,12 +14,6 @@ VOCAB = 320
 def _prompts(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (int(l),), generator=g).tolist() for l in torch.randint(3, 15, (n,), generator=g)]
-
-
-def _reference_logprobs(model, prompt, output):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
-    return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "llama"])
@@ -42,7 +36,7 @@ def test_sampled_logprobs_match_a_separate_forward():
     for prompt, group in zip(prompts, results):
         assert len(group) == 4
         for c in group:
-            ref = _reference_logprobs(model, prompt, c.output_ids)
+            ref = reference_logprobs(model, prompt, c.output_ids)
             assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
 
 
@@ -51,9 +45,7 @@ def test_temperature_scales_logprobs():
     engine = LocalEngine(model, max_slots=4, max_len=64)
     prompt = _prompts(1)[0]
     (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=8, temperature=0.7))
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + c.output_ids])).logits[0, len(prompt) - 1 : -1] / 0.7
-    ref = logits.log_softmax(-1).gather(-1, torch.tensor(c.output_ids)[:, None]).squeeze(-1)
+    ref = reference_logprobs(model, prompt, c.output_ids, temperature=0.7)
     assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
 
 
@@ -92,8 +84,8 @@ def test_interruption_spans_two_versions_and_recomputes_kv():
     engine.run_until_idle()
     for c in future.result():
         assert c.versions == [0] * 5 + [1] * 7
-        old_ref = _reference_logprobs(old, prompt, c.output_ids)
-        new_ref = _reference_logprobs(new, prompt, c.output_ids)
+        old_ref = reference_logprobs(old, prompt, c.output_ids)
+        new_ref = reference_logprobs(new, prompt, c.output_ids)
         got = torch.tensor(c.logprobs)
         # tokens before the update came from the old weights, the rest from a KV cache recomputed under the new
         # weights: each matches a fresh forward pass of the model that produced it
@@ -227,7 +219,7 @@ def test_qwen3_greedy_matches_hf_generate():
     for prompt, (c,) in zip(prompts, engine.generate_batch(prompts, SamplingParams(max_new_tokens=12, greedy=True))):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
         assert c.output_ids == ref[0, len(prompt):].tolist()
-        assert torch.allclose(torch.tensor(c.logprobs), _reference_logprobs(model, prompt, c.output_ids), atol=1e-4)
+        assert torch.allclose(torch.tensor(c.logprobs), reference_logprobs(model, prompt, c.output_ids), atol=1e-4)
 
 
 def test_stop_strings_end_a_sample(tokenizer):

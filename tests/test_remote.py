@@ -14,12 +14,7 @@ from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models import build_tiny_model, load_model
 from asyncrl.publish import DiskPublisher, WeightSyncError
 from asyncrl.types import SamplingParams, WeightUpdate
-
-
-def _reference_logprobs(model, prompt, output):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
-    return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+from conftest import reference_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +84,7 @@ def test_sampled_logprobs_through_the_client_match_a_forward(two_servers, models
         prompt = _prompts(1, seed=4)[0]
         (group,) = _run(engine, [prompt], SamplingParams(n=3, max_new_tokens=8, temperature=0.8))
         for c in group:
-            with torch.no_grad():
-                logits = models[0](torch.tensor([prompt + c.output_ids])).logits[0, len(prompt) - 1 : -1] / 0.8
-            ref = logits.log_softmax(-1).gather(-1, torch.tensor(c.output_ids)[:, None]).squeeze(-1)
+            ref = reference_logprobs(models[0], prompt, c.output_ids, temperature=0.8)
             assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
     finally:
         engine.stop()
@@ -124,8 +117,8 @@ def test_weight_update_mid_run_through_the_client(two_servers, models, tmp_path,
                 k = c.versions.index(1) if 1 in c.versions else len(c.versions)
                 spanning += 0 < k < 180
                 got = torch.tensor(c.logprobs)
-                assert torch.allclose(got[:k], _reference_logprobs(old, prompt, c.output_ids)[:k], atol=1e-4)
-                assert torch.allclose(got[k:], _reference_logprobs(new, prompt, c.output_ids)[k:], atol=1e-4)
+                assert torch.allclose(got[:k], reference_logprobs(old, prompt, c.output_ids)[:k], atol=1e-4)
+                assert torch.allclose(got[k:], reference_logprobs(new, prompt, c.output_ids)[k:], atol=1e-4)
         assert spanning >= 4  # the update really landed mid-generation
         if mode == "abort":
             assert engine.stats()["interruptions"] >= 4

@@ -10,12 +10,7 @@ from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.server import ServerState, ServerThread, build_app
 from asyncrl.models import build_tiny_model
 from asyncrl.publish import write_weights
-
-
-def _reference_logprobs(model, prompt, output):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
-    return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+from conftest import reference_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +50,7 @@ def test_native_generate_greedy_matches_hf_with_logprobs_and_versions(server, mo
     ids = [t for _, t, _ in meta["output_token_logprobs"]]
     assert out["output_ids"] == ids == ref
     assert torch.allclose(torch.tensor([lp for lp, _, _ in meta["output_token_logprobs"]]),
-                          _reference_logprobs(old, prompt, ref), atol=1e-4)
+                          reference_logprobs(old, prompt, ref), atol=1e-4)
     assert meta["finish_reason"] == {"type": "length", "length": 12} and meta["output_token_versions"] == [0] * 12
     assert meta["completion_tokens"] == 12 and meta["prompt_tokens"] == 5
 
@@ -91,7 +86,7 @@ def test_openai_completions_and_chat(server, tokenizer, models):
     choice = r.json()["choices"][0]
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"]) <= 5
     assert torch.allclose(torch.tensor(choice["logprobs"]["token_logprobs"]),
-                          _reference_logprobs(old, [5, 17, 42], choice["token_ids"]), atol=1e-4)
+                          reference_logprobs(old, [5, 17, 42], choice["token_ids"]), atol=1e-4)
     r = httpx.post(f"{server}/v1/chat/completions", json={
         "model": "tiny", "messages": [{"role": "user", "content": "Compute 2 + 2."}], "max_tokens": 8, "n": 2,
         "logprobs": True}, timeout=60)
@@ -181,8 +176,8 @@ def test_update_from_disk_mid_request_recomputes_and_continues(server, models, t
     k = versions.index(1)
     assert 0 < k < len(ids) and versions == [0] * k + [1] * (len(ids) - k)
     got = torch.tensor([lp for lp, _, _ in meta["output_token_logprobs"]])
-    assert torch.allclose(got[:k], _reference_logprobs(old, prompt, ids)[:k], atol=1e-4)
-    assert torch.allclose(got[k:], _reference_logprobs(new, prompt, ids)[k:], atol=1e-4)
+    assert torch.allclose(got[:k], reference_logprobs(old, prompt, ids)[:k], atol=1e-4)
+    assert torch.allclose(got[k:], reference_logprobs(new, prompt, ids)[k:], atol=1e-4)
     info = httpx.get(f"{server}/get_model_info").json()
     assert info["weight_version"] == "1"
     assert httpx.get(f"{server}/get_server_info").json()["interruptions"] == 1

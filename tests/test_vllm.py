@@ -20,6 +20,7 @@ from asyncrl.engine.spawn import vllm_server
 from asyncrl.models import build_tiny_model
 from asyncrl.publish import DiskPublisher
 from asyncrl.types import SamplingParams, WeightUpdate
+from conftest import reference_logprobs
 
 VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
@@ -77,12 +78,6 @@ def _generated_tokens(url: str) -> float:
     raise AssertionError("vllm:generation_tokens_total not in /metrics")
 
 
-def _reference_logprobs(model, prompt, output, temperature=1.0):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1] / temperature
-    return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
-
-
 def _hf_greedy(model, prompt, n):
     ids = torch.tensor([prompt])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0)
@@ -104,10 +99,10 @@ def test_generation_with_logprobs(engine, models):
     greedy, sampled = asyncio.run(main())
     for prompt, (c,) in zip(PROMPTS, greedy):
         assert c.output_ids == _hf_greedy(old, prompt, 10) and c.versions == [0] * 10
-        assert torch.allclose(torch.tensor(c.logprobs), _reference_logprobs(old, prompt, c.output_ids), atol=1e-4)
+        assert torch.allclose(torch.tensor(c.logprobs), reference_logprobs(old, prompt, c.output_ids), atol=1e-4)
     assert len(sampled) == 3
     for c in sampled:
-        ref = _reference_logprobs(old, PROMPTS[0], c.output_ids, temperature=0.7)
+        ref = reference_logprobs(old, PROMPTS[0], c.output_ids, temperature=0.7)
         assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
 
 
@@ -159,8 +154,8 @@ def test_pause_continue_and_update_mid_generation(engine, models, tmp_path):
                 k = c.versions.index(1) if 1 in c.versions else n_new
                 spanning += 0 < k < n_new
                 got = torch.tensor(c.logprobs)
-                assert torch.allclose(got[:k], _reference_logprobs(old, prompt, c.output_ids)[:k], atol=1e-4)
-                assert torch.allclose(got[k:], _reference_logprobs(new, prompt, c.output_ids)[k:], atol=1e-4)
+                assert torch.allclose(got[:k], reference_logprobs(old, prompt, c.output_ids)[:k], atol=1e-4)
+                assert torch.allclose(got[k:], reference_logprobs(new, prompt, c.output_ids)[k:], atol=1e-4)
         assert spanning >= 1 and engine.stats()["interruptions"] >= spanning
     finally:
         publisher.close()
