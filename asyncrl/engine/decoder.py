@@ -13,8 +13,8 @@ q's rotation; keys and values written to the cache by one ``index_copy_`` and re
 of a range of slots is one strided batch: no copy per step); everything that depends only on
 positions (rotations, the additive mask, the write index) computed once per forward, not once per layer; the
 residual adds fused into the output projections (``addmm``); grouped-query attention as two batched matmuls
-over only the used cache length, keys as the tall operand and the softmax taken along it (no repeated K/V,
-no transposed copies).
+over only the used cache length, the softmax along the contiguous key axis (no repeated K/V, no transposed
+copies).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class _Plan:
 
     rot: torch.Tensor  # (S, C, nq + nk, D/2) complex: rotation of each q/k pair (q's with the score scale)
     write: torch.Tensor  # (S * 2nk * C,) flat cache rows for the new keys and values
-    mask: torch.Tensor  # (S, 1, T, 1, C) additive: 0 = attend, -inf = masked
+    mask: torch.Tensor  # (S, 1, 1, C, T) additive: 0 = attend, -inf = masked
     slots: slice
     t_used: int
 
@@ -222,8 +222,8 @@ class Decoder:
         steps = torch.arange(C)
         pos = start[:, None] + steps[None, :]  # (S, C)
         t_used = int((start + lengths).max())
-        mask = torch.zeros(S, 1, t_used, 1, C, dtype=self.dtype)
-        mask.masked_fill_((torch.arange(t_used)[None, :, None] > pos[:, None, :])[:, None, :, None], float("-inf"))
+        mask = torch.zeros(S, 1, 1, C, t_used, dtype=self.dtype)
+        mask.masked_fill_((torch.arange(t_used)[None, None, :] > pos[:, :, None])[:, None, None], float("-inf"))
         # padding rows write into the scratch column, so no write ever clobbers a cached position
         wpos = torch.where(steps[None, :] < lengths[:, None], pos, self.max_len)  # (S, C)
         # row of (kv, slot, head) in the flattened cache, for the 2 nk heads of each slot: keys, then values
@@ -289,17 +289,17 @@ def _rotate(x: torch.Tensor, rot: torch.Tensor) -> None:
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention: q (S, C, nq, D) already scaled, k/v (S, nk, T, D), mask (S, 1, T, 1, C);
+    """Grouped-query attention: q (S, C, nq, D) already scaled, k/v (S, nk, T, D), mask (S, 1, 1, C, T);
     returns (S, C, nq D).
 
     The ``nq / nk`` query heads of a group attend to their K/V head through one batched matmul, so K/V are
-    read once and never repeated. Scores are ``K @ q^T`` (K the tall operand, ~10% faster than ``q @ K^T``
-    for single-token decode on this CPU) and the softmax runs along K's axis, so nothing is transposed."""
+    read once and never repeated. Scores are ``q @ K^T`` with the softmax along the last (contiguous) axis:
+    ~20% faster per decode step on this CPU than ``K @ q^T`` with the softmax along K's axis."""
     S, C, nq, D = q.shape
     nk, T = k.shape[1], k.shape[2]
     g = nq // nk
     qg = q.permute(0, 2, 1, 3).reshape(S, nk, g * C, D)  # (S, nk, g C, D): a view when C == 1
-    scores = torch.matmul(k, qg.transpose(-1, -2)).view(S, nk, T, g, C)
-    probs = scores.add_(mask).softmax(dim=2).view(S, nk, T, g * C)
-    out = torch.matmul(probs.transpose(-1, -2), v)  # (S, nk, g C, D)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).view(S, nk, g, C, T)
+    probs = scores.add_(mask).softmax(dim=-1).view(S, nk, g * C, T)
+    out = torch.matmul(probs, v)  # (S, nk, g C, D)
     return out.view(S, nq, C, D).transpose(1, 2).reshape(S, C, nq * D)
