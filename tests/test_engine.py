@@ -279,6 +279,26 @@ def test_bfloat16_engine_tracks_float32():
         assert abs(a.logprobs[0] - b.logprobs[0]) < 0.05
 
 
+def test_emulated_half_precision_is_detected_and_warned(tmp_path, monkeypatch, caplog):
+    from asyncrl.engine import decoder
+
+    avx2, avx512 = tmp_path / "avx2", tmp_path / "avx512"
+    avx2.write_text("flags\t\t: fpu sse avx2 fma\n")
+    avx512.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert decoder.emulated_dtype(torch.bfloat16, str(avx2))
+    assert not decoder.emulated_dtype(torch.bfloat16, str(avx512))
+    assert decoder.emulated_dtype(torch.float16, str(avx512))  # AVX512-BF16 does not cover float16
+    assert not decoder.emulated_dtype(torch.float32, str(avx2))
+    assert not decoder.emulated_dtype(torch.bfloat16, str(tmp_path / "missing"))
+    monkeypatch.setattr(decoder, "emulated_dtype", lambda dtype: dtype == torch.bfloat16)
+    with caplog.at_level("WARNING", logger="asyncrl.engine.decoder"):
+        LocalEngine(make_model(), max_slots=2, max_len=32, dtype=torch.bfloat16)
+    assert "bfloat16 has no native support on this CPU" in caplog.text
+    caplog.clear()
+    LocalEngine(make_model(), max_slots=2, max_len=32)
+    assert "native support" not in caplog.text
+
+
 def test_prefill_of_many_prompts_with_padding_matches_one_by_one():
     """Prompts of different lengths prefilled together (padding writes go to the scratch column) and then decoded
     in one batch give the same tokens and log-probs as each prompt alone."""
