@@ -8,9 +8,11 @@ tokens, sampling at temperature 1 with no top-k/top-p, with ``--threads`` comput
 runs its OpenMP threads on the first ``--threads`` cores, as vLLM-CPU is meant to run; its engine-core and
 front-end processes are separate and use whatever core is free, which the built-in engine and HF (everything in
 one thread) do not get. The built-in engine and vLLM return each token's log-probability (RL needs them); HF
-does not (keeping its scores would cost it B x new-tokens x vocab floats), which favours HF. Throughput counts
-generated tokens over the whole call, prefill included; time-to-first-token is the wall time of the same call
-with one new token (the batch's prefill plus one token). Engines run interleaved on the same prompts, and each
+does not (keeping its scores would cost it B x new-tokens x vocab floats), which favours HF. Three figures per
+engine and batch: time-to-first-token (TTFT), the wall time of a call with one new token (the batch's prefill
+plus one token); call throughput, generated tokens over a whole call of ``--new-tokens``, prefill included; and
+decode throughput, the tokens after the first over the time after the first, ``B (N - 1) / (t_N - t_1)`` from
+the two calls of the same repeat. The ratios are given for both throughputs. Engines run interleaved on the same prompts, and each
 cell is the best of ``--repeats`` runs (other load on a shared machine only ever slows a run). vLLM runs in its
 own environment (``.venv-vllm``, docs/engine.md), through its offline ``LLM`` API in a worker process, with
 ``enforce_eager`` and the same dtype.
@@ -196,18 +198,24 @@ def measure(path: str, args) -> dict:
             except FileNotFoundError as e:
                 print(f"  ({cls.name} skipped: {e})", flush=True)
     results: dict = {e.name: {} for e in engines}
+    n = args.new_tokens
     for batch in args.batches:
         prompts = random_prompts_for(path, batch, args.prompt_len)
-        samples = {e.name: {"tok_s": [], "ttft_s": []} for e in engines}
+        samples = {e.name: {"tok_s": [], "decode_tok_s": [], "ttft_s": []} for e in engines}
         for e in engines:
             e.run(prompts, 4)  # warm-up
         for _ in range(args.repeats):
             for e in engines:
-                samples[e.name]["tok_s"].append(batch * args.new_tokens / e.run(prompts, args.new_tokens))
-                samples[e.name]["ttft_s"].append(e.run(prompts, 1))
+                t_n, t_1 = e.run(prompts, n), e.run(prompts, 1)
+                samples[e.name]["tok_s"].append(batch * n / t_n)
+                samples[e.name]["decode_tok_s"].append(batch * (n - 1) / max(t_n - t_1, 1e-9))
+                samples[e.name]["ttft_s"].append(t_1)
         for e in engines:
-            results[e.name][batch] = {"tok_s": max(samples[e.name]["tok_s"]), "ttft_s": min(samples[e.name]["ttft_s"])}
-        print(f"  B={batch}: " + "  ".join(f"{e.name} {results[e.name][batch]['tok_s']:.0f} tok/s" for e in engines),
+            got = samples[e.name]
+            results[e.name][batch] = {"tok_s": max(got["tok_s"]), "decode_tok_s": max(got["decode_tok_s"]),
+                                      "ttft_s": min(got["ttft_s"])}
+        print(f"  B={batch}: " + "  ".join(f"{e.name} {results[e.name][batch]['tok_s']:.0f} tok/s "
+                                           f"(decode {results[e.name][batch]['decode_tok_s']:.0f})" for e in engines),
               flush=True)
     for e in engines:
         if hasattr(e, "close"):
@@ -217,17 +225,20 @@ def measure(path: str, args) -> dict:
 
 def table(title: str, results: dict, batches: list[int]) -> str:
     names = [n for n in ("builtin", "hf", "vllm") if n in results]
-    head = f"| {title} | " + " | ".join(f"{n} tok/s" for n in names)
-    if "builtin" in results:
-        head += "".join(f" | builtin / {n}" for n in names if n != "builtin")
-    head += " | " + " | ".join(f"{n} TTFT ms" for n in names) + " |"
+    others = [n for n in names if n != "builtin"] if "builtin" in results else []
+    head = (f"| {title} | " + " | ".join(f"{n} tok/s" for n in names)
+            + "".join(f" | builtin / {n}" for n in others)
+            + "".join(f" | {n} decode tok/s" for n in names)
+            + "".join(f" | builtin / {n} decode" for n in others)
+            + "".join(f" | {n} TTFT ms" for n in names) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for b in batches:
-        cells = [f"{results[n][b]['tok_s']:,.0f}" for n in names]
-        if "builtin" in results:
-            base = results["builtin"][b]["tok_s"]
-            cells += [f"{base / results[n][b]['tok_s']:.2f}×" for n in names if n != "builtin"]
-        cells += [f"{results[n][b]['ttft_s'] * 1e3:.1f}" for n in names]
+        r = {n: results[n][b] for n in names}
+        cells = [f"{r[n]['tok_s']:,.0f}" for n in names]
+        cells += [f"{r['builtin']['tok_s'] / r[n]['tok_s']:.2f}×" for n in others]
+        cells += [f"{r[n]['decode_tok_s']:,.0f}" for n in names]
+        cells += [f"{r['builtin']['decode_tok_s'] / r[n]['decode_tok_s']:.2f}×" for n in others]
+        cells += [f"{r[n]['ttft_s'] * 1e3:.1f}" for n in names]
         lines.append(f"| B={b} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
