@@ -12,8 +12,8 @@ does not (keeping its scores would cost it B x new-tokens x vocab floats), which
 engine and batch: time-to-first-token (TTFT), the wall time of a call with one new token (the batch's prefill
 plus one token); call throughput, generated tokens over a whole call of ``--new-tokens``, prefill included; and
 decode throughput, the tokens after the first over the time after the first, ``B (N - 1) / (t_N - t_1)`` from
-the two calls of the same repeat. The ratios are given for both throughputs. Engines run interleaved on the same prompts, and each
-cell is the best of ``--repeats`` runs (other load on a shared machine only ever slows a run). vLLM runs in its
+the two calls of the same repeat. The ratios are given for both throughputs. Engines run interleaved on the
+same prompts, and each cell is the best of ``--repeats`` runs (other load on a shared machine only ever slows a run). vLLM runs in its
 own environment (``.venv-vllm``, docs/engine.md), through its offline ``LLM`` API in a worker process, with
 ``enforce_eager`` and the same dtype.
 
