@@ -2,8 +2,9 @@
 
 The weights come from a Hugging Face model's state dict; the cache holds ``slots`` sequences of up to
 ``max_len`` tokens: ``kv_cache: (L, 2, slots, kv_heads, max_len + 1, head_dim)`` (keys, then values;
-position ``max_len`` is a scratch column that padding writes into). One function, ``forward``, serves prefill, decode and re-prefill after a weight update: it appends a
-chunk of tokens to a contiguous range of slots and returns the logits of each row's last token.
+position ``max_len`` is a scratch column that padding writes into). One function, ``forward``, serves prefill,
+decode and re-prefill after a weight update: it appends a chunk of tokens to a contiguous range of slots and
+returns the logits of each row's last token.
 
 Layout choices measured on this CPU (docs/engine.md): fused qkv and gate/up projections; weights stored
 transposed and contiguous for ``x @ W``; the rows of the q/k projections permuted so that rotary pairs are
