@@ -79,7 +79,8 @@ class _Run:
         self.engine = build_engine(cfg.rollout, model, model_path=model_path, dtype=dtype,
                                    max_len=max_len, seed=cfg.seed, stop_token_ids=eos)
         self.eval_engine = LocalEngine(model, max_slots=cfg.rollout.max_slots, max_len=max_len, dtype=dtype,
-                                       seed=cfg.seed + 1, stop_token_ids=eos)
+                                       seed=cfg.seed + 1, stop_token_ids=eos,
+                                       native_kernels=cfg.rollout.native_kernels)
         self.trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=g.temperature,
                                      autocast_dtype=None if cfg.model.dtype == "float32" else dtype,
                                      max_new_tokens=g.max_new_tokens)

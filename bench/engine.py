@@ -1,6 +1,6 @@
 """Generation speed: the built-in engine vs Hugging Face ``model.generate`` vs vLLM-CPU, on the same model.
 
-    python bench/engine.py --model builtin:tiny-sft --qwen            # both models, all three engines
+    python bench/engine.py --model builtin:tiny-sft --qwen            # both models, all engines
     python bench/engine.py --model /tmp/tiny-init --engines builtin,hf --batches 64
 
 Every engine generates ``--new-tokens`` tokens (no early stop) for ``B`` random prompts of ``--prompt-len``
@@ -83,6 +83,7 @@ def random_prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[l
 # ---- engines (each returns seconds for one call) -------------------------------------------------------
 class Builtin:
     name = "builtin"
+    native_kernels = True
 
     def __init__(self, path: str, dtype: str, threads: int, max_len: int, max_batch: int):
         import torch
@@ -91,7 +92,10 @@ class Builtin:
         from asyncrl.models import DTYPES, load_model
 
         torch.set_num_threads(threads)
-        self.engine = LocalEngine(load_model(path), max_slots=max_batch, max_len=max_len, dtype=DTYPES[dtype])
+        self.engine = LocalEngine(load_model(path), max_slots=max_batch, max_len=max_len, dtype=DTYPES[dtype],
+                                  native_kernels=self.native_kernels)
+        if self.native_kernels and self.engine.decoder.kernels is None and dtype == "float32":
+            print("  (builtin: native kernels unavailable, see the warning above; it runs on torch alone)")
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> float:
         from asyncrl.types import SamplingParams
@@ -101,6 +105,13 @@ class Builtin:
         dt = time.perf_counter() - t0
         assert all(len(c.output_ids) == new_tokens and len(c.logprobs) == new_tokens for (c,) in results)
         return dt
+
+
+class BuiltinTorch(Builtin):
+    """The built-in engine without its compiled kernels (``rollout.native_kernels: false``): torch alone."""
+
+    name = "builtin-torch"
+    native_kernels = False
 
 
 class HF:
@@ -191,7 +202,7 @@ def measure(path: str, args) -> dict:
     interleaved; the best of ``--repeats`` runs is kept (other load on a shared machine only ever slows a run)."""
     max_len = args.prompt_len + args.new_tokens + 8
     engines = []
-    for cls in (Builtin, HF, VLLM):
+    for cls in (Builtin, BuiltinTorch, HF, VLLM):
         if cls.name in args.engines:
             try:
                 engines.append(cls(path, args.dtype, args.threads, max_len, max(args.batches)))
@@ -224,7 +235,7 @@ def measure(path: str, args) -> dict:
 
 
 def table(title: str, results: dict, batches: list[int]) -> str:
-    names = [n for n in ("builtin", "hf", "vllm") if n in results]
+    names = [n for n in ("builtin", "builtin-torch", "hf", "vllm") if n in results]
     others = [n for n in names if n != "builtin"] if "builtin" in results else []
     head = (f"| {title} | " + " | ".join(f"{n} tok/s" for n in names)
             + "".join(f" | builtin / {n}" for n in others)
@@ -248,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="builtin:tiny-sft", help="model directory or builtin:NAME")
     p.add_argument("--qwen", action="store_true", help="also bench the same shape with the 152k Qwen vocabulary")
     p.add_argument("--only-qwen", action="store_true", help="bench only the Qwen-vocabulary model")
-    p.add_argument("--engines", default="builtin,hf,vllm")
+    p.add_argument("--engines", default="builtin,builtin-torch,hf,vllm",
+                   help="builtin (with its native kernels), builtin-torch (without), hf, vllm")
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)

@@ -16,10 +16,11 @@ def _prompts(n, seed=0):
     return [torch.randint(0, VOCAB, (int(l),), generator=g).tolist() for l in torch.randint(3, 15, (n,), generator=g)]
 
 
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("model_type", ["qwen2", "llama"])
-def test_greedy_matches_hf_generate(model_type):
+def test_greedy_matches_hf_generate(model_type, native_kernels):
     model = make_model(VOCAB, model_type=model_type)
-    engine = LocalEngine(model, max_slots=8, max_len=64)
+    engine = LocalEngine(model, max_slots=8, max_len=64, native_kernels=native_kernels)
     prompts = _prompts(5)
     results = engine.generate_batch(prompts, SamplingParams(max_new_tokens=16, greedy=True))
     for prompt, (c,) in zip(prompts, results):
@@ -28,9 +29,10 @@ def test_greedy_matches_hf_generate(model_type):
         assert c.finish_reason == "length" and c.versions == [0] * 16
 
 
-def test_sampled_logprobs_match_a_separate_forward():
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
+def test_sampled_logprobs_match_a_separate_forward(native_kernels):
     model = make_model(VOCAB)
-    engine = LocalEngine(model, max_slots=16, max_len=64, seed=3)
+    engine = LocalEngine(model, max_slots=16, max_len=64, seed=3, native_kernels=native_kernels)
     prompts = _prompts(3)
     results = engine.generate_batch(prompts, SamplingParams(n=4, max_new_tokens=12, temperature=1.0))
     for prompt, group in zip(prompts, results):

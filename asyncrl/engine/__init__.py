@@ -21,7 +21,8 @@ def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dty
     in-process engines); ``model_path`` the resolved checkpoint directory it was loaded from (servers load it)."""
     if cfg.backend == "local":
         return LocalEngine(model, max_slots=cfg.max_slots, max_len=max_len, dtype=dtype, seed=seed,
-                           interrupt_mode=cfg.interrupt_mode, stop_token_ids=stop_token_ids, threads=cfg.threads)
+                           interrupt_mode=cfg.interrupt_mode, stop_token_ids=stop_token_ids, threads=cfg.threads,
+                           native_kernels=cfg.native_kernels)
     from asyncrl.engine.remote import RemoteEngine
 
     common = dict(api=cfg.server_api, interrupt_mode=cfg.interrupt_mode, request_timeout_s=cfg.request_timeout_s,
@@ -33,6 +34,7 @@ def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dty
 
         args = ["--max-slots", str(cfg.max_slots), "--max-len", str(max_len), "--threads", str(cfg.threads),
                 "--dtype", str(dtype).removeprefix("torch."), "--interrupt-mode", cfg.interrupt_mode]
+        args += [] if cfg.native_kernels else ["--no-native-kernels"]
 
         def launch():
             return [asyncrl_server(model_path, *args, "--seed", str(seed + i), wait=False,

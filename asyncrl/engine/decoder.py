@@ -27,7 +27,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from asyncrl.engine import native
+
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+PANEL = native.PANEL
 NATIVE_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ class DecoderShape:
     n_kv_heads: int
     head_dim: int
     vocab: int
+    intermediate: int
     rms_eps: float
     qk_norm: bool
     tied: bool
@@ -75,6 +79,7 @@ class DecoderShape:
             n_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
             head_dim=head_dim,
             vocab=cfg.vocab_size,
+            intermediate=cfg.intermediate_size,
             rms_eps=cfg.rms_norm_eps,
             qk_norm=model_type == "qwen3",
             tied=bool(getattr(cfg, "tie_word_embeddings", False)),
@@ -123,11 +128,14 @@ def pair_order(head_dim: int) -> torch.Tensor:
 
 
 def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: torch.dtype,
-                    reuse: Weights | None = None) -> Weights:
+                    reuse: Weights | None = None, packed: bool = False) -> Weights:
     """Convert HF-named tensors into the engine layout; ``sd`` is not kept. With ``reuse`` (a weight set no
     longer served) its tensors are overwritten instead of allocating: writing into memory that is already
     mapped is several times faster than a fresh allocation of a large model. Raises KeyError naming the first
-    missing weight and ValueError on a shape mismatch, before anything is swapped."""
+    missing weight and ValueError on a shape mismatch, before anything is swapped.
+
+    A weight matrix (out, in) is stored transposed, (in, out) for ``x @ W``, or with ``packed`` in panels of 16
+    output columns, (ceil(out / 16), in, 16), for the native GEMM (kernels.c)."""
 
     def get(name: str) -> torch.Tensor:
         if name not in sd:
@@ -147,18 +155,27 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
     head_src = embed_src if s.tied and "lm_head.weight" not in sd else get("lm_head.weight")
     old_layers = reuse.layers if reuse is not None else []
 
-    def put(old: torch.Tensor | None, parts: list[torch.Tensor], transpose: bool = False) -> torch.Tensor:
-        """``cat(parts)`` (transposed: (in, out) for ``x @ W``) in ``dtype``, written into ``old`` if it fits."""
+    def put(old: torch.Tensor | None, parts: list[torch.Tensor], matrix: bool = False) -> torch.Tensor:
+        """``cat(parts)`` in ``dtype`` (a matrix in its ``x @ W`` layout), written into ``old`` if it fits."""
         rows = sum(p.shape[0] for p in parts)
-        out_shape = (parts[0].shape[1], rows) if transpose else (rows, *parts[0].shape[1:])
-        dst = old if old is not None and tuple(old.shape) == out_shape else torch.empty(out_shape, dtype=dtype)
+        if not matrix:
+            out_shape = (rows, *parts[0].shape[1:])
+        else:
+            out_shape = (-(-rows // PANEL), parts[0].shape[1], PANEL) if packed else (parts[0].shape[1], rows)
+        if old is not None and tuple(old.shape) == out_shape:
+            dst = old
+        else:  # zeros: the padding columns of a packed matrix's last panel stay 0
+            dst = torch.zeros(out_shape, dtype=dtype) if matrix and packed else torch.empty(out_shape, dtype=dtype)
         at = 0
         for p in parts:
             n = p.shape[0]
-            if not transpose:
+            if not matrix:
                 dst[at : at + n].copy_(p)
-            for b in range(0, n if transpose else 0, 256):  # blocks of rows: a transposed copy ~1.5x faster
-                dst[:, at + b : at + min(b + 256, n)].copy_(p[b : b + 256].t())
+            elif packed:
+                _put_panels(dst.transpose(1, 2), p, at)
+            else:
+                for b in range(0, n, 256):  # blocks of rows: a transposed copy ~1.5x faster
+                    dst[:, at + b : at + min(b + 256, n)].copy_(p[b : b + 256].t())
             at += n
         return dst
 
@@ -172,12 +189,12 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
             qb, kb, vb = (get(p + f"self_attn.{n}_proj.bias") for n in "qkv")
             bias = put(old and old.bqkv, [pairs(qb), pairs(kb), vb])
         layers.append(LayerWeights(
-            wqkv=put(old and old.wqkv, [pairs(q), pairs(k), v], transpose=True),
+            wqkv=put(old and old.wqkv, [pairs(q), pairs(k), v], matrix=True),
             bqkv=bias,
-            wo=put(old and old.wo, [get(p + "self_attn.o_proj.weight")], transpose=True),
+            wo=put(old and old.wo, [get(p + "self_attn.o_proj.weight")], matrix=True),
             wgu=put(old and old.wgu, [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")],
-                    transpose=True),
-            wd=put(old and old.wd, [get(p + "mlp.down_proj.weight")], transpose=True),
+                    matrix=True),
+            wd=put(old and old.wd, [get(p + "mlp.down_proj.weight")], matrix=True),
             ln1=put(old and old.ln1, [get(p + "input_layernorm.weight")]),
             ln2=put(old and old.ln2, [get(p + "post_attention_layernorm.weight")]),
             qn=put(old and old.qn, [get(p + "self_attn.q_norm.weight")[order]]) if s.qk_norm else None,
@@ -185,13 +202,30 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
         ))
     return Weights(embed=put(reuse and reuse.embed, [embed_src]),
                    norm=put(reuse and reuse.norm, [get("model.norm.weight")]),
-                   lm_head=put(reuse and reuse.lm_head, [head_src], transpose=True), layers=layers)
+                   lm_head=put(reuse and reuse.lm_head, [head_src], matrix=True), layers=layers)
+
+
+def _put_panels(panels: torch.Tensor, part: torch.Tensor, at: int) -> None:
+    """Write the rows of ``part`` (n, in) as output columns ``at .. at + n`` of a packed matrix, given as its
+    (panels, 16, in) view: column c is ``panels[c // 16, c % 16]``. Whole panels in one copy."""
+    r, n = 0, part.shape[0]
+    while r < n:
+        panel, j = divmod(at + r, PANEL)
+        if j == 0 and n - r >= PANEL:
+            k = (n - r) // PANEL
+            panels[panel : panel + k].copy_(part[r : r + k * PANEL].reshape(k, PANEL, -1))
+            r += k * PANEL
+        else:
+            m = min(PANEL - j, n - r)
+            panels[panel, j : j + m].copy_(part[r : r + m])
+            r += m
 
 
 class Decoder:
     """Engine-side weights and KV cache for one model; not thread-safe (the engine loop owns it)."""
 
-    def __init__(self, hf_model, slots: int, max_len: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, hf_model, slots: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 native_kernels: bool = True):
         self.shape = s = DecoderShape.from_hf_config(hf_model.config)
         if s.head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head_dim, got {s.head_dim}")
@@ -210,7 +244,19 @@ class Decoder:
         # keys, then values: (L, 2, slots, kv_heads, cache_len, D). The K (or V) block of a range of slots then
         # merges its slot and head dims without a copy, so attention reads the cache in place
         self.kv_cache = torch.zeros((s.n_layers, 2, slots, s.n_kv_heads, self.cache_len, s.head_dim), dtype=dtype)
-        self.w = prepare_weights(hf_model.state_dict(), s, dtype)
+        # float32: the matrix products run in native kernels on packed weights, and decode steps run attention
+        # (with the rotary embedding and the cache write), RMSNorm and the SiLU gate in native kernels too
+        # (native.py), when a C compiler is available
+        fits = s.head_dim % 8 == 0 and s.hidden % 8 == 0  # the kernels work in vectors of 8 floats
+        self.kernels = native.load() if native_kernels and fits and dtype == torch.float32 else None
+        self.packed = self.kernels is not None
+        if self.kernels is not None:
+            self._rotation_f = torch.view_as_real(self.rotation).contiguous()  # (max_len + 1, D/2, 2)
+            self._h = torch.empty(slots, s.hidden)
+            self._att = torch.empty(slots, s.n_heads * s.head_dim)
+            self._act = torch.empty(slots, s.intermediate)
+            self._scores = torch.empty(slots * s.n_heads, self.cache_len)  # attention weights of a decode step
+        self.w = prepare_weights(hf_model.state_dict(), s, dtype, packed=self.packed)
         self._spare: Weights | None = None  # the weight set retired by the last install, reused by prepare
         # float32 logits of up to ``slots`` rows, reused by every forward: a fresh (S, V) tensor per token costs
         # page faults that, at a 152k vocabulary, take longer than the arithmetic on it
@@ -222,7 +268,7 @@ class Decoder:
         buffering), so repeated updates do not allocate. Not thread-safe: one ``prepare`` at a time."""
         spare, self._spare = self._spare, None
         try:
-            return prepare_weights(sd, self.shape, self.dtype, reuse=spare)
+            return prepare_weights(sd, self.shape, self.dtype, reuse=spare, packed=self.packed)
         except Exception:
             self._spare = None  # its tensors may be half-written: never reuse them as a complete set
             raise
@@ -262,6 +308,8 @@ class Decoder:
         caches already hold ``start`` (S,) positions. Returns the float32 logits (S, V) of each row's last token,
         in a buffer that the next ``forward`` overwrites."""
         S, C = tokens.shape
+        if C == 1 and self.kernels is not None and int(lengths.min()) == 1:
+            return self._decode_native(tokens, first_slot, start)
         plan = self._plan(first_slot, start, lengths, C)
         w = self.w
         x = w.embed[tokens.reshape(-1)]  # (S C, H): the residual stream stays 2-D through the layers
@@ -271,15 +319,51 @@ class Decoder:
         last = self._rms(x[:, 0] if C == 1 else x[torch.arange(S), (lengths - 1).clamp(min=0)], w.norm)  # (S, H)
         logits = self.logits[:S]
         if w.lm_head.dtype == torch.float32:
-            return torch.mm(last, w.lm_head, out=logits)
+            return self._linear(last, w.lm_head, self.shape.vocab, out=logits)
         return logits.copy_(last @ w.lm_head)
 
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, n: int, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W`` (+ ``bias``), ``n`` output features, for a matrix in the layout ``prepare_weights`` stored;
+        with ``residual``, ``residual + x @ W`` (packed: added into ``residual`` in place). ``out`` receives the
+        result if given."""
+        if self.packed:
+            if residual is not None:
+                return self.kernels.gemm(x, w, residual, accumulate=True)
+            if out is None:
+                out = torch.empty(x.shape[0], n, dtype=x.dtype)
+            return self.kernels.gemm(x, w, out, bias)
+        if residual is not None:
+            return torch.addmm(residual, x, w)
+        if bias is not None:
+            return torch.addmm(bias, x, w, out=out)
+        return torch.mm(x, w, out=out)
+
+    def _decode_native(self, tokens: torch.Tensor, first_slot: int, start: torch.Tensor) -> torch.Tensor:
+        """``forward`` for one new token per row through the native kernels: between the GEMMs of a layer, two
+        RMSNorms, rotary + cache write + attention in one kernel, the SiLU gate in another; no position plan."""
+        s, w, k = self.shape, self.w, self.kernels
+        S, nq, nk, D = tokens.shape[0], s.n_heads, s.n_kv_heads, s.head_dim
+        pos = start.to(torch.int64).contiguous()
+        att, act, h, eps, H, I = self._att[:S], self._act[:S], self._h[:S], s.rms_eps, s.hidden, s.intermediate
+        x = w.embed[tokens.reshape(-1)]  # (S, H), a fresh tensor: the residual adds go into it in place
+        for i, lw in enumerate(w.layers):
+            qkv = self._linear(k.rms_norm(x, lw.ln1, eps, h), lw.wqkv, (nq + 2 * nk) * D, lw.bqkv).view(S, -1, D)
+            if lw.qn is not None:
+                qkv[:, :nq] = self._rms(qkv[:, :nq], lw.qn)
+                qkv[:, nq : nq + nk] = self._rms(qkv[:, nq : nq + nk], lw.kn)
+            k.decode_attention(qkv, pos, self._rotation_f, self.kv_cache[i], att, self._scores, first_slot, nq, nk,
+                               D**-0.5)
+            x = self._linear(att, lw.wo, H, residual=x)
+            k.silu_mul(self._linear(k.rms_norm(x, lw.ln2, eps, h), lw.wgu, 2 * I), act)
+            x = self._linear(act, lw.wd, H, residual=x)
+        return self._linear(k.rms_norm(x, w.norm, eps, h), w.lm_head, s.vocab, out=self.logits[:S])
+
     def _layer(self, x: torch.Tensor, lw: LayerWeights, kv: torch.Tensor, plan: _Plan, S: int, C: int):
-        """One decoder layer on the residual stream ``x`` (S C, H)."""
+        """One decoder layer on the residual stream ``x`` (S C, H) (packed weights: updated in place)."""
         s = self.shape
         nq, nk, D = s.n_heads, s.n_kv_heads, s.head_dim
-        h = self._rms(x, lw.ln1)
-        qkv = (torch.addmm(lw.bqkv, h, lw.wqkv) if lw.bqkv is not None else h @ lw.wqkv).view(S, C, nq + 2 * nk, D)
+        qkv = self._linear(self._rms(x, lw.ln1), lw.wqkv, (nq + 2 * nk) * D, lw.bqkv).view(S, C, nq + 2 * nk, D)
         if lw.qn is not None:
             qkv[:, :, :nq] = self._rms(qkv[:, :, :nq], lw.qn)
             qkv[:, :, nq : nq + nk] = self._rms(qkv[:, :, nq : nq + nk], lw.kn)
@@ -287,9 +371,9 @@ class Decoder:
         kv.view(-1, D).index_copy_(0, plan.write, qkv[:, :, nq:].transpose(1, 2).reshape(-1, D))
         k, v = kv[0, plan.slots, :, : plan.t_used], kv[1, plan.slots, :, : plan.t_used]  # (S, nk, T, D) views
         att = _attention(qkv[:, :, :nq], k, v, plan.mask)  # (S, C, nq D)
-        x = torch.addmm(x, att.view(S * C, nq * D), lw.wo)
-        gate, up = (self._rms(x, lw.ln2) @ lw.wgu).chunk(2, dim=-1)
-        return torch.addmm(x, F.silu(gate) * up, lw.wd)
+        x = self._linear(att.view(S * C, nq * D), lw.wo, s.hidden, residual=x)
+        gate, up = self._linear(self._rms(x, lw.ln2), lw.wgu, 2 * s.intermediate).chunk(2, dim=-1)
+        return self._linear(F.silu(gate) * up, lw.wd, s.hidden, residual=x)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:

@@ -90,10 +90,11 @@ class LocalEngine:
         recompute_chunk: int = 16,
         threads: int | None = None,
         tokenizer=None,
+        native_kernels: bool = True,
     ):
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode must be one of {INTERRUPT_MODES}, got '{interrupt_mode}'")
-        self.decoder = Decoder(model, max_slots, max_len, dtype)
+        self.decoder = Decoder(model, max_slots, max_len, dtype, native_kernels)
         self.max_slots, self.max_len = max_slots, max_len
         self.interrupt_mode = interrupt_mode
         self.default_stop = tuple(stop_token_ids)
@@ -321,9 +322,10 @@ class LocalEngine:
         self._retire()
 
     def _sample_into(self, seqs: list[_Seq], logits: torch.Tensor, rows: RowParams) -> None:
-        if self._scratch is None and not rows.all_greedy:
+        kernels = self.decoder.kernels
+        if self._scratch is None and (kernels is not None or not rows.all_greedy):
             self._scratch = torch.empty(self.max_slots, self.decoder.shape.vocab)
-        tokens, logprobs = sample_rows(logits, rows, self.generator, self._scratch)
+        tokens, logprobs = sample_rows(logits, rows, self.generator, self._scratch, kernels)
         version = self._version
         for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist()):
             s.tokens.append(t)

@@ -51,13 +51,18 @@ def filter_logits(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
 
 
 def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator | None = None,
-                scratch: torch.Tensor | None = None):
+                scratch: torch.Tensor | None = None, kernels=None):
     """Sample one token per row of ``logits`` (S, V); return (tokens (S,), log-probabilities (S,)).
 
     Greedy rows take the argmax and report its log-probability under the unscaled model distribution.
     ``logits`` may be overwritten; ``scratch``, a float32 buffer of at least (S, V), saves an allocation.
+    With ``kernels`` (native.py) and no top-k/top-p, one native pass per row does the same computation from the
+    same uniform draws.
     """
     logits = logits.float()
+    if kernels is not None and not p.filtered and scratch is not None and logits.is_contiguous():
+        u = torch.zeros(len(logits)) if p.all_greedy else torch.rand(len(logits), generator=generator)
+        return kernels.sample(logits, p.temperature, p.greedy, u, scratch)
     if p.all_greedy:
         tokens = logits.argmax(dim=-1)
         return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(dim=-1)

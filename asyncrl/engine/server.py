@@ -433,7 +433,7 @@ def _usage(groups: list[list[Completion]]) -> dict:
 # ---- running a server -------------------------------------------------------------------------------------
 def load_state(model: str, *, max_slots: int = 64, max_len: int | None = None, dtype: str = "float32",
                threads: int = 1, interrupt_mode: str = "recompute", seed: int = 0, name: str | None = None,
-               version: int = 0) -> ServerState:
+               version: int = 0, native_kernels: bool = True) -> ServerState:
     """Load a checkpoint into a started ``LocalEngine`` and wrap it for serving."""
     import torch
 
@@ -447,7 +447,7 @@ def load_state(model: str, *, max_slots: int = 64, max_len: int | None = None, d
     max_len = max_len or min(hf.config.max_position_embeddings, 2048)
     engine = LocalEngine(hf, max_slots=max_slots, max_len=max_len, dtype=DTYPES[dtype], seed=seed,
                          interrupt_mode=interrupt_mode, stop_token_ids=eos, threads=threads, tokenizer=tokenizer,
-                         version=version)
+                         version=version, native_kernels=native_kernels)
     del hf
     return ServerState(engine.start(), tokenizer, name or os.path.basename(path.rstrip("/")), path)
 
@@ -509,6 +509,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
     p.add_argument("--interrupt-mode", default="recompute", choices=["recompute", "abort"],
                    help="in-flight requests on a weight update: re-prefill and continue, or end with 'abort'")
+    p.add_argument("--no-native-kernels", dest="native_kernels", action="store_false",
+                   help="decode through torch alone, without the compiled float32 kernels (docs/engine.md)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--weight-version", type=int, default=0, help="version of the weights loaded at start")
@@ -523,7 +525,8 @@ def main(argv: list[str]) -> int:
         return 2
     state = load_state(args.model, max_slots=args.max_slots, max_len=args.max_len, dtype=args.dtype,
                        threads=args.threads, interrupt_mode=args.interrupt_mode, seed=args.seed,
-                       name=args.served_model_name, version=args.weight_version)
+                       name=args.served_model_name, version=args.weight_version,
+                       native_kernels=args.native_kernels)
     log.info("serving %s on http://%s:%d", state.model_path, args.host, args.port)
     try:
         uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level)

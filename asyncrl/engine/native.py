@@ -1,0 +1,169 @@
+"""The engine's native decode kernels (``kernels.c``), compiled on first use and loaded through ctypes.
+
+A plain C file with no torch headers compiles in about a second (a ``torch.utils.cpp_extension`` build takes
+~40 s). The library is cached per source, compiler flags and CPU (``-march=native``: a cache shared by
+machines with different CPUs must not hand one machine another's instructions) under
+``$ASYNCRL_CACHE_DIR`` or ``~/.cache/asyncrl``; concurrent processes write it to a temporary name and rename
+it into place. Without a C compiler, or with ``ASYNCRL_NATIVE=0``, ``load()`` returns None and the engine
+keeps its torch path (same results, slower decode steps).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.c")
+PANEL = 16  # output columns per panel of a packed weight (kernels.c)
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_loaded: dict[str, "Kernels | None"] = {}
+
+
+class Kernels:
+    """Typed entry points of the compiled library. The tensors are float32 (positions int64), contiguous, on
+    the CPU; the caller guarantees the shapes (decoder.py)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path):
+        self.path = path
+        c_int, c_ptr, c_float = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+        self._attn = lib.decode_attention
+        self._attn.argtypes = [c_ptr] * 6 + [c_int] * 7 + [c_float, c_int]
+        self._attn.restype = None
+        self._silu = lib.silu_mul
+        self._silu.argtypes = [c_ptr, c_ptr, c_int, c_int, c_int]
+        self._silu.restype = None
+        self._rms = lib.rms_norm
+        self._rms.argtypes = [c_ptr, c_ptr, c_ptr, c_int, c_int, c_float, c_int]
+        self._rms.restype = None
+        self._sample = lib.sample
+        self._sample.argtypes = [c_ptr, c_int, c_int] + [c_ptr] * 6 + [c_int]
+        self._sample.restype = None
+        self._gemm = lib.gemm
+        self._gemm.argtypes = [c_ptr, c_int, c_int, c_ptr, c_int, c_ptr, c_int, c_ptr, c_int]
+        self._gemm.restype = None
+
+    def decode_attention(self, qkv: torch.Tensor, pos: torch.Tensor, rot: torch.Tensor, cache: torch.Tensor,
+                         out: torch.Tensor, scratch: torch.Tensor, first_slot: int, nq: int, nk: int,
+                         q_scale: float) -> None:
+        """Rotate q and k of ``qkv`` (S, nq + 2 nk, D) in place by ``rot`` (positions, D/2, 2), write k and v at
+        ``pos`` (S,) into ``cache`` (2, slots, nk, cache_len, D), and write the attention of each query head
+        over positions 0..pos into ``out`` (S, nq D). ``scratch`` holds S nk nq/nk cache_len floats."""
+        S, _, D = qkv.shape
+        cache_len = cache.shape[3]
+        if pos.dtype != torch.int64 or scratch.numel() < S * nq * cache_len or int(pos.max()) >= cache_len - 1:
+            raise ValueError(f"decode_attention: positions {pos.dtype} up to {int(pos.max())}, cache of "
+                             f"{cache_len - 1}, scratch of {scratch.numel()} floats")
+        self._attn(qkv.data_ptr(), pos.data_ptr(), rot.data_ptr(), cache.data_ptr(), out.data_ptr(),
+                   scratch.data_ptr(), S, first_slot, cache.shape[1], nq, nk, D, cache_len, q_scale,
+                   torch.get_num_threads())
+
+    def silu_mul(self, gu: torch.Tensor, out: torch.Tensor) -> None:
+        """``out`` (M, I) = silu(gu[:, :I]) * gu[:, I:] for ``gu`` (M, 2 I)."""
+        M, I = out.shape
+        self._silu(gu.data_ptr(), out.data_ptr(), M, I, torch.get_num_threads())
+
+
+    def gemm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+             accumulate: bool = False) -> torch.Tensor:
+        """``out`` (M, N) = ``x`` (M, K) @ W (+ ``bias``), or ``out += x @ W`` with ``accumulate``, for W packed
+        in panels of 16 output columns, ``w`` (ceil(N / 16), K, 16) (decoder.py). Returns ``out``."""
+        (M, K), N = x.shape, out.shape[1]
+        if w.shape[0] * PANEL < N or w.shape[1] != K or not (x.is_contiguous() and out.is_contiguous()):
+            raise ValueError(f"gemm: x {tuple(x.shape)}, packed weight {tuple(w.shape)}, out {tuple(out.shape)}")
+        self._gemm(x.data_ptr(), M, K, w.data_ptr(), N, None if bias is None else bias.data_ptr(), int(accumulate),
+                   out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of the rows of ``x`` (M, N) scaled by ``weight`` (N,), into ``out``; returns ``out``."""
+        M, N = x.shape
+        self._rms(x.data_ptr(), weight.data_ptr(), out.data_ptr(), M, N, eps, torch.get_num_threads())
+        return out
+
+    def sample(self, logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor, u: torch.Tensor,
+               scratch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row of ``logits`` (S, V) and its log-probability (sampling.py's ``sample_rows`` without
+        top-k/top-p): greedy rows (``greedy`` (S,) bool) take the argmax, the others draw from
+        softmax(logits / temperature) by the inverse CDF at ``u`` (S,). ``scratch`` holds at least (S, V)."""
+        S, V = logits.shape
+        tokens, logprobs = torch.empty(S, dtype=torch.int64), torch.empty(S, dtype=torch.float32)
+        self._sample(logits.data_ptr(), S, V, temperature.data_ptr(), greedy.data_ptr(), u.data_ptr(),
+                     tokens.data_ptr(), logprobs.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+        return tokens, logprobs
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ASYNCRL_CACHE_DIR") or Path.home() / ".cache" / "asyncrl") / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(cc: str, out_dir: Path) -> Path:
+    """Compile ``kernels.c`` into ``out_dir`` (if not already there) and return the library's path. Raises
+    RuntimeError with the compiler's message if it fails."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    path = out_dir / f"asyncrl_kernels_{key.hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"{cc} failed on {SOURCE}: {res.stderr.strip()[-2000:]}")
+        os.replace(tmp, path)  # atomic: a concurrent process sees no library or a whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load() -> Kernels | None:
+    """The compiled kernels, or None (logged once) where they cannot be built or ``ASYNCRL_NATIVE=0``."""
+    if os.environ.get("ASYNCRL_NATIVE", "1") == "0":
+        return None
+    with _lock:
+        key = str(cache_dir())
+        if key not in _loaded:
+            _loaded[key] = _load(cache_dir())
+        return _loaded[key]
+
+
+def _load(out_dir: Path) -> Kernels | None:
+    cc = compiler()
+    if cc is None:
+        log.warning("no C compiler (cc, gcc or clang) found: the engine decodes through torch alone, slower; "
+                    "install one (e.g. apt-get install gcc) for its native kernels")
+        return None
+    try:
+        path = build(cc, out_dir)
+        return Kernels(ctypes.CDLL(str(path)), path)
+    except (OSError, RuntimeError) as e:
+        log.warning("the engine's native kernels could not be built or loaded (%s); decoding through torch "
+                    "alone, slower", e)
+        return None
