@@ -381,23 +381,29 @@ MICRO(4)
 MICRO(5)
 MICRO(6)
 
-/* C (M, N) = A (M, K) @ W (+ bias (N,), if not NULL); with accumulate, C += A @ W (a residual add in place). */
+/* C (M, N) = A (M, K) @ W (+ bias (N,), if not NULL); with accumulate, C += A @ W (a residual add in place).
+ * Work items are (rows, panel): up to 96 rows (a decode step) all rows at once, so each weight panel is read
+ * from memory once; more rows (a prefill) in chunks of 48, so that a chunk of A stays in L2 while the panels
+ * pass (with all rows at once A was read from L3 once per panel: 20% slower than MKL at 2,048 rows). */
 void gemm(const float *A, int M, int K, const float *Wp, int N, const float *bias, int accumulate, float *C,
           int threads) {
-    const int panels = (N + PANEL - 1) / PANEL, row_blocks = (M + 5) / 6;
+    const int panels = (N + PANEL - 1) / PANEL, chunk = M <= 96 ? M : 48, chunks = (M + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
-    for (int p = 0; p < panels; p++)
-        for (int rb = 0; rb < row_blocks; rb++) {
-            const int i = rb * 6, mr = M - i < 6 ? M - i : 6, n0 = p * PANEL, nc = N - n0 < PANEL ? N - n0 : PANEL;
-            const float *a = A + (int64_t)i * K, *w = Wp + (int64_t)p * K * PANEL, *bi = bias ? bias + n0 : NULL;
-            float *c = C + (int64_t)i * N + n0;
-            switch (mr) {
-            case 6: micro_6(a, K, w, c, N, nc, bi, accumulate); break;
-            case 5: micro_5(a, K, w, c, N, nc, bi, accumulate); break;
-            case 4: micro_4(a, K, w, c, N, nc, bi, accumulate); break;
-            case 3: micro_3(a, K, w, c, N, nc, bi, accumulate); break;
-            case 2: micro_2(a, K, w, c, N, nc, bi, accumulate); break;
-            default: micro_1(a, K, w, c, N, nc, bi, accumulate); break;
+    for (int rc = 0; rc < chunks; rc++)
+        for (int p = 0; p < panels; p++) {
+            const int n0 = p * PANEL, nc = N - n0 < PANEL ? N - n0 : PANEL, end = rc * chunk + chunk < M ? rc * chunk + chunk : M;
+            const float *w = Wp + (int64_t)p * K * PANEL, *bi = bias ? bias + n0 : NULL;
+            for (int i = rc * chunk; i < end; i += 6) {
+                const float *a = A + (int64_t)i * K;
+                float *c = C + (int64_t)i * N + n0;
+                switch (end - i < 6 ? end - i : 6) {
+                case 6: micro_6(a, K, w, c, N, nc, bi, accumulate); break;
+                case 5: micro_5(a, K, w, c, N, nc, bi, accumulate); break;
+                case 4: micro_4(a, K, w, c, N, nc, bi, accumulate); break;
+                case 3: micro_3(a, K, w, c, N, nc, bi, accumulate); break;
+                case 2: micro_2(a, K, w, c, N, nc, bi, accumulate); break;
+                default: micro_1(a, K, w, c, N, nc, bi, accumulate); break;
+                }
             }
         }
 }
