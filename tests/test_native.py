@@ -55,7 +55,7 @@ def test_gemm_matches_torch(kernels, threads, M, K, N):
 
 
 def test_gemm_refuses_mismatched_shapes(kernels):
-    with pytest.raises(ValueError, match="packed weight"):
+    with pytest.raises(ValueError, match="gemm: arguments do not fit"):
         kernels.gemm(torch.randn(4, 32), packed(torch.randn(16, 48)), torch.empty(4, 16))
 
 
@@ -120,9 +120,29 @@ def test_decode_attention_matches_the_torch_path(kernels, threads, nq, nk, D):
     torch.testing.assert_close(qkv[:, : nq + nk], ref_qkv[:, 0, : nq + nk], atol=2e-5, rtol=1e-5)
 
 
+def test_gemm_of_no_rows_is_a_no_op(kernels):
+    assert kernels.gemm(torch.empty(0, 32), packed(torch.randn(16, 32)), torch.empty(0, 16)).shape == (0, 16)
+
+
+def test_kernels_refuse_arguments_that_do_not_fit(kernels):
+    """Shapes, dtypes or layouts that would make a kernel read or write outside its tensors are refused."""
+    x = torch.randn(4, 16)
+    with pytest.raises(ValueError, match="rms_norm: .*x \\(4, 16\\) float64"):
+        kernels.rms_norm(x.double(), torch.ones(16), 1e-6, torch.empty(4, 16))
+    with pytest.raises(ValueError, match="not contiguous"):
+        kernels.rms_norm(x.t(), torch.ones(4), 1e-6, torch.empty(16, 4))
+    with pytest.raises(ValueError, match="silu_mul"):
+        kernels.silu_mul(torch.randn(4, 10), torch.empty(4, 4))
+    with pytest.raises(ValueError, match="sample"):
+        kernels.sample(torch.randn(4, 16), torch.ones(4), torch.zeros(4), torch.rand(4), torch.empty(4, 16))
+    with pytest.raises(ValueError, match="sample"):  # scratch too small
+        kernels.sample(torch.randn(4, 16), torch.ones(4), torch.zeros(4, dtype=torch.bool), torch.rand(4),
+                       torch.empty(3, 16))
+
+
 def test_decode_attention_refuses_a_position_outside_the_cache(kernels):
     cache, qkv = torch.zeros(2, 1, 1, 9, 8), torch.zeros(1, 3, 8)
-    with pytest.raises(ValueError, match="positions"):
+    with pytest.raises(ValueError, match="position 8 is outside the cache of 8"):
         kernels.decode_attention(qkv, torch.tensor([8]), torch.zeros(9, 4, 2), cache, torch.empty(1, 8),
                                  torch.empty(9), 0, 1, 1, 1.0)
 
@@ -151,6 +171,20 @@ def test_sampling_frequencies_follow_the_distribution(kernels):
     freq = torch.bincount(tokens, minlength=5).float() / 20000
     assert torch.allclose(freq, probs, atol=0.015) and freq[4] == 0
     torch.testing.assert_close(lp, probs.log()[tokens], atol=1e-6, rtol=1e-6)
+
+
+def test_sampling_reaches_tokens_far_below_the_running_sum(kernels):
+    """Tokens whose weight is below float32 resolution next to the running sum (4e-8 of one dominant token) are
+    still drawn where the inverse CDF puts them, not skipped to the end of the row."""
+    V = 8192
+    logits = torch.full((9, V), -17.0)
+    logits[:, 0] = 0.0
+    w = (logits[0].double() - 0.0).exp()
+    total, tail = float(w.sum()), float(w[1:].sum())
+    u = torch.tensor([(1.0 + q * tail) / total for q in torch.linspace(0.1, 0.9, 9).tolist()], dtype=torch.float32)
+    tokens, _ = kernels.sample(logits, torch.ones(9), torch.zeros(9, dtype=torch.bool), u, torch.empty(9, V))
+    want = torch.searchsorted(w.cumsum(0), u.double() * total, right=True)
+    assert (tokens - want).abs().max() <= 1, (tokens, want)
 
 
 @needs_cc

@@ -252,15 +252,22 @@ void rms_norm(const float *x, const float *w, float *out, int M, int N, float ep
 
 #define SAMPLE_BLOCK 1024
 
-/* sum of x[0..n) */
-static float sum(const float *x, int n) {
-    v8f acc = (v8f){0};
+typedef float v4f __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+
+/* sum of x[0..n), accumulated in double: the sampling weights of a row span many orders of magnitude, and in
+ * float32 a weight below half the rounding step of a running sum near 1 (~6e-8) adds nothing */
+static double sum_double(const float *x, int n) {
+    v4d acc = (v4d){0};
     int i = 0;
-    for (; i + 8 <= n; i += 8) acc += load8(x + i);
-    float l[8], tail = 0.0f;
-    memcpy(l, &acc, sizeof l);
+    for (; i + 4 <= n; i += 4) {
+        v4f v;
+        memcpy(&v, x + i, sizeof v);
+        acc += __builtin_convertvector(v, v4d);
+    }
+    double tail = 0.0;
     for (; i < n; i++) tail += x[i];
-    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + tail;
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail;
 }
 
 /* w = x / t (or a copy of x where t == 1); returns the max of w (-inf for an empty or all -inf row) */
@@ -306,18 +313,18 @@ void sample(const float *logits, int S, int V, const float *temperature, const u
         int tok = 0;
         if (greedy[s])
             while (w[tok] != peak) tok++;
-        float block_sum[nb], total = 0.0f;
+        double block_sum[nb], total = 0.0; /* double: see sum_double */
         for (int b = 0; b < nb; b++) {
             const int lo = b * SAMPLE_BLOCK, n = lo + SAMPLE_BLOCK < V ? SAMPLE_BLOCK : V - lo;
             exp_shifted(w + lo, peak, n);
-            block_sum[b] = sum(w + lo, n);
+            block_sum[b] = sum_double(w + lo, n);
             total += block_sum[b];
         }
         if (!greedy[s]) {
             int last = V - 1;
             while (last > 0 && w[last] == 0.0f) last--;
-            const float target = u[s] * total;
-            float cum = 0.0f;
+            const double target = u[s] * total;
+            double cum = 0.0;
             int b = 0;
             while (b + 1 < nb && cum + block_sum[b] <= target) cum += block_sum[b++];
             tok = last;
@@ -330,7 +337,7 @@ void sample(const float *logits, int S, int V, const float *temperature, const u
             }
         }
         tokens[s] = tok;
-        logprobs[s] = (t != 1.0f ? l[tok] / t : l[tok]) - peak - logf(total);
+        logprobs[s] = (t != 1.0f ? l[tok] / t : l[tok]) - peak - (float)log(total);
     }
 }
 
@@ -387,6 +394,7 @@ MICRO(6)
  * pass (with all rows at once A was read from L3 once per panel: 20% slower than MKL at 2,048 rows). */
 void gemm(const float *A, int M, int K, const float *Wp, int N, const float *bias, int accumulate, float *C,
           int threads) {
+    if (M <= 0 || N <= 0) return;
     const int panels = (N + PANEL - 1) / PANEL, chunk = M <= 96 ? M : 48, chunks = (M + chunk - 1) / chunk;
 #pragma omp parallel for schedule(static) collapse(2) num_threads(threads)
     for (int rc = 0; rc < chunks; rc++)

@@ -31,8 +31,7 @@ _loaded: dict[str, "Kernels | None"] = {}
 
 
 class Kernels:
-    """Typed entry points of the compiled library. The tensors are float32 (positions int64), contiguous, on
-    the CPU; the caller guarantees the shapes (decoder.py)."""
+    """Typed entry points of the compiled library, each checking what it is given (``_check``)."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path):
         self.path = path
@@ -59,11 +58,14 @@ class Kernels:
         """Rotate q and k of ``qkv`` (S, nq + 2 nk, D) in place by ``rot`` (positions, D/2, 2), write k and v at
         ``pos`` (S,) into ``cache`` (2, slots, nk, cache_len, D), and write the attention of each query head
         over positions 0..pos into ``out`` (S, nq D). ``scratch`` holds S nk nq/nk cache_len floats."""
-        S, _, D = qkv.shape
+        S, heads, D = qkv.shape
         cache_len = cache.shape[3]
-        if pos.dtype != torch.int64 or scratch.numel() < S * nq * cache_len or int(pos.max()) >= cache_len - 1:
-            raise ValueError(f"decode_attention: positions {pos.dtype} up to {int(pos.max())}, cache of "
-                             f"{cache_len - 1}, scratch of {scratch.numel()} floats")
+        _check(heads == nq + 2 * nk and nq % nk == 0 and D % 8 == 0 and tuple(cache.shape[2:]) == (nk, cache_len, D)
+               and first_slot + S <= cache.shape[1] and out.shape == (S, nq * D) and pos.shape == (S,)
+               and scratch.numel() >= S * nq * cache_len and rot.numel() >= cache_len * D, "decode_attention",
+               qkv=qkv, pos=pos, rot=rot, cache=cache, out=out, scratch=scratch)
+        if int(pos.max()) >= cache_len - 1:
+            raise ValueError(f"decode_attention: position {int(pos.max())} is outside the cache of {cache_len - 1}")
         self._attn(qkv.data_ptr(), pos.data_ptr(), rot.data_ptr(), cache.data_ptr(), out.data_ptr(),
                    scratch.data_ptr(), S, first_slot, cache.shape[1], nq, nk, D, cache_len, q_scale,
                    torch.get_num_threads())
@@ -71,16 +73,17 @@ class Kernels:
     def silu_mul(self, gu: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` (M, I) = silu(gu[:, :I]) * gu[:, I:] for ``gu`` (M, 2 I)."""
         M, I = out.shape
+        _check(gu.shape == (M, 2 * I), "silu_mul", gu=gu, out=out)
         self._silu(gu.data_ptr(), out.data_ptr(), M, I, torch.get_num_threads())
-
 
     def gemm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
              accumulate: bool = False) -> torch.Tensor:
         """``out`` (M, N) = ``x`` (M, K) @ W (+ ``bias``), or ``out += x @ W`` with ``accumulate``, for W packed
         in panels of 16 output columns, ``w`` (ceil(N / 16), K, 16) (decoder.py). Returns ``out``."""
         (M, K), N = x.shape, out.shape[1]
-        if w.shape[0] * PANEL < N or w.shape[1] != K or not (x.is_contiguous() and out.is_contiguous()):
-            raise ValueError(f"gemm: x {tuple(x.shape)}, packed weight {tuple(w.shape)}, out {tuple(out.shape)}")
+        _check(w.shape[0] * PANEL >= N and tuple(w.shape[1:]) == (K, PANEL) and out.shape[0] == M
+               and (bias is None or bias.shape == (N,)), "gemm", x=x, packed_weight=w, out=out,
+               **({} if bias is None else {"bias": bias}))
         self._gemm(x.data_ptr(), M, K, w.data_ptr(), N, None if bias is None else bias.data_ptr(), int(accumulate),
                    out.data_ptr(), torch.get_num_threads())
         return out
@@ -88,6 +91,7 @@ class Kernels:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
         """RMSNorm of the rows of ``x`` (M, N) scaled by ``weight`` (N,), into ``out``; returns ``out``."""
         M, N = x.shape
+        _check(N % 8 == 0 and weight.shape == (N,) and out.shape == x.shape, "rms_norm", x=x, weight=weight, out=out)
         self._rms(x.data_ptr(), weight.data_ptr(), out.data_ptr(), M, N, eps, torch.get_num_threads())
         return out
 
@@ -97,14 +101,34 @@ class Kernels:
         top-k/top-p): greedy rows (``greedy`` (S,) bool) take the argmax, the others draw from
         softmax(logits / temperature) by the inverse CDF at ``u`` (S,). ``scratch`` holds at least (S, V)."""
         S, V = logits.shape
+        _check(temperature.shape == u.shape == greedy.shape == (S,) and scratch.numel() >= S * V, "sample",
+               logits=logits, temperature=temperature, greedy=greedy, u=u, scratch=scratch)
         tokens, logprobs = torch.empty(S, dtype=torch.int64), torch.empty(S, dtype=torch.float32)
         self._sample(logits.data_ptr(), S, V, temperature.data_ptr(), greedy.data_ptr(), u.data_ptr(),
                      tokens.data_ptr(), logprobs.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
         return tokens, logprobs
 
 
+def _check(ok: bool, kernel: str, **tensors: torch.Tensor) -> None:
+    """Refuse arguments that would make ``kernel`` read or write outside its tensors: the shapes it was given
+    must hold, and every tensor must be a contiguous CPU float32 tensor (positions int64, flags bool)."""
+    dtypes = {"pos": torch.int64, "greedy": torch.bool}
+    ok = ok and all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == dtypes.get(name, torch.float32)
+                    for name, t in tensors.items())
+    if not ok:
+        shapes = ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                           f"{'' if t.is_contiguous() else ' (not contiguous)'}" for name, t in tensors.items())
+        raise ValueError(f"{kernel}: arguments do not fit: {shapes}")
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("ASYNCRL_CACHE_DIR") or Path.home() / ".cache" / "asyncrl") / "kernels"
+    base = os.environ.get("ASYNCRL_CACHE_DIR")
+    if not base:
+        try:
+            base = Path.home() / ".cache" / "asyncrl"
+        except RuntimeError:  # no HOME and no passwd entry (a container run as an arbitrary uid)
+            base = Path(tempfile.gettempdir()) / f"asyncrl-{os.getuid()}"
+    return Path(base) / "kernels"
 
 
 def _cpu_flags() -> str:
@@ -136,6 +160,7 @@ def build(cc: str, out_dir: Path) -> Path:
         res = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE}: {res.stderr.strip()[-2000:]}")
+        os.chmod(tmp, 0o755)  # mkstemp made it private; a shared cache must be readable by others
         os.replace(tmp, path)  # atomic: a concurrent process sees no library or a whole one
     finally:
         if os.path.exists(tmp):
