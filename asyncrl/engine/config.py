@@ -26,9 +26,9 @@ class RolloutConfig:
     threads: int = 1
     """Torch threads for generation (the trainer gets actor.threads; keep the sum <= cores)."""
     native_kernels: bool = True
-    """float32 decode steps of the built-in engine run attention, RMSNorm, the SiLU gate and sampling in C
-    kernels compiled on first use (about a second; needs a C compiler, else the engine logs a warning and uses
-    torch alone). false: torch alone (docs/engine.md)."""
+    """In float32 the built-in engine runs its matrix products, and in decode steps attention, RMSNorm, the SiLU
+    gate and sampling, in C kernels compiled on first use (about a second; needs a C compiler, else the engine
+    logs a warning and uses torch alone). false: torch alone (docs/engine.md)."""
     request_timeout_s: float = 600.0
     """A rollout that takes longer fails (counted, never silent) and its prompt is dropped."""
     weight_sync_timeout_s: float = 60.0

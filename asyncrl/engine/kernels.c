@@ -11,7 +11,6 @@
 #include <stdint.h>
 #include <string.h>
 
-
 /* exp(v) for |v| <= 87 (callers clamp) on 8 lanes: Cephes' single-precision polynomial on v = k ln2 + r,
  * |r| <= ln2 / 2, about 1 ulp. Written with GCC/clang vector extensions (the vectoriser will not vectorise the
  * bit cast that makes 2^k); where the CPU has narrower vectors the compiler splits them. */
@@ -237,12 +236,7 @@ void rms_norm(const float *x, const float *w, float *out, int M, int N, float ep
     for (int m = 0; m < M; m++) {
         const float *xm = x + (int64_t)m * N;
         float *om = out + (int64_t)m * N;
-        v8f acc = (v8f){0};
-        for (int i = 0; i < N; i += 8) acc += load8(xm + i) * load8(xm + i);
-        float l[8];
-        memcpy(l, &acc, sizeof l);
-        const float ss = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
-        const float r = 1.0f / sqrtf(ss / (float)N + eps);
+        const float r = 1.0f / sqrtf(dot(xm, xm, N) / (float)N + eps);
         for (int i = 0; i < N; i += 8) {
             v8f v = load8(xm + i) * r * load8(w + i);
             memcpy(om + i, &v, sizeof v);
@@ -391,7 +385,8 @@ MICRO(6)
 /* C (M, N) = A (M, K) @ W (+ bias (N,), if not NULL); with accumulate, C += A @ W (a residual add in place).
  * Work items are (rows, panel): up to 96 rows (a decode step) all rows at once, so each weight panel is read
  * from memory once; more rows (a prefill) in chunks of 48, so that a chunk of A stays in L2 while the panels
- * pass (with all rows at once A was read from L3 once per panel: 20% slower than MKL at 2,048 rows). */
+ * pass (with all rows at once A was read from L3 once per panel, and a 64 x 32-token prefill took 240 ms
+ * against 211 ms through MKL). */
 void gemm(const float *A, int M, int K, const float *Wp, int N, const float *bias, int accumulate, float *C,
           int threads) {
     if (M <= 0 || N <= 0) return;

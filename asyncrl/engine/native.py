@@ -1,11 +1,11 @@
-"""The engine's native decode kernels (``kernels.c``), compiled on first use and loaded through ctypes.
+"""The engine's native float32 kernels (``kernels.c``), compiled on first use and loaded through ctypes.
 
 A plain C file with no torch headers compiles in about a second (a ``torch.utils.cpp_extension`` build takes
 ~40 s). The library is cached per source, compiler flags and CPU (``-march=native``: a cache shared by
 machines with different CPUs must not hand one machine another's instructions) under
 ``$ASYNCRL_CACHE_DIR`` or ``~/.cache/asyncrl``; concurrent processes write it to a temporary name and rename
 it into place. Without a C compiler, or with ``ASYNCRL_NATIVE=0``, ``load()`` returns None and the engine
-keeps its torch path (same results, slower decode steps).
+keeps its torch path (the same results up to float32 rounding, slower).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ PANEL = 16  # output columns per panel of a packed weight (kernels.c)
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11"]
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
-_loaded: dict[str, "Kernels | None"] = {}
+_loaded: dict[Path, "Kernels | None"] = {}  # per cache directory
 
 
 class Kernels:
@@ -173,10 +173,10 @@ def load() -> Kernels | None:
     if os.environ.get("ASYNCRL_NATIVE", "1") == "0":
         return None
     with _lock:
-        key = str(cache_dir())
-        if key not in _loaded:
-            _loaded[key] = _load(cache_dir())
-        return _loaded[key]
+        out_dir = cache_dir()
+        if out_dir not in _loaded:
+            _loaded[out_dir] = _load(out_dir)
+        return _loaded[out_dir]
 
 
 def _load(out_dir: Path) -> Kernels | None:
