@@ -14,11 +14,14 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from asyncrl.engine.base import EngineStats
 
 
 class Timeline:
-    def __init__(self, path: str | Path, engine_stats: Callable[[], dict], period_s: float = 0.25):
+    def __init__(self, path: str | Path, engine_stats: Callable[[], "EngineStats"], period_s: float = 0.25):
         self._file = Path(path).open("a")
         self._lock = threading.Lock()
         self._engine_stats = engine_stats
@@ -53,8 +56,8 @@ class Timeline:
     def _sample(self) -> None:
         while not self._stop.wait(self._period):
             stats = self._engine_stats()
-            self._write({"type": "gen", "t": round(self.now(), 4), "busy_s": round(stats["busy_s"], 4),
-                         "generated_tokens": stats["generated_tokens"]})
+            self._write({"type": "gen", "t": round(self.now(), 4), "busy_s": round(stats.busy_s, 4),
+                         "generated_tokens": stats.generated_tokens})
 
     def _write(self, record: dict) -> None:
         with self._lock:

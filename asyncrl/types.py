@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 
+MIN_TEMPERATURE = 1e-4
+"""Below this, logits divided by the temperature overflow float32 for ordinary logit ranges: use greedy."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one prompt is sampled. ``n`` samples of a prompt share one prefill."""
+    """How one prompt is sampled. ``n`` samples of a prompt share one prefill. A sample ends at one of
+    ``stop_token_ids`` (empty: the engine's end-of-sequence tokens), at a ``stop`` string in its decoded
+    output, or after ``max_new_tokens``."""
 
     n: int = 1
     max_new_tokens: int = 64
@@ -19,15 +26,17 @@ class SamplingParams:
     top_k: int = 0
     greedy: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.n < 1:
             raise ValueError(f"sampling n must be >= 1, got {self.n}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.greedy and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for sampling (use greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not self.greedy and not (math.isfinite(self.temperature) and self.temperature >= MIN_TEMPERATURE):
+            raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE} for sampling (0 or "
+                             f"greedy for the most likely token), got {self.temperature}")
+        if not 0 < self.top_p <= 1:  # NaN fails too
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
@@ -74,10 +83,6 @@ class TrajectoryGroup:
     @property
     def rewards(self) -> list[float]:
         return [t.reward for t in self.trajectories]
-
-    @property
-    def min_version(self) -> int:
-        return min((min(t.versions) for t in self.trajectories if t.versions), default=self.admit_version)
 
 
 @dataclass

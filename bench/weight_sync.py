@@ -82,7 +82,7 @@ def bench_model(path: str, args) -> dict[str, float]:
         disk.close()
         for i in range(16):
             engine.submit([5 + i, 6, 7, 8], SamplingParams(max_new_tokens=240, stop_token_ids=NO_STOP_TOKENS))
-        while engine.generated_tokens < 16 * 8:  # all 16 decoding
+        while engine.stats().generated_tokens < 16 * 8:  # all 16 decoding
             time.sleep(0.01)
         out["inprocess -> LocalEngine (16 decoding)"] = _median_ms(InProcessPublisher([engine]).publish, sds,
                                                                    args.repeats, 200)

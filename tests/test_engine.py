@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -121,6 +122,32 @@ def test_abort_mode_ends_requests_on_update():
     assert c.finish_reason == "abort" and len(c.output_ids) == 2 and engine.version == 1
 
 
+def test_abort_mode_generate_continues_a_groups_samples_concurrently():
+    """generate() (the engine seam) returns finished samples: after an abort, the group's samples are
+    resubmitted together, so they decode side by side (the group takes its longest remainder, not the sum)."""
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=8, max_len=64, interrupt_mode="abort").start()
+    try:
+        async def main():
+            task = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(n=4, max_new_tokens=40, greedy=True)))
+            while engine.stats().generated_tokens < 8:  # all four samples are decoding
+                await asyncio.sleep(0.001)
+            await asyncio.to_thread(engine.update_weights, WeightUpdate(1, state_dict=new.state_dict()))
+            resumed_together = 0
+            while not task.done():  # the four continuations run in the same decode steps
+                resumed_together = max(resumed_together, len(engine._active))
+                await asyncio.sleep(0)
+            return await task, resumed_together
+
+        group, together = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert together == 4
+    for c in group:
+        assert c.finish_reason == "length" and len(c.output_ids) == 40 == len(c.versions) == len(c.logprobs)
+        assert c.versions[0] == 0 and c.versions[-1] == 1 and c.versions == sorted(c.versions)
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 def test_drain_mode_finishes_running_requests_before_an_update(threaded):
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
@@ -234,13 +261,13 @@ def test_stop_strings_end_a_sample(tokenizer):
     free = engine.generate_batch([prompt], params)[0][0]
     text = tokenizer.decode(free.output_ids)
     stop = text[len(text) // 2 : len(text) // 2 + 3]
-    future = engine.submit(prompt, params, stop=(stop,))
+    future = engine.submit(prompt, dataclasses.replace(params, stop=(stop,)))
     engine.run_until_idle()
     (c,) = future.result()
     assert c.finish_reason == "stop" and c.output_ids == free.output_ids[: len(c.output_ids)]
     assert stop in tokenizer.decode(c.output_ids) and stop not in tokenizer.decode(c.output_ids[:-1])
     with pytest.raises(ValueError, match="tokenizer"):
-        LocalEngine(model, max_slots=2, max_len=96).submit(prompt, SamplingParams(), stop=("x",))
+        LocalEngine(model, max_slots=2, max_len=96).submit(prompt, SamplingParams(stop=("x",)))
 
 
 def test_abort_ends_running_samples_and_keeps_queued_requests():

@@ -73,7 +73,7 @@ def test_greedy_through_two_servers_equals_the_local_engine(two_servers, models)
         # least-outstanding routing spread the concurrent requests over both servers
         served = [httpx.get(f"{u}/get_server_info").json()["requests_completed"] for u in two_servers.urls]
         assert sum(served) == len(prompts) and min(served) >= 3
-        assert engine.stats()["generated_tokens"] == 12 * 2 * 10
+        assert engine.stats().generated_tokens == 12 * 2 * 10
     finally:
         engine.stop()
 
@@ -102,7 +102,7 @@ def test_weight_update_mid_run_through_the_client(two_servers, models, tmp_path,
     try:
         async def main():
             tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
-            while engine.stats()["busy_s"] == 0 or _generated(two_servers) < 16:
+            while engine.stats().busy_s == 0 or _generated(two_servers) < 16:
                 await asyncio.sleep(0.002)
             await asyncio.to_thread(publisher.publish, new.state_dict(), 1)
             return await asyncio.gather(*tasks)
@@ -121,7 +121,7 @@ def test_weight_update_mid_run_through_the_client(two_servers, models, tmp_path,
                 assert torch.allclose(got[k:], reference_logprobs(new, prompt, c.output_ids)[k:], atol=1e-4)
         assert spanning >= 4  # the update really landed mid-generation
         if mode == "abort":
-            assert engine.stats()["interruptions"] >= 4
+            assert engine.stats().interruptions >= 4
         (after,) = _run(engine, [prompts[0]], SamplingParams(max_new_tokens=8, greedy=True))
         ref = new.generate(torch.tensor([prompts[0]]), max_new_tokens=8, do_sample=False, pad_token_id=0)
         assert after[0].output_ids == ref[0, len(prompts[0]):].tolist() and after[0].versions == [1] * 8
@@ -131,7 +131,7 @@ def test_weight_update_mid_run_through_the_client(two_servers, models, tmp_path,
 
 
 def _generated(servers):
-    return sum(e.generated_tokens for e in servers.engines)
+    return sum(e.stats().generated_tokens for e in servers.engines)
 
 
 def test_pause_and_resume_hold_generation(two_servers):
@@ -218,7 +218,7 @@ def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, toke
 
         async def main():
             tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
-            while engine.stats()["generated_tokens"] < 60:  # some requests done, most in flight
+            while engine.stats().generated_tokens < 60:  # some requests done, most in flight
                 await asyncio.sleep(0.01)
             await asyncio.to_thread(servers[0].kill)
             return await asyncio.gather(*tasks)

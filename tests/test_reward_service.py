@@ -159,8 +159,10 @@ class _Completion:
 
 
 class _FakeEngine:
-    def generate_batch(self, prompts, params):
-        return [(_Completion([7]),) for _ in prompts]
+    version = 0
+
+    async def generate(self, prompt_ids, params):
+        return [_Completion([7])]
 
 
 class _FakeTokenizer:
@@ -182,11 +184,11 @@ def test_failed_held_out_scores_get_the_configured_default(service_factory):
     items = [{"question": "q", "answer": "1"}] * 4
     s = service_factory(reward_fns.raising, default=-1.0, workers=0)
     stats = evaluate(_FakeEngine(), _FakeTokenizer(), items, s.eval_fn, SamplingParams(max_new_tokens=1))
-    assert stats["eval_accuracy"] == -1.0 and stats["eval_reward_errors"] == 4
+    assert stats["eval_reward_mean"] == -1.0 and stats["eval_accuracy"] == 0.0 and stats["eval_reward_errors"] == 4
     assert s.stats()["reward_errors"] == 0  # kept out of the training counters
     plain = evaluate(_FakeEngine(), _FakeTokenizer(), items, reward_fns.raising, SamplingParams(max_new_tokens=1),
                      default=-0.5)
-    assert plain["eval_accuracy"] == -0.5 and plain["eval_reward_errors"] == 4
+    assert plain["eval_reward_mean"] == -0.5 and plain["eval_reward_errors"] == 4
 
 
 def test_config_kwargs_override_item_fields_and_describe_reaches_stats(service_factory):

@@ -1,8 +1,12 @@
-"""The engine seam: what the controller and workflows need from an inference engine, and nothing more."""
+"""The engine seams. The train loop and workflows see three members (``Engine``); starting and stopping,
+pausing and the counters are separate small Protocols, used only by what needs them."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Protocol, runtime_checkable
 
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
@@ -11,9 +15,9 @@ from asyncrl.types import Completion, SamplingParams, WeightUpdate
 class Engine(Protocol):
     """An inference engine: generates with per-token versions and takes new weights mid-flight.
 
-    ``update_weights`` returns once the new weights serve every later token (in-flight requests continue
-    under them); ``pause``/``resume`` stop and restart decoding at a token boundary.
-    """
+    ``generate`` returns ``params.n`` finished samples (finish reason ``stop`` or ``length``): a sample cut
+    short by a weight update is continued by the engine itself, never by its caller. ``update_weights``
+    returns once the new weights serve every later token (in-flight requests continue under them)."""
 
     @property
     def version(self) -> int: ...
@@ -22,17 +26,56 @@ class Engine(Protocol):
 
     def update_weights(self, update: WeightUpdate, timeout: float | None = None) -> None: ...
 
+
+class Lifecycle(Protocol):
+    """Something that runs threads, processes or connections between ``start`` and ``stop``."""
+
+    def start(self): ...
+
+    def stop(self) -> None: ...
+
+
+class Pausable(Protocol):
+    """Decoding that can be held at a token boundary (requests keep their state) and continued."""
+
     def pause(self) -> None: ...
 
     def resume(self) -> None: ...
 
-    def start(self) -> "Engine":
-        """Begin serving (start threads, connect to servers); returns self."""
-        ...
 
-    def stop(self) -> None: ...
+@dataclass(frozen=True)
+class EngineStats:
+    """An engine's cumulative counters, read together as one snapshot."""
 
-    def stats(self) -> dict:
-        """Cumulative counters: ``generated_tokens``, ``busy_s`` (time spent generating), ``interruptions``
-        (weight updates that hit in-flight requests)."""
-        ...
+    generated_tokens: int = 0
+    busy_s: float = 0.0  # time spent generating
+    interruptions: int = 0  # weight updates (or aborts) that hit in-flight requests
+
+
+class Metered(Protocol):
+    def stats(self) -> EngineStats: ...
+
+
+def join(done: Completion, more: Completion) -> Completion:
+    """A sample continued after an interruption: the tokens so far, then the new chunk."""
+    return Completion(done.prompt_ids, done.output_ids + more.output_ids, done.logprobs + more.logprobs,
+                      done.versions + more.versions, more.finish_reason)
+
+
+async def continue_aborted(c: Completion, params: SamplingParams,
+                           resubmit: Callable[[list[int], SamplingParams], Awaitable[Completion]]) -> Completion:
+    """Finish a sample that an abort cut short: resubmit prompt + output so far (``resubmit(ids, params)``
+    returns one completion) until it stops or reaches ``params.max_new_tokens``. The new chunks are
+    generated (and stamped) under whatever weights serve then."""
+    while c.finish_reason == "abort" and len(c.output_ids) < params.max_new_tokens:
+        rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids))
+        c = join(c, await resubmit(c.prompt_ids + c.output_ids, rest))
+    if c.finish_reason == "abort":
+        c = dataclasses.replace(c, finish_reason="length")
+    return c
+
+
+async def continue_all(completions: list[Completion], params: SamplingParams, resubmit) -> list[Completion]:
+    """``continue_aborted`` for every sample of a group at once: the group takes as long as its slowest
+    remainder, not the sum of them."""
+    return list(await asyncio.gather(*(continue_aborted(c, params, resubmit) for c in completions)))

@@ -8,10 +8,11 @@ On a weight update, running sequences are re-prefilled under the new weights (``
 "recompute"``) so their KV cache matches the new model, and decoding continues: a sequence that spans the
 update carries both versions in ``Completion.versions``. ``"abort"`` ends them with finish reason
 ``abort`` instead, and the caller may resubmit prompt + partial output. ``abort()`` does the same on demand
-(a server's ``/pause_generation``).
+(a server's ``/pause_generation``); ``generate`` continues such samples itself (all samples of a group at
+once), so its callers only ever see finished samples.
 
-The loop runs in its own thread (``start``), or in the caller's thread (``run_until_idle``, used for
-version-pinned evaluation and tests).
+The loop runs in its own thread (``start``), or in the caller's thread (``generate_batch`` and
+``run_until_idle``, for tests and tools).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.engine.base import EngineStats, continue_all
 from asyncrl.engine.decoder import Decoder, Weights
 from asyncrl.engine.sampling import RowParams, sample_rows
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
@@ -36,17 +38,11 @@ NO_STOP_TOKENS = (-1,)
 means the engine's default, the model's end-of-sequence tokens)."""
 
 
-def stop_strings(params: SamplingParams) -> tuple[str, ...]:
-    """The stop strings of ``params`` (``SamplingParams.stop``; empty where the field does not exist)."""
-    return tuple(getattr(params, "stop", ()) or ())
-
-
 @dataclass
 class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: Future
-    stop: tuple[str, ...] = ()
     done: list = field(default_factory=list)
 
 
@@ -71,11 +67,12 @@ class _Pending:
     version: int
     weights: Weights
     applied: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None  # why installing failed (set before ``applied``)
 
 
 class LocalEngine:
     """Continuous-batching engine over a ``Decoder``. Thread-safe entry points: ``submit``, ``generate``,
-    ``update_weights``, ``pause``, ``resume``, ``abort``, ``stop``."""
+    ``update_weights``, ``pause``, ``resume``, ``abort``, ``stats``, ``stop``."""
 
     def __init__(
         self,
@@ -114,9 +111,8 @@ class LocalEngine:
         self._cv = threading.Condition()
         self._update_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.generated_tokens = 0  # counters read by the controller
-        self.busy_s = 0.0
-        self.interruptions = 0
+        self._stats = EngineStats()  # replaced whole under _stats_lock, so a reader gets one snapshot
+        self._stats_lock = threading.Lock()
 
     # ---- public API ----------------------------------------------------------------------------------
     @property
@@ -127,11 +123,12 @@ class LocalEngine:
     def vocab_size(self) -> int:
         return self.decoder.shape.vocab
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = ()) -> Future:
-        """Queue a prompt; the future resolves to ``params.n`` completions. ``stop`` strings end a sample
-        once its decoded output contains one (needs ``tokenizer``)."""
-        self.check_request(prompt_ids, params, stop)
-        req = _Request(list(prompt_ids), params, Future(), tuple(stop))
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
+        """Queue a prompt; the future resolves to ``params.n`` completions, some of which may end with
+        ``abort`` (a weight update in abort mode, or ``abort()``). Stop strings (``params.stop``) end a
+        sample once its decoded output contains one (needs ``tokenizer``)."""
+        self.check_request(prompt_ids, params)
+        req = _Request(list(prompt_ids), params, Future())
         with self._cv:
             if self._stopped:
                 raise RuntimeError("engine is stopped")
@@ -139,7 +136,7 @@ class LocalEngine:
             self._cv.notify_all()
         return req.future
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...] = ()) -> None:
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError with the reason if this engine cannot serve the request."""
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
@@ -153,15 +150,22 @@ class LocalEngine:
         vocab = self.decoder.shape.vocab
         if max(prompt_ids) >= vocab or min(prompt_ids) < 0:
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        if stop and self.tokenizer is None:
+        if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need an engine with a tokenizer")
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params, stop_strings(params)))
+        """``params.n`` finished samples; samples cut short by an abort are continued concurrently."""
+        first = await asyncio.wrap_future(self.submit(prompt_ids, params))
+        return await continue_all(first, params, self._generate_one)
+
+    async def _generate_one(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        (c,) = await asyncio.wrap_future(self.submit(prompt_ids, params))
+        return c
 
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        """Generate for many prompts and wait (in this thread if the loop is not running)."""
-        futures = [self.submit(p, params, stop_strings(params)) for p in prompts]
+        """Generate for many prompts and wait (in this thread if the loop is not running); samples are
+        returned as the engine ended them (an abort is not continued)."""
+        futures = [self.submit(p, params) for p in prompts]
         if self._thread is None:
             self.run_until_idle()
         return [f.result() for f in futures]
@@ -176,7 +180,11 @@ class LocalEngine:
         with self._update_lock:  # one update at a time, in call order
             if self._stopped:
                 raise RuntimeError(f"engine is stopped; weight update to version {update.version} not applied")
-            weights = self.decoder.prepare(_state_dict_of(update))
+            try:
+                weights = self.decoder.prepare(_state_dict_of(update))
+            except Exception as e:
+                e.add_note(f"while preparing the weights of version {update.version} (the old weights keep serving)")
+                raise
             if self._thread is None:
                 while self.interrupt_mode == "drain" and self._active:
                     self.step(admit=False)
@@ -193,6 +201,9 @@ class LocalEngine:
                     raise RuntimeError(f"engine stopped; weight update to version {update.version} not applied")
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"weight update to version {update.version} not applied within {timeout}s")
+            if pending.error is not None:
+                raise RuntimeError(f"installing the weights of version {update.version} failed: "
+                                   f"{type(pending.error).__name__}: {pending.error}") from pending.error
 
     def pause(self) -> None:
         """Stop decoding at the next token boundary; in-flight requests keep their state."""
@@ -228,8 +239,14 @@ class LocalEngine:
             self._thread = None
         self._fail_all(RuntimeError("engine stopped"))
 
-    def stats(self) -> dict:
-        return {"generated_tokens": self.generated_tokens, "busy_s": self.busy_s, "interruptions": self.interruptions}
+    def stats(self) -> EngineStats:
+        with self._stats_lock:
+            return self._stats
+
+    def _count(self, tokens: int = 0, busy_s: float = 0.0, interruptions: int = 0) -> None:
+        with self._stats_lock:
+            s = self._stats
+            self._stats = EngineStats(s.generated_tokens + tokens, s.busy_s + busy_s, s.interruptions + interruptions)
 
     @property
     def n_running(self) -> int:
@@ -258,10 +275,14 @@ class LocalEngine:
                 if not draining:
                     self._update = None
                 abort, self._abort = self._abort, False
-            try:
-                if pending is not None:
+            if pending is not None:
+                try:
                     self._install(pending.version, pending.weights)
-                    pending.applied.set()  # later tokens use the new weights: the caller may go on
+                except Exception as e:  # noqa: BLE001 - reported to the caller of update_weights
+                    pending.error = e
+                pending.applied.set()  # later tokens use the new weights: the caller may go on
+            try:
+                if pending is not None and pending.error is None:
                     self._interrupt_running()
                 if abort:
                     self._abort_running()
@@ -290,7 +311,7 @@ class LocalEngine:
                 self._rows = RowParams.of([s.req.params for s in seqs])
             self._sample_into(seqs, logits, self._rows)
             self._retire()
-        self.busy_s += time.perf_counter() - t0
+        self._count(busy_s=time.perf_counter() - t0)
 
     def _admit(self) -> None:
         new: list[_Request] = []
@@ -332,7 +353,7 @@ class LocalEngine:
             s.output_ids.append(t)
             s.logprobs.append(lp)
             s.versions.append(version)
-        self.generated_tokens += len(seqs)
+        self._count(tokens=len(seqs))
 
     def _retire(self) -> None:
         """Finish sequences that hit a stop token or string or their length limit; keep slots contiguous."""
@@ -341,7 +362,7 @@ class LocalEngine:
             p = s.req.params
             if s.output_ids[-1] in (p.stop_token_ids or self.default_stop):
                 reason = "stop"
-            elif s.req.stop and _ends_with_stop_string(self.tokenizer, s.output_ids, s.req.stop):
+            elif p.stop and _ends_with_stop_string(self.tokenizer, s.output_ids, p.stop):
                 reason = "stop"
             elif len(s.output_ids) >= p.max_new_tokens or len(s.tokens) >= self.max_len:
                 reason = "length"
@@ -372,7 +393,7 @@ class LocalEngine:
         """After new weights: re-prefill every running sequence under them, or abort them."""
         if not self._active:
             return
-        self.interruptions += 1
+        self._count(interruptions=1)
         if self.interrupt_mode == "abort":
             self._abort_running()
             return
@@ -384,7 +405,7 @@ class LocalEngine:
             for i, s in enumerate(chunk):
                 tokens[i, : s.cached] = torch.tensor(s.tokens[:-1])
             self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long), lengths)
-        self.busy_s += time.perf_counter() - t0
+        self._count(busy_s=time.perf_counter() - t0)
 
     def _abort_running(self) -> None:
         for i in range(len(self._active) - 1, -1, -1):

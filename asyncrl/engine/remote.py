@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import threading
 import time
@@ -31,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from asyncrl.engine.local import stop_strings
+from asyncrl.engine.base import EngineStats, continue_aborted
 from asyncrl.publish import WeightSyncError
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
@@ -54,11 +53,11 @@ class SGLangAPI:
     name = "sglang"
     generate_path = "/generate"
 
-    def generate_body(self, ids: list[int], p: SamplingParams, stop: tuple[str, ...]) -> dict:
+    def generate_body(self, ids: list[int], p: SamplingParams) -> dict:
         sp = {"n": p.n, "max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
               "top_p": p.top_p, "top_k": p.top_k or -1, **_stop_tokens(p)}
-        if stop:
-            sp["stop"] = list(stop)
+        if p.stop:
+            sp["stop"] = list(p.stop)
         return {"input_ids": ids, "sampling_params": sp, "return_logprob": True}
 
     def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:
@@ -94,11 +93,11 @@ class VLLMAPI:
     name = "vllm"
     generate_path = "/inference/v1/generate"
 
-    def generate_body(self, ids: list[int], p: SamplingParams, stop: tuple[str, ...]) -> dict:
+    def generate_body(self, ids: list[int], p: SamplingParams) -> dict:
         sp = {"n": p.n, "max_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
               "top_p": p.top_p, "top_k": p.top_k, "logprobs": 0, **_stop_tokens(p)}
-        if stop:
-            sp["stop"] = list(stop)
+        if p.stop:
+            sp["stop"] = list(p.stop)
         return {"token_ids": ids, "sampling_params": sp}
 
     def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:
@@ -149,12 +148,6 @@ def _as_version(value, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
-
-
-def join(done: Completion, more: Completion) -> Completion:
-    """A sample continued after an interruption: the tokens so far, then the new chunk."""
-    return Completion(done.prompt_ids, done.output_ids + more.output_ids, done.logprobs + more.logprobs,
-                      done.versions + more.versions, more.finish_reason)
 
 
 # ---- servers ----------------------------------------------------------------------------------------------
@@ -239,7 +232,7 @@ class RemoteEngine:
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._sync = None
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="asyncrl-remote")
-        self.generated_tokens = 0
+        self.generated_tokens = 0  # counters, changed under _lock
         self.busy_s = 0.0
         self.interruptions = 0
         self.failovers = 0  # chunks retried on another server after a failure
@@ -282,9 +275,10 @@ class RemoteEngine:
         self._procs = []
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def stats(self) -> dict:
-        busy = self.busy_s + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
-        return {"generated_tokens": self.generated_tokens, "busy_s": busy, "interruptions": self.interruptions}
+    def stats(self) -> EngineStats:
+        with self._lock:
+            busy = self.busy_s + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
+            return EngineStats(self.generated_tokens, busy, self.interruptions)
 
     def pause(self) -> None:
         """Hold new chunks here and running requests at a token boundary on the servers."""
@@ -298,10 +292,8 @@ class RemoteEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
-        stop = stop_strings(params)
-        server = self._pick(set())
-        first, server = await self._chunk(server, prompt_ids, prompt_ids, params, stop)
-        return list(await asyncio.gather(*(self._finish(c, server, params, stop) for c in first)))
+        first, server = await self._chunk(self._pick(set()), prompt_ids, prompt_ids, params)
+        return list(await asyncio.gather(*(self._finish(c, server, params) for c in first)))
 
     def update_weights(self, update: WeightUpdate, timeout: float | None = 60.0) -> None:
         """Make every live server load ``update.path`` (a directory of safetensors) as ``update.version``."""
@@ -393,24 +385,25 @@ class RemoteEngine:
             self._rr += 1
             return min(live, key=lambda s: (s.outstanding, (self._servers.index(s) - self._rr) % len(self._servers)))
 
-    async def _finish(self, c: Completion, server: _Server, params: SamplingParams, stop) -> Completion:
-        """Continue a sample cut short by an abort until it stops or reaches ``max_new_tokens``."""
-        while c.finish_reason == "abort" and len(c.output_ids) < params.max_new_tokens:
-            self.interruptions += 1
-            rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids))
-            (more,), server = await self._chunk(server, c.prompt_ids, c.prompt_ids + c.output_ids, rest, stop)
-            c = join(c, more)
-        if c.finish_reason == "abort":
-            c = dataclasses.replace(c, finish_reason="length")
-        return c
+    async def _finish(self, c: Completion, server: _Server, params: SamplingParams) -> Completion:
+        """Continue a sample cut short by an abort on the server that had it (its prefix is cached there)."""
 
-    async def _chunk(self, server: _Server | None, prompt_ids: list[int], ids: list[int], params: SamplingParams,
-                     stop: tuple[str, ...]) -> tuple[list[Completion], _Server]:
+        async def resubmit(ids: list[int], rest: SamplingParams) -> Completion:
+            nonlocal server
+            with self._lock:
+                self.interruptions += 1
+            (more,), server = await self._chunk(server, c.prompt_ids, ids, rest)
+            return more
+
+        return await continue_aborted(c, params, resubmit)
+
+    async def _chunk(self, server: _Server | None, prompt_ids: list[int], ids: list[int],
+                     params: SamplingParams) -> tuple[list[Completion], _Server]:
         """One request for ``ids``; on a server failure, the same request on another server."""
         deadline = time.monotonic() + self.request_timeout_s
         tried: set[str] = set()
         errors: list[str] = []
-        body = self.api.generate_body(ids, params, stop)
+        body = self.api.generate_body(ids, params)
         while True:
             await self._gate.wait()
             if self._failed_update:
@@ -437,7 +430,8 @@ class RemoteEngine:
                 continue
             if len(result) != params.n:
                 raise ServerError(f"{server.url} returned {len(result)} samples for n={params.n}")
-            self.generated_tokens += sum(len(c.output_ids) for c in result)
+            with self._lock:
+                self.generated_tokens += sum(len(c.output_ids) for c in result)
             return result, server
 
     async def _post(self, server: _Server, body: dict):

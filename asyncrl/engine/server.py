@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -141,14 +142,14 @@ def _stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def sampling_params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                     stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
-                    eos: tuple[int, ...] = ()) -> SamplingParams:
+                    eos: tuple[int, ...] = (), stop: tuple[str, ...] = ()) -> SamplingParams:
     """Engine sampling parameters from an API's fields: temperature 0 means greedy, top_k -1 or 0 means off,
     the model's end-of-sequence tokens stop a sample unless ``ignore_eos``."""
     stops = tuple(t for t in stop_token_ids or () if t >= 0) + (() if ignore_eos else eos)
     try:
         return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature or 1.0,
                               top_p=top_p, top_k=max(top_k, 0), greedy=temperature == 0,
-                              stop_token_ids=stops or NO_STOP_TOKENS)
+                              stop_token_ids=stops or NO_STOP_TOKENS, stop=stop)
     except ValueError as e:
         raise BadRequest(str(e)) from e
 
@@ -190,9 +191,9 @@ class ServerState:
     def decode(self, ids: list[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    async def run(self, prompt_ids: list[int], params: SamplingParams, stop: tuple[str, ...]) -> list[Completion]:
+    async def run(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         try:
-            future = self.engine.submit(prompt_ids, params, stop)
+            future = self.engine.submit(prompt_ids, params)
         except ValueError as e:
             raise BadRequest(str(e)) from e
         result = await asyncio.wrap_future(future)
@@ -240,18 +241,18 @@ def build_app(state: ServerState):
     @app.get("/get_server_info")
     async def server_info():
         e = state.engine
-        return {**e.stats(), "weight_version": str(e.version), "paused": e.paused, "running": e.n_running,
+        return {**dataclasses.asdict(e.stats()), "weight_version": str(e.version), "paused": e.paused, "running": e.n_running,
                 "requests_completed": state.requests_completed, "interrupt_mode": e.interrupt_mode}
 
     @app.post("/generate")
     async def generate(req: GenerateRequest):
         sp = req.sampling_params
         prompts, single = _native_prompts(state, req.input_ids, req.text)
+        stops = _stop_list(sp.stop)
         params = sampling_params(n=sp.n, max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
                                  top_p=sp.top_p, top_k=sp.top_k, stop_token_ids=sp.stop_token_ids,
-                                 ignore_eos=sp.ignore_eos, eos=state.eos)
-        stops = _stop_list(sp.stop)
-        groups = await asyncio.gather(*(state.run(p, params, stops) for p in prompts))
+                                 ignore_eos=sp.ignore_eos, eos=state.eos, stop=stops)
+        groups = await asyncio.gather(*(state.run(p, params) for p in prompts))
         out = [_native_result(state, c, stops, req.return_logprob) for group in groups for c in group]
         return out[0] if single and len(out) == 1 else out
 
@@ -319,10 +320,10 @@ def build_app(state: ServerState):
         if req.stream or req.echo:
             raise BadRequest("stream and echo are not supported")
         prompts, _ = _openai_prompts(state, req.prompt)
-        params = sampling_params(n=req.n, max_new_tokens=req.max_tokens, temperature=req.temperature,
-                                 top_p=req.top_p, top_k=req.top_k, eos=state.eos)
         stops = _stop_list(req.stop)
-        groups = await asyncio.gather(*(state.run(p, params, stops) for p in prompts))
+        params = sampling_params(n=req.n, max_new_tokens=req.max_tokens, temperature=req.temperature,
+                                 top_p=req.top_p, top_k=req.top_k, eos=state.eos, stop=stops)
+        groups = await asyncio.gather(*(state.run(p, params) for p in prompts))
         choices = []
         for c in (c for g in groups for c in g):
             text, _ = trim_at_stop(state.decode(c.output_ids), stops)
@@ -346,10 +347,11 @@ def build_app(state: ServerState):
             raise BadRequest("this server's tokenizer has no chat template")
         text = state.tokenizer.apply_chat_template([m.model_dump() for m in req.messages],
                                                    add_generation_prompt=True, tokenize=False)
-        params = sampling_params(n=req.n, max_new_tokens=req.max_completion_tokens or req.max_tokens or 256,
-                                 temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, eos=state.eos)
         stops = _stop_list(req.stop)
-        group = await state.run(state.encode(text), params, stops)
+        params = sampling_params(n=req.n, max_new_tokens=req.max_completion_tokens or req.max_tokens or 256,
+                                 temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, eos=state.eos,
+                                 stop=stops)
+        group = await state.run(state.encode(text), params)
         choices = []
         for i, c in enumerate(group):
             content, _ = trim_at_stop(state.decode(c.output_ids), stops)

@@ -8,6 +8,8 @@ config by import path (``package.module:function``) so users add their own witho
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,8 +37,18 @@ def item_fields(item: dict) -> dict:
 
 
 def call_reward(reward_fn: Callable[..., float], item: dict, completion: str) -> float:
-    """Call ``reward_fn`` on one completion of ``item``; exceptions propagate to the caller to count."""
-    return float(reward_fn(item.get("question", ""), completion, **item_fields(item)))
+    """Call ``reward_fn`` on one completion of ``item``; exceptions propagate to the caller to count, and a
+    value that is not a finite real number (``None``, a string such as ``"1.0"``, NaN, inf) raises
+    ``ValueError``."""
+    return as_reward(reward_fn(item.get("question", ""), completion, **item_fields(item)))
+
+
+def as_reward(value: Any) -> float:
+    """``value`` as a float if it is a finite real number (bools and NumPy scalars included), else
+    ``ValueError`` naming what came back."""
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        return float(value)
+    raise ValueError(f"the reward function returned {value!r} ({type(value).__name__}), not a finite number")
 
 
 @dataclass(frozen=True)
