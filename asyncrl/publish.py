@@ -139,7 +139,9 @@ def write_weights(state_dict: dict[str, torch.Tensor], weight_dir: Path, version
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the ``*.safetensors`` files in directory ``path`` (or of that one file)."""
+    """All tensors of the ``*.safetensors`` files in directory ``path`` (or of that one file). Raises
+    FileNotFoundError if there are none, ValueError naming a file that cannot be read."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     p = Path(path)
@@ -148,7 +150,10 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no .safetensors files in '{path}'")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
-        sd.update(load_file(str(f)))
+        try:
+            sd.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:  # truncated, corrupt or unreadable: the file's fault, say which
+            raise ValueError(f"'{f}' is not a readable safetensors file: {e}") from e
     return sd
 
 
@@ -321,55 +326,92 @@ class DistPublisher:
 class DistReceiver:
     """The server side of ``DistPublisher``: joins the group, stages each bucket, and hands the complete
     state dict to ``apply(state_dict, version)`` when the bucket carrying the version arrives. ``apply`` must
-    copy what it keeps: the receive buffers are reused by the next update."""
+    copy what it keeps: the receive buffers are reused by the next update. ``timeout_s`` bounds each
+    broadcast.
 
-    def __init__(self, apply):
+    Nothing waits on a slow peer while holding the state lock: a join (``init_group``) runs outside it and
+    installs its group only if no ``destroy`` (or newer join) came meanwhile, and buckets are received under a
+    lock of their own, so ``destroy`` always returns at once."""
+
+    def __init__(self, apply, timeout_s: float = 60.0):
         self.apply = apply
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()  # the group fields below; held only briefly
         self._group = None
         self._name: str | None = None
-        self._timeout_s = 60.0
+        self._joining: str | None = None  # the group a join under way is for
+        self._epoch = 0  # raised by every join and destroy: a join or update that finds it changed is abandoned
+        self._receiving = threading.Lock()  # one bucket at a time; guards the staging fields below
         self._staged: dict[str, torch.Tensor] = {}
+        self._staged_epoch = 0
         self._buffers: dict[str, torch.Tensor] = {}  # receive buffers, reused by every update (``apply`` copies)
-        self._lock = threading.Lock()
 
     def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                    group_name: str, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+        """Join the group (blocks until every rank has joined, or about ``timeout_s``), replacing any group
+        joined before. Raises ValueError if a ``destroy`` or another join came meanwhile."""
         if backend != "gloo":
             raise ValueError(f"this server receives weights over gloo (CPU), not '{backend}'")
         with self._lock:
-            self._group = new_group(backend, master_address, master_port, rank_offset, world_size, group_name,
-                                    timeout_s)
-            self._name, self._timeout_s, self._staged = group_name, timeout_s, {}
+            self._epoch += 1
+            epoch, self._joining = self._epoch, group_name
+        try:
+            group = new_group(backend, master_address, master_port, rank_offset, world_size, group_name, timeout_s)
+        except BaseException:
+            with self._lock:
+                if epoch == self._epoch:
+                    self._joining = None
+            raise
+        with self._lock:
+            if epoch != self._epoch:
+                raise ValueError(f"joining weight update group '{group_name}' was abandoned (destroyed or "
+                                 "replaced while it waited for the other ranks)")
+            self._group, self._name, self._joining = group, group_name, None
 
     def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str | None,
-                weight_version: str | None) -> int | None:
+                weight_version: int | str | None) -> int | None:
         """Receive one bucket; returns the version applied, if this bucket completed one."""
         if not (len(names) == len(dtypes) == len(shapes)):
             raise ValueError("names, dtypes and shapes must have the same length")
         metas = [TensorMeta(n, d, tuple(int(x) for x in s)) for n, d, s in zip(names, dtypes, shapes)]
-        with self._lock:
-            if self._group is None:
-                raise ValueError("no weight update group: call /init_weights_update_group first")
-            if group_name and group_name != self._name:
-                raise ValueError(f"unknown weight update group '{group_name}' (this server joined '{self._name}')")
+        version = None if weight_version is None else int(weight_version)
+        with self._receiving:
+            group, epoch = self._current(group_name)
+            if epoch != self._staged_epoch:  # tensors staged in an earlier group are never applied
+                self._staged, self._staged_epoch = {}, epoch
             try:
                 for m in metas:
                     buf = self._buffers.get(m.name)
                     if buf is None or tuple(buf.shape) != m.shape or buf.dtype != dtype_of(m.dtype):
                         buf = self._buffers[m.name] = torch.empty(m.shape, dtype=dtype_of(m.dtype))
-                    broadcast(self._group, buf, self._timeout_s)
+                    broadcast(group, buf, self._timeout_s)
                     self._staged[m.name] = buf
             except Exception:
                 self._staged = {}  # never apply a partial set
                 raise
-            if weight_version is None:
+            if version is None:
                 return None
             staged, self._staged = self._staged, {}
-        version = int(weight_version)
-        self.apply(staged, version)
+            if self._current(group_name)[1] != epoch:
+                raise ValueError(f"the weight update group was destroyed while version {version} arrived")
+            self.apply(staged, version)
         return version
 
-    def destroy(self, group_name: str | None = None) -> None:
+    def _current(self, group_name: str | None):
+        """The joined group and the epoch it belongs to; ValueError if there is none, or another one."""
         with self._lock:
+            if self._group is None:
+                raise ValueError("no weight update group: call /init_weights_update_group first")
+            if group_name and group_name != self._name:
+                raise ValueError(f"unknown weight update group '{group_name}' (this server joined '{self._name}')")
+            return self._group, self._epoch
+
+    def destroy(self, group_name: str | None = None) -> None:
+        """Leave the group ``group_name`` (None: whichever) and abandon a join of it under way. Never waits."""
+        with self._lock:
+            if group_name not in (None, self._name, self._joining):
+                return
+            self._epoch += 1
+            self._joining = None
             if group_name in (None, self._name):
-                self._group, self._name, self._staged = None, None, {}
+                self._group, self._name = None, None

@@ -2,6 +2,8 @@
 
 import asyncio
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -10,8 +12,8 @@ from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
 from asyncrl.engine.remote import RemoteEngine
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models import build_tiny_model, load_model
-from asyncrl.publish import (DiskPublisher, DistPublisher, InProcessPublisher, WeightSyncError, buckets,
-                             read_weights, write_weights)
+from asyncrl.publish import (DiskPublisher, DistPublisher, DistReceiver, InProcessPublisher, WeightSyncError,
+                             buckets, read_weights, write_weights)
 from asyncrl.types import SamplingParams
 from conftest import make_model
 
@@ -109,3 +111,40 @@ def test_dist_broadcast_to_a_server_process(tiny_model_dir, tokenizer, tmp_path)
         publisher.close()
         engine.stop()
         server.close()
+
+
+def test_a_corrupt_weights_file_is_a_value_error_naming_it(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}" + b"\0" * 64)
+    with pytest.raises(ValueError, match="model.safetensors.*not a readable safetensors file"):
+        read_weights(tmp_path)
+
+
+def test_destroy_never_waits_for_a_join_and_an_abandoned_join_installs_nothing(monkeypatch):
+    """A join blocked on its peers holds no lock that ``destroy`` or ``receive`` needs; once destroyed, the
+    join that completes late does not install its group."""
+    import asyncrl.publish as publish
+
+    release, joined = threading.Event(), []
+    monkeypatch.setattr(publish, "new_group", lambda *a, **k: release.wait(10) and "late group")
+    receiver = DistReceiver(lambda sd, v: None)
+
+    def join():
+        try:
+            receiver.init_group("127.0.0.1", 1, 1, 2, "g", timeout_s=10)
+            joined.append("installed")
+        except ValueError as e:
+            joined.append(str(e))
+
+    thread = threading.Thread(target=join)
+    thread.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    receiver.destroy("g")
+    with pytest.raises(ValueError, match="no weight update group"):
+        receiver.receive(["a"], ["float32"], [[1]], None, None)
+    assert time.monotonic() - t0 < 0.5
+    release.set()
+    thread.join(timeout=10)
+    assert joined and "abandoned" in joined[0]
+    with pytest.raises(ValueError, match="no weight update group"):
+        receiver.receive(["a"], ["float32"], [[1]], None, None)

@@ -9,10 +9,11 @@ import torch
 
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.remote import RemoteEngine, RequestRejected, ServerError
-from asyncrl.engine.server import ServerState, ServerThread, build_app
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models import build_tiny_model, load_model
 from asyncrl.publish import DiskPublisher, WeightSyncError
+from asyncrl.server.app import ServerThread, build_app
+from asyncrl.server.state import ServerState
 from asyncrl.types import SamplingParams, WeightUpdate
 from conftest import reference_logprobs
 

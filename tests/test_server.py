@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from asyncrl.engine.local import LocalEngine
-from asyncrl.engine.server import ServerState, ServerThread, build_app
 from asyncrl.models import build_tiny_model
 from asyncrl.publish import write_weights
+from asyncrl.server.app import ServerThread, build_app
+from asyncrl.server.state import ServerState
 from conftest import reference_logprobs
 
 

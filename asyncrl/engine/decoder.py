@@ -132,7 +132,9 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
     """Convert HF-named tensors into the engine layout; ``sd`` is not kept. With ``reuse`` (a weight set no
     longer served) its tensors are overwritten instead of allocating: writing into memory that is already
     mapped is several times faster than a fresh allocation of a large model. Raises KeyError naming the first
-    missing weight and ValueError on a shape mismatch, before anything is swapped.
+    missing weight and ValueError naming the first non-finite one or on a shape mismatch, before anything is
+    swapped (every path that installs weights comes through here: the checkpoint at start, disk, broadcast,
+    in-process).
 
     A weight matrix (out, in) is stored transposed, (in, out) for ``x @ W``, or with ``packed`` in panels of 16
     output columns, (ceil(out / 16), in, 16), for the native GEMM (kernels.c)."""
@@ -140,7 +142,11 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
     def get(name: str) -> torch.Tensor:
         if name not in sd:
             raise KeyError(f"weight '{name}' missing from the update")
-        return sd[name].detach()
+        t = sd[name].detach()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            # a NaN or inf weight makes every later token garbage (or fails sampling): refuse it whole
+            raise ValueError(f"weight '{name}' has non-finite values (NaN or inf)")
+        return t
 
     s = shape
     order = pair_order(s.head_dim)

@@ -33,9 +33,17 @@ from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
 INTERRUPT_MODES = ("recompute", "abort", "drain")
 
+MAX_VERSION = 2**63 - 1
+"""Weight versions are int64 wherever they are stored (tensors of per-token versions, safetensors metadata)."""
+
 NO_STOP_TOKENS = (-1,)
 """``SamplingParams.stop_token_ids`` that no token matches: a sample runs to ``max_new_tokens`` (an empty tuple
 means the engine's default, the model's end-of-sequence tokens)."""
+
+
+class VersionConflict(ValueError):
+    """A weight update whose version is below the one being served: versions never go backwards, so that every
+    token's version says which weights produced it, and a late update cannot undo a newer one."""
 
 
 @dataclass
@@ -180,6 +188,7 @@ class LocalEngine:
         with self._update_lock:  # one update at a time, in call order
             if self._stopped:
                 raise RuntimeError(f"engine is stopped; weight update to version {update.version} not applied")
+            self._check_version(update.version)  # before the (long) conversion
             try:
                 weights = self.decoder.prepare(_state_dict_of(update))
             except Exception as e:
@@ -201,9 +210,19 @@ class LocalEngine:
                     raise RuntimeError(f"engine stopped; weight update to version {update.version} not applied")
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"weight update to version {update.version} not applied within {timeout}s")
+            if isinstance(pending.error, VersionConflict):
+                raise pending.error
             if pending.error is not None:
                 raise RuntimeError(f"installing the weights of version {update.version} failed: "
                                    f"{type(pending.error).__name__}: {pending.error}") from pending.error
+
+    def _check_version(self, version: int) -> None:
+        """Versions are int64 and never decrease; the same version may be loaded again (a retried publish)."""
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+            raise ValueError(f"weight version must be an integer in [0, 2**63 - 1], got {str(version)[:40]}")
+        if version < self._version:
+            raise VersionConflict(f"weight version {version} is below the version {self._version} being "
+                                  "served: versions never decrease")
 
     def pause(self) -> None:
         """Stop decoding at the next token boundary; in-flight requests keep their state."""
@@ -231,13 +250,20 @@ class LocalEngine:
         return self
 
     def stop(self) -> None:
+        """End the loop; waiting and running requests fail with "engine stopped". Safe to call from several
+        threads at once (a server stops it on SIGTERM and again on its way out)."""
         with self._cv:
             self._stopped = True
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+        self._thread = None
         self._fail_all(RuntimeError("engine stopped"))
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     def stats(self) -> EngineStats:
         with self._stats_lock:
@@ -385,6 +411,7 @@ class LocalEngine:
             req.future.set_result([c for _, c in sorted(req.done, key=lambda d: d[0])])
 
     def _install(self, version: int, weights: Weights) -> None:
+        self._check_version(version)  # again at the swap: an update that timed out may have landed since
         self.decoder.install(weights)
         self._version = version
 

@@ -3,10 +3,12 @@
 - **Routing**: a new request goes to the live server with the fewest outstanding requests; its ``n`` samples
   are one request (one shared prefill). A sample cut short by an abort is resubmitted as prompt + tokens so
   far to the same server (AReaL's interruptible generation), tagged with the weight version of each chunk.
-- **Failures**: a connection error, 5xx or timeout marks the server dead for ``dead_cooldown_s`` and the
-  same chunk is retried on another server (at most ``max_attempts`` tries per chunk). A chunk whose response
-  arrived is never resubmitted, so a sample is never duplicated; tokens already received are kept. A server
-  that misses a weight update (dead while it happened) is retired for good: it would serve stale weights.
+- **Failures**: a connection error or timeout marks the server dead for ``dead_cooldown_s``; a 5xx answer
+  (it came over a working connection) is a failure of that request only, and leaves the server live. Either
+  way the same chunk is retried, on another server if there is one (at most ``max_attempts`` tries per
+  chunk). A chunk whose response arrived is never resubmitted, so a sample is never duplicated; tokens
+  already received are kept. A server that misses a weight update (dead while it happened) is retired for
+  good: it would serve stale weights.
 - **Weight updates** (``update_weights`` with a path, or ``updating`` for other transports): with
   ``interrupt_mode="abort"`` the servers are paused (running requests end with finish reason ``abort``),
   new chunks wait at a client-side gate, the weights are loaded, the version is raised and generation
@@ -166,6 +168,11 @@ class ServerError(RuntimeError):
     """A server failed to serve a request (connection, timeout or 5xx): try another one."""
 
 
+class RequestFailed(ServerError):
+    """A server answered a request with a 5xx: that request failed there, but the server itself answered, so
+    it is not taken for dead."""
+
+
 class RequestRejected(ValueError):
     """A server refused a request as malformed (4xx): retrying elsewhere would not help."""
 
@@ -235,7 +242,7 @@ class RemoteEngine:
         self.generated_tokens = 0  # counters, changed under _lock
         self.busy_s = 0.0
         self.interruptions = 0
-        self.failovers = 0  # chunks retried on another server after a failure
+        self.failovers = 0  # chunks retried after a failure (on another server when there is one)
         self._in_flight = 0
         self._busy_since = 0.0
 
@@ -342,7 +349,8 @@ class RemoteEngine:
 
     def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None,
              params: dict | None = None) -> dict:
-        """A control request to one server; raises ``ServerError``/``RequestRejected`` with its message."""
+        """A control request to one server; raises ``ServerError`` (``RequestFailed`` for a 5xx answer) or
+        ``RequestRejected`` with its message."""
         import httpx
 
         client = self._sync
@@ -421,9 +429,10 @@ class RemoteEngine:
             except ServerError as e:
                 errors.append(str(e))
                 tried.add(server.url)
-                server.dead_until = time.monotonic() + self.dead_cooldown_s
+                if not isinstance(e, RequestFailed):
+                    server.dead_until = time.monotonic() + self.dead_cooldown_s
                 self.failovers += 1
-                log.warning("server %s failed (%s); retrying on another server", server.url, e)
+                log.warning("server %s failed (%s); retrying the request", server.url, e)
                 if len(errors) >= self.max_attempts:
                     raise ServerError(f"request failed on {len(errors)} attempts: " + "; ".join(errors)) from e
                 server = None
@@ -470,7 +479,7 @@ class RemoteEngine:
 
 def _checked(r, where: str):
     if r.status_code >= 500:
-        raise ServerError(f"{where}: HTTP {r.status_code}: {r.text[:500]}")
+        raise RequestFailed(f"{where}: HTTP {r.status_code}: {r.text[:500]}")
     if r.status_code >= 400:
         raise RequestRejected(f"{where}: HTTP {r.status_code}: {r.text[:500]}")
     return r.json() if r.content else {}

@@ -87,7 +87,7 @@ def asyncrl_server(model: str, *args: str, port: int | None = None, startup_time
                    log_path: str | None = None, wait: bool = True) -> ServerProcess:
     """``asyncrl serve --model MODEL ARGS`` on 127.0.0.1 (healthy when this returns, if ``wait``)."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "asyncrl.engine.server", "--model", model, "--host", "127.0.0.1", "--port",
+    cmd = [sys.executable, "-m", "asyncrl.server", "--model", model, "--host", "127.0.0.1", "--port",
            str(port), *args]
     return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, log_path=log_path, wait=wait)
 
