@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -34,7 +35,7 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None):
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _override_value(item, raw)
         parts = key.strip().split(".")
         nested: Any = value
         for part in reversed(parts):
@@ -102,28 +103,82 @@ def field_docs(cls) -> dict[str, str]:
 
 # ---- internals -----------------------------------------------------------------------------------------
 def _read_yaml(path: str) -> tuple[dict, dict[str, int]]:
+    text = _read_text(path)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{_yaml_where(path, e)}: not valid YAML: {_yaml_problem(e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    return data, _key_lines(node, path)
+
+
+def _read_text(path: str) -> str:
+    """The config file's text; a missing, unreadable or non-UTF-8 file is a ConfigError naming it."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file '{path}' does not exist")
-    text = p.read_text()
+    if p.is_dir():
+        raise ConfigError(f"config file '{path}' is a directory; give a YAML file")
     try:
-        data = yaml.safe_load(text) or {}
-        node = yaml.compose(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file '{path}' cannot be read: {e.strerror or e}") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}: {e.reason})") from None
+
+
+def _key_lines(node, path: str) -> dict[str, int]:
+    """The line of every dotted key; a key given twice in one mapping is a ConfigError naming both lines."""
     lines: dict[str, int] = {}
 
-    def walk(n, prefix):
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                key = prefix + str(k.value)
-                lines[key] = k.start_mark.line + 1
-                walk(v, key + ".")
+    def walk(n, prefix: str) -> None:
+        if isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                walk(item, f"{prefix.rstrip('.')}[{i}].")
+        if not isinstance(n, yaml.MappingNode):
+            return
+        first: dict[str, int] = {}
+        for k, v in n.value:
+            if k.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden on purpose
+                continue
+            key, line = prefix + str(k.value), k.start_mark.line + 1
+            if key in first:
+                raise ConfigError(f"{path}:{line}: duplicate key '{key}' (first at line {first[key]})")
+            first[key] = lines[key] = line
+            walk(v, key + ".")
 
     walk(node, "")
-    return data, lines
+    return lines
+
+
+def _yaml_where(path: str, e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: the problem, then what the parser was doing and where."""
+    problem = getattr(e, "problem", None)
+    if not problem:
+        return " ".join(str(e).split())
+    context, mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and mark:
+        problem += f" ({context} at line {mark.line + 1}, column {mark.column + 1})"
+    elif context:
+        problem += f" ({context})"
+    return problem
+
+
+def _override_value(item: str, raw: str):
+    try:
+        return yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"command line: override '{item}': not valid YAML: {_yaml_problem(e)}") from None
 
 
 def _merge(cfg, data: dict, prefix: str, where, valid: list[str]) -> None:
@@ -178,13 +233,11 @@ def _coerce(value, typ, key: str, where):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif typ is float:
-        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        number = _as_float(value)
+        if number is not None and math.isfinite(number):
+            return number
+        if number is not None:
+            raise ConfigError(f"{where(key)}: '{key}' must be a finite number, got {number}")
     elif typ is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -192,6 +245,23 @@ def _coerce(value, typ, key: str, where):
         if isinstance(value, dict):
             return value
     raise ConfigError(f"{where(key)}: '{key}' must be {_type_name(typ)}, got {value!r}")
+
+
+def _as_float(value) -> float | None:
+    """``value`` as a float (NaN and inf included), or None when it is not a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:  # an integer literal too large for a float
+            return math.inf
+    return None
 
 
 def _type_name(typ) -> str:

@@ -105,7 +105,8 @@ def test_eval_command_scores_a_file_with_the_configured_reward(tmp_path, tiny_mo
                           "reward.fn=data_fixtures.reward_fns:raising", "reward.default=0.25",
                           "reward.workers=0"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert record["n"] == 3 and record["eval_reward_errors"] == 3 and record["eval_accuracy"] == 0.25
+    assert record["n"] == 3 and record["eval_reward_errors"] == 3 and record["eval_reward_mean"] == 0.25
+    assert record["eval_accuracy"] == 0.0  # reward.default=0.25 is below evaluator's success threshold of 1.0
     assert main(common + ["valid_dataset.size=2", "reward.workers=1"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["n"] == 2 and record["eval_reward_errors"] == 0 and 0.0 <= record["eval_accuracy"] <= 1.0

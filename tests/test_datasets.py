@@ -9,9 +9,10 @@ import logging
 import pytest
 
 from asyncrl.configlib import ConfigError
-from asyncrl.data import build_dataset, hold_out
+from asyncrl.data import hold_out
 from asyncrl.data.arith import ArithTask, arith_reward
-from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
+from asyncrl.data.config import (TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config,
+                                 eval_set_from_config)
 from asyncrl.data.samples import DATA_DIR, render_all
 from asyncrl.reward import call_reward
 
@@ -24,8 +25,8 @@ def write_jsonl(path, rows):
 
 
 def build(path="", valid_path="", valid_size=5, tokenizer=None, **train):
-    return build_dataset(TaskConfig(), TrainDatasetConfig(path=path, **train),
-                         ValidDatasetConfig(path=valid_path, size=valid_size), tokenizer=tokenizer)
+    return dataset_from_config(TaskConfig(), TrainDatasetConfig(path=path, **train),
+                               ValidDatasetConfig(path=valid_path, size=valid_size), tokenizer=tokenizer)
 
 
 def take(stream, n):
@@ -36,14 +37,15 @@ def test_builtin_task_is_unchanged_by_default():
     data = build(valid_size=4)
     task = ArithTask()
     held = task.split(10_000, 4)
-    expected = take(task.stream(0, {it["question"] for it in held}), 5)
+    questions = {it["question"] for it in held}
+    expected = take((it for it in task.stream(0) if it["question"] not in questions), 5)
     assert data.valid == held and data.reward_fn is arith_reward
     assert take(data.train, 5) == [{**it, "id": i} for i, it in enumerate(expected)]
 
 
 def test_builtin_by_path_and_its_errors():
     assert take(build("builtin:arith").train, 3) == take(build().train, 3)
-    with pytest.raises(ConfigError, match="task.name 'nope'"):
+    with pytest.raises(ConfigError, match="no built-in task 'nope'.*task.name"):
         build("builtin:nope")
     with pytest.raises(ConfigError, match="valid_dataset.path"):
         build("", f"{SAMPLES}/gsm8k_test.jsonl")
@@ -190,8 +192,8 @@ def test_saved_datasets_directory(tmp_path):
     data = build(str(tmp_path / "saved"), str(tmp_path / "saved"))
     assert [it["answer"] for it in data.valid] == ["0", "1", "4"]
     with pytest.raises(ConfigError, match="valid_dataset.split: .* has no split 'validation'"):
-        build_dataset(TaskConfig(), TrainDatasetConfig(path=str(tmp_path / "saved")),
-                      ValidDatasetConfig(path=str(tmp_path / "saved"), split="validation"))
+        dataset_from_config(TaskConfig(), TrainDatasetConfig(path=str(tmp_path / "saved")),
+                            ValidDatasetConfig(path=str(tmp_path / "saved"), split="validation"))
 
 
 def test_reasoning_gym_task_by_name():
@@ -235,8 +237,8 @@ def test_gym_prompt_template_with_an_unknown_field_names_the_key():
 
 def test_prompt_template_applies_to_the_builtin_task():
     small = TaskConfig(min_terms=2, max_terms=2, max_operand=6)  # few distinct problems: collisions likely
-    data = build_dataset(small, TrainDatasetConfig(prompt_template="Q: {question} Think step by step."),
-                         ValidDatasetConfig(size=20))
+    data = dataset_from_config(small, TrainDatasetConfig(prompt_template="Q: {question} Think step by step."),
+                               ValidDatasetConfig(size=20))
     held = {it["question"] for it in data.valid}
     trained = {it["question"] for it in take(data.train, 300)}
     assert all(q.startswith("Q: Compute ") and q.endswith("step by step.") for q in held | trained)
@@ -244,22 +246,20 @@ def test_prompt_template_applies_to_the_builtin_task():
     it = data.valid[0]
     assert call_reward(data.reward_fn, it, f"The answer is {it['answer']}.") == 1.0
     with pytest.raises(ConfigError, match=r"train_dataset.prompt_template.*'problem'"):
-        build_dataset(small, TrainDatasetConfig(prompt_template="{problem}"), ValidDatasetConfig(size=5))
+        dataset_from_config(small, TrainDatasetConfig(prompt_template="{problem}"), ValidDatasetConfig(size=5))
 
 
 def test_eval_set_from_a_file_needs_no_training_source(tmp_path):
     """``asyncrl eval valid_dataset.path=F``: the file alone, in its detected format, with its own verifier."""
-    from asyncrl.data import build_eval_set
-
     path = write_jsonl(tmp_path / "test.jsonl", [{"question": f"{i} + 1 = ?", "answer": str(i + 1)}
                                                  for i in range(8)])
-    items, reward_fn = build_eval_set(TaskConfig(), ValidDatasetConfig(path=path, size=5))
+    items, reward_fn = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=path, size=5))
     assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
     assert reward_fn.__name__ == "math_reward" and call_reward(reward_fn, items[2], "\\boxed{3}") == 1.0
-    builtin, arith = build_eval_set(TaskConfig(), ValidDatasetConfig(size=5))  # default: the built-in task
+    builtin, arith = eval_set_from_config(TaskConfig(), ValidDatasetConfig(size=5))  # default: the built-in task
     assert len(builtin) == 5 and arith is arith_reward
     with pytest.raises(ConfigError, match="valid_dataset.path"):
-        build_eval_set(TaskConfig(), ValidDatasetConfig(path=str(tmp_path / "missing.jsonl")))
+        eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=str(tmp_path / "missing.jsonl")))
 
 
 def test_shipped_samples_are_what_the_generator_writes():

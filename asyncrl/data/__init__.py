@@ -4,16 +4,17 @@ An item is a dict with at least ``question`` (the user turn) and whatever fields
 as keyword arguments (e.g. ``answer``, ``tests``); ``solution`` (a reference answer text) is used by SFT.
 Training items also carry a unique ``id``.
 
-Sources (``train_dataset.path``): the built-in arithmetic task (default), a local JSONL / JSON / Parquet
-file or saved ``datasets`` directory in a recognised row format (see :mod:`asyncrl.data.formats`), or a
-reasoning-gym task (``gym:NAME``). A bad row costs one row: it is skipped, logged with its file and line and
-counted (``train_dataset.skip_bad_rows=false`` makes it an error). With a tokenizer, prompts longer than
-``train_dataset.max_prompt_tokens`` are skipped and counted, never crashed on.
+Sources: a built-in task (:func:`task_dataset`), a local JSONL / JSON / Parquet file or saved ``datasets``
+directory in a recognised row format (:func:`file_dataset`, :func:`file_eval_set`; see
+:mod:`asyncrl.data.formats`), or a reasoning-gym task (:func:`gym_dataset`). They take plain arguments;
+:mod:`asyncrl.data.config` maps the config sections onto them. A bad row costs one row: it is skipped, logged
+with its file and line and counted (``skip_bad_rows=False`` makes it an error). With a tokenizer, prompts
+longer than ``max_prompt_tokens`` are skipped and counted, held-out ones included, never crashed on. Held-out
+items are never trained on.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import itertools
 import logging
@@ -24,17 +25,15 @@ from typing import Callable, Iterable, Iterator
 
 from asyncrl.configlib import ConfigError
 from asyncrl.data.arith import ArithTask, arith_reward
-from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
-from asyncrl.data.formats import detect_type, to_item
-from asyncrl.data.gym import PREFIX as GYM_PREFIX
+from asyncrl.data.formats import apply_template, detect_type, to_item
 from asyncrl.data.sources import Row, RowError, read_rows, resolve_path
 
 log = logging.getLogger(__name__)
 
 TASKS = {"arith": (ArithTask, arith_reward)}
-BUILTIN_PREFIX = "builtin:"
 BAD_ROWS_LOGGED = 5
 MAX_SKIPS_IN_A_ROW = 10_000
+LIMIT_KEY = "train_dataset.max_prompt_tokens; by default the model's context minus gconfig.max_new_tokens"
 
 
 @dataclass
@@ -45,130 +44,96 @@ class Dataset:
     stats: Callable[[], dict] = dict  # counters for metrics: data_bad_rows, data_skipped_long, data_epoch
 
 
-def build_task(cfg: TaskConfig):
-    """The built-in task object and its verifier."""
-    if cfg.name not in TASKS:
-        raise ConfigError(f"task.name '{cfg.name}' is not one of {sorted(TASKS)} (or train_dataset.path "
-                          f"'{BUILTIN_PREFIX}{cfg.name}')")
-    cls, reward_fn = TASKS[cfg.name]
-    task = cls(min_terms=cfg.min_terms, max_terms=cfg.max_terms, max_operand=cfg.max_operand, ops=cfg.ops,
-               direct_frac=cfg.direct_frac)
-    return task, reward_fn
+def make_task(name: str, options: dict):
+    """The built-in task ``name`` built with ``options`` (e.g. ``{"min_terms": 2}``) and its verifier; an
+    unknown name or a bad option is a ConfigError naming the ``task.`` key."""
+    if name not in TASKS:
+        raise ConfigError(f"no built-in task '{name}': task.name (or train_dataset.path 'builtin:NAME') must be "
+                          f"one of {sorted(TASKS)}")
+    cls, reward_fn = TASKS[name]
+    try:
+        return cls(**options), reward_fn
+    except ValueError as e:
+        raise ConfigError(f"task.{e}") from None
 
 
-def build_dataset(task: TaskConfig, train: TrainDatasetConfig, valid: ValidDatasetConfig,
-                  tokenizer=None) -> Dataset:
-    """The training stream, the held-out list and the default reward for the configured source.
-
-    ``tokenizer`` (optional) enables ``train_dataset.max_prompt_tokens`` and pre-tokenises prompts with the
-    chat template into ``prompt_ids``."""
-    train.validate()
-    counters = _Counters()
-    limit = _PromptLimit(tokenizer, train.max_prompt_tokens, counters)
-    if valid.path and (not train.path or train.path.startswith((BUILTIN_PREFIX, GYM_PREFIX))):
-        raise ConfigError("valid_dataset.path is read with the training file's format: give train_dataset.path "
-                          "a file too, or leave valid_dataset.path empty for the task's own held-out split")
-    if not train.path or train.path.startswith(BUILTIN_PREFIX):
-        name = train.path[len(BUILTIN_PREFIX):] or task.name
-        gen, reward_fn = build_task(dataclasses.replace(task, name=name))
-        raw_held_out = gen.split(valid.seed, valid.size)
-        exclude = {it["question"] for it in raw_held_out}  # the generator compares untemplated questions
-        held_out = list(limit.filter(_templated(raw_held_out, train, f"task '{name}'")))
-        stream = limit.filter(_templated(gen.stream(train.seed, exclude), train, f"task '{name}'"))
-    elif train.path.startswith(GYM_PREFIX):
-        stream, held_out, reward_fn = _gym_source(train, valid, limit)
-    else:
-        stream, held_out, reward_fn = _file_source(train, valid, limit, counters)
-    if not held_out:
-        raise ConfigError("valid_dataset: the held-out split is empty (every row was bad or longer than "
-                          "train_dataset.max_prompt_tokens)")
-    numbered = ({**it, "id": i} for i, it in zip(itertools.count(), stream))
-    return Dataset(numbered, held_out, reward_fn, counters.snapshot)
+def task_dataset(name: str, options: dict, *, seed: int = 0, valid_seed: int = 10_000, valid_size: int = 200,
+                 template: str = "", tokenizer=None, max_prompt_tokens: int | None = None) -> Dataset:
+    """The built-in task: an endless stream from ``seed`` and ``valid_size`` distinct held-out problems from
+    ``valid_seed`` that the stream never yields."""
+    gen, reward_fn = make_task(name, options)
+    try:
+        raw_held_out = gen.split(valid_seed, valid_size)
+    except ValueError as e:
+        raise ConfigError(f"valid_dataset.size={valid_size}: task '{name}': {e}; lower valid_dataset.size or "
+                          "allow more problems (task.max_operand, task.max_terms, task.ops)") from None
+    return _generated(raw_held_out, gen.stream(seed), reward_fn, f"task '{name}'", template, tokenizer,
+                      max_prompt_tokens)
 
 
-def build_eval_set(task: TaskConfig, valid: ValidDatasetConfig, train: TrainDatasetConfig | None = None,
-                   tokenizer=None) -> tuple[list[dict], Callable[..., float]]:
-    """Held-out items and their default reward for evaluation alone (``asyncrl eval``): the file
-    ``valid_dataset.path`` (read with ``train``'s type, fields and template; no training source needed), else
-    the held-out split of the training source (the built-in task by default)."""
-    train = train or TrainDatasetConfig()
-    if not valid.path:
-        data = build_dataset(task, train, valid, tokenizer)
-        return data.valid, data.reward_fn
-    train.validate()
-    counters = _Counters()
-    loader = _RowLoader(train, counters)
-    items = loader.load(resolve_path(valid.path, "valid_dataset.path"), valid.split, "valid_dataset.path")
-    held_out = list(_PromptLimit(tokenizer, train.max_prompt_tokens, counters).filter(items[: valid.size]))
-    if not held_out:
-        raise ConfigError("valid_dataset.path: every row is longer than train_dataset.max_prompt_tokens")
-    return held_out, default_reward(loader.row_type)
-
-
-# ---- sources --------------------------------------------------------------------------------------------
-def _gym_source(train: TrainDatasetConfig, valid: ValidDatasetConfig, limit: "_PromptLimit"):
+def gym_dataset(name: str, options: dict, *, seed: int = 0, valid_seed: int = 10_000, valid_size: int = 200,
+                template: str = "", tokenizer=None, max_prompt_tokens: int | None = None) -> Dataset:
+    """A reasoning-gym task built with ``options``: endless seeded chunks and a held-out split from
+    ``valid_seed``, scored by the task's own scorer."""
     from asyncrl.data.gym import gym_items, gym_stream
     from asyncrl.reward.gym_reward import gym_reward
 
-    name = train.path[len(GYM_PREFIX):]
-    raw_held_out = list(gym_items(name, valid.seed, valid.size, train.gym_options))
-    exclude = {it["question"] for it in raw_held_out}  # gym_stream compares untemplated questions
-    held_out = list(limit.filter(_templated(raw_held_out, train, f"reasoning-gym task '{name}'")))
-    stream = _templated(gym_stream(name, train.seed, train.gym_options, exclude), train,
-                        f"reasoning-gym task '{name}'")
-    return limit.filter(stream), held_out, gym_reward
+    raw_held_out = list(gym_items(name, valid_seed, valid_size, options))
+    return _generated(raw_held_out, gym_stream(name, seed, options), gym_reward, f"reasoning-gym task '{name}'",
+                      template, tokenizer, max_prompt_tokens)
 
 
-def _templated(items: Iterable[dict], train: TrainDatasetConfig, source: str) -> Iterator[dict]:
-    """Items with ``question`` rebuilt by ``train_dataset.prompt_template`` (unchanged when it is empty)."""
-    for item in items:
-        if train.prompt_template:
-            try:
-                item = {**item, "question": train.prompt_template.format(**item)}
-            except (KeyError, IndexError, ValueError) as e:
-                raise ConfigError(f"train_dataset.prompt_template: cannot format it with the items of {source} "
-                                  f"(fields {sorted(item)}): {type(e).__name__}: {e}") from None
-        yield item
-
-
-def _file_source(train: TrainDatasetConfig, valid: ValidDatasetConfig, limit: "_PromptLimit",
-                 counters: "_Counters"):
-    path = resolve_path(train.path, "train_dataset.path")
-    loader = _RowLoader(train, counters)
-    items = loader.load(path, train.split, "train_dataset.path")
-    row_type = loader.row_type
-    if valid.path:
-        vpath = resolve_path(valid.path, "valid_dataset.path")
-        held_out = loader.load(vpath, valid.split, "valid_dataset.path")[: valid.size]
+def file_dataset(path: str, *, split: str = "train", row_type: str = "auto", fields: dict | None = None,
+                 template: str = "", skip_bad_rows: bool = True, shuffle: bool = True, seed: int = 0,
+                 valid_path: str = "", valid_split: str = "test", valid_size: int = 200, valid_seed: int = 10_000,
+                 tokenizer=None, max_prompt_tokens: int | None = None) -> Dataset:
+    """Rows of a local file, reshuffled each epoch. Held out: the first ``valid_size`` rows of ``valid_path``,
+    else up to ``valid_size`` rows (at most a tenth) of the file, never trained on; a file of one row is
+    refused then, as its only row would be both."""
+    counters = _Counters()
+    loader = _RowLoader(row_type, fields or {}, template, skip_bad_rows, counters)
+    resolved = resolve_path(path, "train_dataset.path")
+    items = loader.load(resolved, split, "train_dataset.path")
+    if valid_path:
+        held_out = loader.load(resolve_path(valid_path, "valid_dataset.path"), valid_split, "valid_dataset.path")
+        held_out = held_out[:valid_size]
+        _warn_overlap(held_out, items, valid_path, path)
+    elif len(items) < 2:
+        raise ConfigError(f"train_dataset.path: '{resolved}' has a single usable row, and held-out rows are never "
+                          "trained on: give valid_dataset.path (a separate held-out file) or more rows")
     else:
-        items, held_out = hold_out(items, valid.size, valid.seed)
+        items, held_out = hold_out(items, valid_size, valid_seed)
+    limit = _PromptLimit(tokenizer, max_prompt_tokens, counters)
     held_out, items = list(limit.filter(held_out)), list(limit.filter(items))  # each row checked once
     if not items:
-        raise ConfigError(f"train_dataset.path: no training rows left in '{path}' after holding out "
+        raise ConfigError(f"train_dataset.path: no training rows left in '{resolved}' after holding out "
                           f"{len(held_out)} for validation and skipping over-long prompts "
                           f"({counters.snapshot()['data_skipped_long']}); give valid_dataset.path, more rows "
                           "or a larger train_dataset.max_prompt_tokens")
-    return _epochs(items, train.seed, train.shuffle, counters), held_out, default_reward(row_type)
+    return _dataset(_epochs(items, seed, shuffle, counters), held_out, default_reward(loader.row_type), counters)
+
+
+def file_eval_set(path: str, *, size: int = 200, split: str = "test", row_type: str = "auto",
+                  fields: dict | None = None, template: str = "", skip_bad_rows: bool = True, tokenizer=None,
+                  max_prompt_tokens: int | None = None) -> tuple[list[dict], Callable[..., float]]:
+    """The first ``size`` usable rows of ``path`` (over-long prompts skipped) and the verifier of their format,
+    for evaluation alone: no training source needed."""
+    counters = _Counters()
+    loader = _RowLoader(row_type, fields or {}, template, skip_bad_rows, counters)
+    items = loader.load(resolve_path(path, "valid_dataset.path"), split, "valid_dataset.path")
+    held_out = list(_PromptLimit(tokenizer, max_prompt_tokens, counters).filter(items[:size]))
+    if not held_out:
+        raise ConfigError(f"valid_dataset.path: every row is longer than {max_prompt_tokens} tokens ({LIMIT_KEY})")
+    return held_out, default_reward(loader.row_type)
 
 
 def hold_out(items: list[dict], size: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """Split off up to ``size`` items (at most a tenth, at least one) chosen by ``seed``; the rest trains."""
-    if len(items) < 2:
-        return items, list(items)
+    """Split ``items`` (at least two) into (train, held out): up to ``size`` held out (at most a tenth, at least
+    one) chosen by ``seed``."""
     n = max(1, min(size, len(items) // 10))
     chosen = set(random.Random(seed).sample(range(len(items)), n))
     return ([it for i, it in enumerate(items) if i not in chosen],
             [it for i, it in enumerate(items) if i in chosen])
-
-
-def _epochs(items: list[dict], seed: int, shuffle: bool, counters: "_Counters") -> Iterator[dict]:
-    for epoch in itertools.count():
-        counters.set("data_epoch", epoch)
-        order = list(range(len(items)))
-        if shuffle:
-            random.Random(seed + epoch).shuffle(order)
-        for i in order:
-            yield items[i]
 
 
 def default_reward(row_type: str) -> Callable[..., float]:
@@ -184,12 +149,78 @@ def default_reward(row_type: str) -> Callable[..., float]:
     return math_reward
 
 
-class _RowLoader:
-    """Rows -> items with the configured format and mapping; bad rows skipped or raised (``skip_bad_rows``)."""
+# ---- assembling a dataset -------------------------------------------------------------------------------
+def _generated(raw_held_out: list[dict], raw_stream: Iterator[dict], reward_fn, source: str, template: str,
+               tokenizer, max_prompt_tokens: int | None) -> Dataset:
+    """A generated source: held-out questions are compared as generated (before the template) and skipped."""
+    counters = _Counters()
+    limit = _PromptLimit(tokenizer, max_prompt_tokens, counters)
+    exclude = {it["question"] for it in raw_held_out}
+    held_out = list(limit.filter(_templated(raw_held_out, template, source)))
+    stream = limit.filter(_templated(_excluding(raw_stream, exclude, source), template, source))
+    return _dataset(stream, held_out, reward_fn, counters)
 
-    def __init__(self, train: TrainDatasetConfig, counters: "_Counters"):
-        self.cfg, self.counters = train, counters
-        self.row_type = None if train.type == "auto" else train.type
+
+def _dataset(stream: Iterator[dict], held_out: list[dict], reward_fn, counters: "_Counters") -> Dataset:
+    """The Dataset, with the stream's first item drawn now so that a stream that cannot yield (everything held
+    out or too long, a template that does not fit) is a ConfigError before anything runs."""
+    if not held_out:
+        raise ConfigError(f"valid_dataset: the held-out split is empty (every row was bad or longer than "
+                          f"{LIMIT_KEY})")
+    first = next(stream)
+    numbered = ({**it, "id": i} for i, it in enumerate(itertools.chain([first], stream)))
+    return Dataset(numbered, held_out, reward_fn, counters.snapshot)
+
+
+def _excluding(items: Iterable[dict], exclude: set[str], source: str) -> Iterator[dict]:
+    """``items`` whose question is not in ``exclude``; a ConfigError when the source keeps repeating those."""
+    in_a_row = 0
+    for item in items:
+        if item["question"] in exclude:
+            in_a_row += 1
+            if in_a_row >= MAX_SKIPS_IN_A_ROW:
+                raise ConfigError(f"{source}: {in_a_row} problems in a row were held-out ones; the task has too "
+                                  "few distinct problems for valid_dataset.size")
+            continue
+        in_a_row = 0
+        yield item
+
+
+def _templated(items: Iterable[dict], template: str, source: str) -> Iterator[dict]:
+    """Items with ``question`` rebuilt by ``template`` (unchanged when it is empty)."""
+    for item in items:
+        if template:
+            try:
+                item = {**item, "question": apply_template(template, item)}
+            except ValueError as e:
+                raise ConfigError(f"{e} (the items of {source})") from None
+        yield item
+
+
+def _warn_overlap(held_out: list[dict], items: list[dict], valid_path: str, path: str) -> None:
+    shared = {it["question"] for it in held_out} & {it["question"] for it in items}
+    if shared:
+        log.warning("%d of the %d held-out questions of valid_dataset.path '%s' are also training rows of '%s': "
+                    "the model trains on them", len(shared), len(held_out), valid_path, path)
+
+
+def _epochs(items: list[dict], seed: int, shuffle: bool, counters: "_Counters") -> Iterator[dict]:
+    for epoch in itertools.count():
+        counters.set("data_epoch", epoch)
+        order = list(range(len(items)))
+        if shuffle:
+            random.Random(seed + epoch).shuffle(order)
+        for i in order:
+            yield items[i]
+
+
+class _RowLoader:
+    """Rows -> items with a row format (``row_type``, 'auto' = detected from the first usable row), a field
+    mapping and a prompt template; bad rows skipped and counted or raised (``skip_bad_rows``)."""
+
+    def __init__(self, row_type: str, fields: dict, template: str, skip_bad_rows: bool, counters: "_Counters"):
+        self.row_type = None if row_type == "auto" else row_type
+        self.fields, self.template, self.skip_bad_rows, self.counters = fields, template, skip_bad_rows, counters
         self.bad: list[str] = []
 
     def load(self, path, split: str, key: str) -> list[dict]:
@@ -208,14 +239,14 @@ class _RowLoader:
             return self._bad(str(row))
         try:
             if self.row_type is None:
-                self.row_type = detect_type(row.data, self.cfg.fields) if isinstance(row.data, dict) else "qa"
+                self.row_type = detect_type(row.data, self.fields) if isinstance(row.data, dict) else "qa"
                 log.info("train_dataset.type=auto: %s looks like '%s' rows", row.where, self.row_type)
-            return to_item(row.data, self.row_type, self.cfg.fields, self.cfg.prompt_template)
+            return to_item(row.data, self.row_type, self.fields, self.template)
         except ValueError as e:
             return self._bad(f"{row.where}: {e}")
 
     def _bad(self, message: str) -> None:
-        if not self.cfg.skip_bad_rows:
+        if not self.skip_bad_rows:
             raise ConfigError(message + " (train_dataset.skip_bad_rows=true skips such rows)")
         self.bad.append(message)
         n = self.counters.add("data_bad_rows")
@@ -248,10 +279,11 @@ class _Counters:
 
 @dataclass
 class _PromptLimit:
-    """Tokenises prompts with the chat template (``prompt_ids``) and drops those over ``max_tokens``."""
+    """Tokenises prompts with the chat template (``prompt_ids``) and drops those over ``max_tokens`` (None = no
+    limit)."""
 
     tokenizer: object
-    max_tokens: int
+    max_tokens: int | None
     counters: _Counters
     warned: bool = False
 
@@ -259,8 +291,7 @@ class _PromptLimit:
         if self.tokenizer is None:
             if self.max_tokens and not self.warned:
                 self.warned = True
-                log.warning("train_dataset.max_prompt_tokens=%d needs a tokenizer; prompts are not checked",
-                            self.max_tokens)
+                log.warning("a prompt limit of %d tokens needs a tokenizer; prompts are not checked", self.max_tokens)
             yield from items
             return
         from asyncrl.workflow.rlvr import chat_prompt_ids
@@ -270,12 +301,12 @@ class _PromptLimit:
             ids = chat_prompt_ids(self.tokenizer, item["question"])
             if self.max_tokens and len(ids) > self.max_tokens:
                 if self.counters.add("data_skipped_long") == 1:
-                    log.warning("skipping a prompt of %d tokens (train_dataset.max_prompt_tokens=%d); further "
-                                "ones are counted in data_skipped_long", len(ids), self.max_tokens)
+                    log.warning("skipping a prompt of %d tokens, over the limit of %d (%s); further ones are "
+                                "counted in data_skipped_long", len(ids), self.max_tokens, LIMIT_KEY)
                 in_a_row += 1
                 if in_a_row >= MAX_SKIPS_IN_A_ROW:  # an endless generator whose prompts are all too long
-                    raise RuntimeError(f"{in_a_row} prompts in a row are longer than "
-                                       f"train_dataset.max_prompt_tokens={self.max_tokens}")
+                    raise ConfigError(f"{in_a_row} prompts in a row are longer than {self.max_tokens} tokens "
+                                      f"({LIMIT_KEY})")
                 continue
             in_a_row = 0
             yield {**item, "prompt_ids": ids}

@@ -3,7 +3,7 @@
 A problem is a chain such as ``Compute 37 + 15 - 8 + 24.``; the worked solution does one operation per
 line and ends with ``The answer is 68.``. Only the final answer is checked (reward 1 or 0), so a model may
 reason however it likes. Problems come from a seeded generator; the held-out split is drawn from its own
-seed and never appears in the training stream.
+seed, and :mod:`asyncrl.data` keeps its problems out of the training stream.
 
 With ``direct_frac`` > 0, that fraction of reference solutions skip the working and state the answer
 directly, as much web text does. A model fine-tuned on such a mixture sometimes reasons step by step and
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 ANSWER_RE = re.compile(r"answer is\s*(-?\d+)")
+OPS = "+-*"
+MAX_REPEATS = 10_000  # draws in a row that find no new problem before a split gives up
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,19 @@ class ArithTask:
     ops: str = "+-"
     max_value: int = 999
     direct_frac: float = 0.0
+
+    def __post_init__(self):
+        """A bad option raises ValueError; the message starts with the option's name."""
+        if not self.ops or set(self.ops) - set(OPS):
+            raise ValueError(f"ops must be made of the operators {' '.join(OPS)} (e.g. '+-'), got {self.ops!r}")
+        if self.min_terms < 2:
+            raise ValueError(f"min_terms must be >= 2 (a problem has at least one operation), got {self.min_terms}")
+        if self.max_terms < self.min_terms:
+            raise ValueError(f"max_terms ({self.max_terms}) must be >= min_terms ({self.min_terms})")
+        if self.max_operand < 2:
+            raise ValueError(f"max_operand must be >= 2, got {self.max_operand}")
+        if not 0 <= self.direct_frac <= 1:
+            raise ValueError(f"direct_frac must be in [0, 1], got {self.direct_frac}")
 
     def problem(self, rng: random.Random) -> dict:
         n_terms = rng.randint(self.min_terms, self.max_terms)
@@ -57,22 +72,27 @@ class ArithTask:
             lines = lines[-1:]
         return {"question": text, "solution": "\n".join(lines), "answer": str(value)}
 
-    def stream(self, seed: int, exclude: set[str] = frozenset()) -> Iterator[dict]:
-        """Endless training problems; questions in ``exclude`` (the held-out split) are skipped."""
+    def stream(self, seed: int) -> Iterator[dict]:
+        """Endless training problems."""
         rng = random.Random(seed)
         while True:
-            item = self.problem(rng)
-            if item["question"] not in exclude:
-                yield item
+            yield self.problem(rng)
 
     def split(self, seed: int, size: int) -> list[dict]:
-        """A fixed list of ``size`` distinct problems (the held-out split)."""
-        rng, seen, items = random.Random(seed), set(), []
+        """A fixed list of ``size`` distinct problems (the held-out split); ValueError when the options allow
+        too few distinct problems."""
+        rng, seen, items, repeats = random.Random(seed), set(), [], 0
         while len(items) < size:
             item = self.problem(rng)
-            if item["question"] not in seen:
-                seen.add(item["question"])
-                items.append(item)
+            if item["question"] in seen:
+                repeats += 1
+                if repeats >= MAX_REPEATS:
+                    raise ValueError(f"its options allow only about {len(items)} distinct problems, fewer than "
+                                     f"{size}")
+                continue
+            repeats = 0
+            seen.add(item["question"])
+            items.append(item)
         return items
 
 

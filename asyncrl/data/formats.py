@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import string
 from typing import Any
 
 from asyncrl.reward.code_reward import BadTestsError, parse_tests
@@ -76,14 +77,43 @@ def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
     item["question"] = question
     used.add(col)
     if template:
-        try:
-            item["question"] = template.format(**{**record, **item})
-        except (KeyError, IndexError) as e:
-            raise ValueError(f"train_dataset.prompt_template refers to {e}, which the row does not have") from None
+        item["question"] = apply_template(template, {**record, **item})
     for key, value in record.items():
         if key not in used and key not in item:
             item["source_id" if key == "id" else key] = value
     return item
+
+
+def check_template(template: str) -> None:
+    """ValueError for a prompt template that cannot build prompts: malformed, positional or naming no field."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ValueError(f"not a valid format string ({e}); write {{{{ and }}}} for literal braces") from None
+    named = False
+    for _, name, _, conversion in parsed:
+        if name is None:
+            continue
+        first = re.split(r"[.\[]", name, maxsplit=1)[0]
+        if not first or first.isdigit():
+            raise ValueError(f"'{{{name}}}' is a positional field: name a field such as {{question}}, and write "
+                             "{{}} for literal braces (e.g. \\boxed{{}})")
+        if conversion not in (None, "r", "s", "a"):
+            raise ValueError(f"'{{{name}!{conversion}}}': the conversion must be !r, !s or !a")
+        named = True
+    if template and not named:
+        raise ValueError("it names no field such as {question}, so every prompt would be the same text")
+
+
+def apply_template(template: str, fields: dict) -> str:
+    """``template`` formatted with ``fields``; ValueError naming the problem when it cannot be."""
+    try:
+        return template.format(**fields)
+    except KeyError as e:
+        raise ValueError(f"train_dataset.prompt_template refers to {e}, which is not among the fields "
+                         f"{sorted(fields)}") from None
+    except (IndexError, AttributeError, TypeError, ValueError) as e:
+        raise ValueError(f"train_dataset.prompt_template cannot be formatted ({type(e).__name__}: {e})") from None
 
 
 def _gsm8k(record: dict, mapping: dict) -> tuple[dict, set]:

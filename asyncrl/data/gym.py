@@ -2,7 +2,8 @@
 
 reasoning-gym ships offline procedural generators (gsm_symbolic, countdown, chain_sum, basic_arithmetic,
 ...) with scorers. Training items come from successive seeded chunks of the generator, so the stream is
-endless; the held-out split is generated from its own seed and its questions never appear in training.
+endless; the held-out split is generated from its own seed and its questions never appear in training
+(:mod:`asyncrl.data` skips them).
 """
 
 from __future__ import annotations
@@ -50,9 +51,7 @@ def _items(dataset, name: str) -> Iterator[dict]:
         yield {"question": e["question"], "answer": e["answer"], "metadata": e.get("metadata", {}), "gym_task": name}
 
 
-def gym_stream(name: str, seed: int, options: dict, exclude: set[str]) -> Iterator[dict]:
-    """Endless training items: chunk k comes from seed ``seed * 1_000_003 + k``; held-out questions skipped."""
+def gym_stream(name: str, seed: int, options: dict) -> Iterator[dict]:
+    """Endless training items: chunk k comes from seed ``seed * 1_000_003 + k``."""
     for k in itertools.count():
-        for item in gym_items(name, seed * 1_000_003 + k, CHUNK, options):
-            if item["question"] not in exclude:
-                yield item
+        yield from gym_items(name, seed * 1_000_003 + k, CHUNK, options)

@@ -2,11 +2,14 @@
 
 Formats: JSON Lines (``.jsonl``, and ``.json`` written as lines), a JSON array (``.json``), Parquet (needs
 pyarrow, extra ``data``) and a directory written by ``datasets``' ``save_to_disk`` (needs datasets). Nothing
-is ever fetched from a hub: a path that does not exist is an error, not a dataset name.
+is ever fetched from a hub: a path that does not exist is an error, not a dataset name. JSON text is UTF-8,
+with or without a byte-order mark; JSON Lines are split at ``\n`` only, so a line separator (U+2028) or NEL
+inside a string stays in its row, and a line that is not UTF-8 costs that row only.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,34 +50,45 @@ def read_rows(path: Path, split: str, key: str) -> Iterator[Row | RowError]:
     elif path.suffix == ".parquet":
         yield from _parquet_rows(path, key)
     elif path.suffix in (".jsonl", ".json", ".ndjson"):
-        yield from _json_rows(path)
+        yield from _json_rows(path, _read_bytes(path, key).removeprefix(codecs.BOM_UTF8))
     else:
         raise ConfigError(f"{key}: cannot read '{path}': expected .jsonl, .json, .parquet or a datasets directory")
 
 
-def _json_rows(path: Path) -> Iterator[Row | RowError]:
-    with path.open(encoding="utf-8", errors="strict") as f:
-        try:
-            text = f.read()
-        except UnicodeDecodeError as e:
-            yield RowError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
-            return
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as e:
-            yield RowError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})")
-            return
-        for i, record in enumerate(records, 1):
-            yield Row(f"{path} item {i}", record)
+def _read_bytes(path: Path, key: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot read '{path}' ({e.strerror or e})") from None
+
+
+def _json_rows(path: Path, raw: bytes) -> Iterator[Row | RowError]:
+    if path.suffix == ".json" and raw.lstrip().startswith(b"["):
+        yield from _json_array_rows(path, raw)
         return
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():
             continue
         try:
-            yield Row(f"{path}:{lineno}", json.loads(line))
+            yield Row(f"{path}:{lineno}", json.loads(line.decode("utf-8")))
+        except UnicodeDecodeError as e:
+            yield RowError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line)")
         except json.JSONDecodeError as e:
             yield RowError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})")
+
+
+def _json_array_rows(path: Path, raw: bytes) -> Iterator[Row | RowError]:
+    try:
+        records = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        yield RowError(f"{path}:{line}: not UTF-8 text ({e.reason})")
+        return
+    except json.JSONDecodeError as e:
+        yield RowError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})")
+        return
+    for i, record in enumerate(records, 1):
+        yield Row(f"{path} item {i}", record)
 
 
 def _parquet_rows(path: Path, key: str) -> Iterator[Row | RowError]:

@@ -1,0 +1,136 @@
+"""Config mistakes that used to pass silently or end in a traceback: non-finite floats, duplicate YAML keys,
+several-line YAML errors, a config path that is a directory, unreadable or not UTF-8."""
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+
+import pytest
+
+from asyncrl import configlib
+from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
+from asyncrl.configlib import ConfigError
+
+
+def _yaml(tmp_path, text: str | bytes, name="c.yaml") -> str:
+    path = tmp_path / name
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def _float_keys(cls, prefix=""):
+    """Every dotted key of ``cls`` typed float or float | None."""
+    for f in dataclasses.fields(cls):
+        typ = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(typ):
+            yield from _float_keys(typ, prefix + f.name + ".")
+        elif typ is float or float in typing.get_args(typ):
+            yield prefix + f.name
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, SFTConfig, EvalConfig])
+def test_every_float_key_refuses_nan_and_inf(cls):
+    keys = list(_float_keys(cls))
+    assert len(keys) > (20 if cls is TrainConfig else 1)
+    values = [(".nan", "nan"), (".inf", "inf"), ("-.inf", "-inf"), ("nan", "nan"), ("Infinity", "inf")]
+    for i, key in enumerate(keys):  # one spelling per key, in turn (YAML's .nan, and strings that float() reads)
+        raw, shown = values[i % len(values)]
+        with pytest.raises(ConfigError) as e:
+            configlib.load(cls, None, [f"{key}={raw}"])
+        assert str(e.value) == f"command line: '{key}' must be a finite number, got {shown}"
+
+
+@pytest.mark.parametrize("override", ["actor.lr=.inf", "gconfig.temperature=.nan", "reward.timeout_s=.nan",
+                                      "max_train_time_s=.nan", "actor.c_clip=.inf", "actor.eps_clip_higher=nan"])
+def test_reported_non_finite_overrides(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^command line: '{key}' must be a finite number, got (nan|inf)$"):
+        configlib.load(TrainConfig, None, [override])
+
+
+def test_non_finite_floats_in_a_yaml_file_name_the_line(tmp_path):
+    path = _yaml(tmp_path, "actor:\n  eps_clip: 0.2\n  lr: 'nan'\ngconfig:\n  temperature: .inf\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:3: 'actor.lr' must be a finite number, got nan$"):
+        configlib.load(TrainConfig, path)
+    with pytest.raises(ConfigError, match="'actor.lr' must be a finite number, got inf"):
+        configlib.load(TrainConfig, None, ["actor.lr=" + "9" * 400])  # an int too large for a float
+
+
+def test_finite_floats_still_load(tmp_path):
+    path = _yaml(tmp_path, "actor:\n  lr: 3e-4\n  c_clip: null\ngconfig:\n  temperature: 1\n")
+    cfg = configlib.load(TrainConfig, path, ["actor.eps_clip=0.25"])
+    assert cfg.actor.lr == 3e-4 and cfg.actor.c_clip is None and cfg.gconfig.temperature == 1.0
+    assert isinstance(cfg.gconfig.temperature, float) and math.isfinite(cfg.actor.eps_clip)
+    with pytest.raises(ConfigError, match="'actor.lr' must be float, got True"):
+        configlib.load(TrainConfig, None, ["actor.lr=true"])
+
+
+@pytest.mark.parametrize("text,line,key,first", [
+    ("actor:\n  lr: 1.0e-5\n  eps_clip: 0.2\n\n  # later\n\n  lr: 3.0e-4\n", 7, "actor.lr", 2),
+    ("gconfig:\n  n_samples: 4\nactor:\n  lr: 1.0e-5\ngconfig:\n  top_k: 3\n", 5, "gconfig", 1),
+    ("reward:\n  kwargs:\n    mode: fraction\n    mode: all\n", 4, "reward.kwargs.mode", 3),
+    ("actor: {lr: 1.0e-5, lr: 2.0e-5}\n", 1, "actor.lr", 1),
+    ("seed: 1\nseed: 2\n", 2, "seed", 1),
+    ("reward:\n  kwargs:\n    cases:\n      - {a: 1, a: 2}\n", 4, "reward.kwargs.cases[0].a", 4),
+])
+def test_duplicate_yaml_keys_are_errors_naming_both_lines(tmp_path, text, line, key, first):
+    path = _yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        configlib.load(TrainConfig, path)
+    assert str(e.value) == f"{path}:{line}: duplicate key '{key}' (first at line {first})"
+
+
+def test_same_name_in_different_sections_and_merge_keys_are_not_duplicates(tmp_path):
+    path = _yaml(tmp_path, "seed: 3\ntrain_dataset:\n  seed: 4\nactor:\n  <<: {lr: 1.0e-5, eps_clip: 0.3}\n"
+                           "  lr: 2.0e-5\n")
+    cfg = configlib.load(TrainConfig, path)
+    assert (cfg.seed, cfg.train_dataset.seed, cfg.actor.lr, cfg.actor.eps_clip) == (3, 4, 2e-5, 0.3)
+
+
+@pytest.mark.parametrize("text,where,problem", [
+    ("actor:\n  lr: [1, 2\n", ":3:1:", "expected ',' or ']', but got '<stream end>' (while parsing a flow sequence "
+                                       "at line 2, column 7)"),
+    ("actor:\n\tlr: 1\n", ":2:1:", "found character '\\t' that cannot start any token"),
+    ("actor:\n  lr: 1\n bad: 2\n", ":3:2:", "expected <block end>, but found '<block mapping start>'"),
+])
+def test_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path, text, where, problem):
+    path = _yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        configlib.load(TrainConfig, path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{path}{where} not valid YAML: ") and problem in msg
+
+
+def test_override_value_that_is_not_yaml_is_a_config_error():
+    with pytest.raises(ConfigError) as e:
+        configlib.load(TrainConfig, None, ["actor.lr=[1"])
+    assert str(e.value).startswith("command line: override 'actor.lr=[1': not valid YAML: expected ',' or ']'")
+    assert "\n" not in str(e.value)
+
+
+def test_config_path_that_is_a_directory(tmp_path):
+    with pytest.raises(ConfigError, match=rf"^config file '{tmp_path}' is a directory; give a YAML file$"):
+        configlib.load(TrainConfig, str(tmp_path))
+
+
+def test_config_file_that_is_not_utf8_names_the_line(tmp_path):
+    path = _yaml(tmp_path, b"gconfig:\n  n_samples: 4 # caf\xe9\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2: not UTF-8 text \(byte 0xe9: invalid continuation byte\)$"):
+        configlib.load(TrainConfig, path)
+
+
+def test_config_file_with_a_byte_order_mark_loads(tmp_path):
+    path = _yaml(tmp_path, b"\xef\xbb\xbfgconfig:\n  n_samples: 4\n")
+    assert configlib.load(TrainConfig, path).gconfig.n_samples == 4
+
+
+def test_unreadable_config_file(tmp_path, monkeypatch):
+    path = _yaml(tmp_path, "seed: 2\n")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(ConfigError, match=rf"^config file '{path}' cannot be read: Permission denied$"):
+        configlib.load(TrainConfig, path)
