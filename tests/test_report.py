@@ -1,6 +1,8 @@
+import argparse
 import base64
 import importlib.util
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -104,21 +106,80 @@ def test_torn_last_line_of_a_killed_run_is_skipped(run_dir):
     assert len(load_run(run_dir).steps) == N_STEPS
 
 
-def test_cli_errors_are_clear(tmp_path, capsys):
+def test_non_finite_values_are_read_back_as_floats_and_skipped(run_dir):
+    """metrics.jsonl spells NaN and inf as strings: they come back as floats, and the summary and the plots
+    leave them out instead of crashing or turning every number into NaN."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[3].update(reward_mean="nan", gen_tokens_per_s="inf", staleness_mean="-inf", grad_norm="inf")
+    rows[4].update(eval_accuracy="nan", step_time_s="nan", elapsed_s="inf", staleness_max="inf", sandbox="bwrap")
+    rows[-1].update(reward_mean="-inf")
+    _write_jsonl(path, rows)
+    run = load_run(run_dir)
+    third = run.records[3]
+    assert math.isnan(third["reward_mean"]) and third["gen_tokens_per_s"] == math.inf
+    assert third["staleness_mean"] == -math.inf and run.records[4]["sandbox"] == "bwrap"
+    assert all(r["step"] != 4 for r in run.evals)  # a NaN accuracy is no evaluation
+    s = summarize(run, target=0.5)
+    numbers = [v for v in s.to_dict().values() if isinstance(v, float)]
+    assert numbers and all(math.isfinite(v) for v in numbers), s
+    assert s.staleness_max == 2 and s.wall_s == pytest.approx(N_STEPS * STEP_S)
+    assert s.reward_last == pytest.approx(sum(0.2 + 0.4 * k / N_STEPS for k in range(19, 24)) / 5)  # 24 is -inf
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert write_report(run_dir).read_text().count('<img class="plot"') == 4
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("asyncrl report: error: ") and "Traceback" not in err, err
+    return err
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
     from asyncrl.cli import main as asyncrl_main
 
     assert main([str(tmp_path)]) == 2
-    assert "has no metrics.jsonl" in capsys.readouterr().err
+    assert "has no metrics.jsonl" in _one_line_error(capsys)
     assert asyncrl_main(["report", str(tmp_path)]) == 2  # `asyncrl report RUN_DIR` is the same command
-    assert "has no metrics.jsonl" in capsys.readouterr().err
+    assert "has no metrics.jsonl" in _one_line_error(capsys)
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "no such directory" in _one_line_error(capsys)
     with pytest.raises(ReportError, match="not a run directory"):
         load_run(tmp_path)
+    for text, problem in (("", "holds no records"), ('{"step": 1}\n[1, 2]\n{"step": 2}\n', "JSON object"),
+                          ('{"step": 1}\nnot json\n{"step": 2}\n', ":2: not JSON"),
+                          ('{"step": "one"}\n', "must be an integer")):
+        (tmp_path / "metrics.jsonl").write_text(text)
+        assert main([str(tmp_path)]) == 2
+        assert problem in _one_line_error(capsys)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "config.yaml").write_text("a: [1\n")
+    assert main([str(tmp_path)]) == 2
+    assert "config.yaml: not readable YAML" in _one_line_error(capsys)
 
 
-def test_missing_matplotlib_says_how_to_install(run_dir, monkeypatch, capsys):
+@needs_matplotlib
+def test_an_unwritable_output_is_one_line(run_dir, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    assert main([str(run_dir), "--out", str(tmp_path / "a-file" / "report.html")]) == 2
+    assert "a-file" in _one_line_error(capsys)
+
+
+def test_the_command_for_the_main_cli(run_dir, monkeypatch, capsys):
+    """``add_arguments`` + ``run`` are what ``asyncrl report`` wires in; the module imports without
+    matplotlib, which then fails in one line that says how to install it."""
+    from asyncrl.report import cli
+
+    parser = argparse.ArgumentParser(prog="asyncrl report")
+    cli.add_arguments(parser)
+    args = parser.parse_args([str(run_dir), "--out", str(run_dir / "elsewhere.html")])
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
-    assert main([str(run_dir)]) == 2
-    assert "pip install 'asyncrl[report]'" in capsys.readouterr().err
+    assert cli.run(args) == 2
+    assert _one_line_error(capsys) == ("asyncrl report: error: needs the 'report' extra (matplotlib): "
+                                       "pip install 'asyncrl[report]'\n")
+    assert main([str(run_dir)]) == 2 and "pip install 'asyncrl[report]'" in _one_line_error(capsys)
+    probe = "import sys, asyncrl.report.cli; assert 'matplotlib' not in sys.modules"
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)
 
 
 @needs_matplotlib

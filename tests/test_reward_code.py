@@ -1,16 +1,20 @@
 """The code reward and its sandbox: passing, failing, timing-out and crashing programs, and hostile ones
 (each scores 0 within its time limit, cannot reach the host, and leaves no process behind)."""
 
+import ctypes
 import os
+import shutil
 import socket
 import threading
 import time
 
 import pytest
 
+from asyncrl.reward import BoundReward, RewardService
 from asyncrl.reward import sandbox as sb
 from asyncrl.reward.code_reward import (BadTestsError, code_reward, extract_code, outputs_match, parse_tests,
                                         values_match)
+from asyncrl.reward.sandbox_cleanup import leftover_processes, processes_of_uid
 
 LIMITS = dict(cpu_s=1.0, wall_s=2.0)  # code_reward: cpu_s=1 and wall_s=2 per case
 STDIO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6\n"}]
@@ -28,7 +32,7 @@ def no_leftovers(result_tag: str, uid, timeout_s: float = 2.0) -> bool:
     """No process of the run survives (namespaces die a moment after their front process returns)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not sb.leftover_processes(result_tag) and not (uid and sb.processes_of_uid(uid)):
+        if not leftover_processes(result_tag) and not (uid and processes_of_uid(uid)):
             return True
         time.sleep(0.02)
     return False
@@ -150,6 +154,69 @@ def test_metrics_name_the_isolation_used():
     facts = code_reward.describe()
     assert facts["sandbox"] == sb.get_sandbox().description
     assert facts["sandbox"].split("+")[0] in sb.MECHANISMS
+
+
+# ---- reaping: no zombies ----------------------------------------------------------------------------------
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _zombie_children() -> set[int]:
+    """Zombies (state Z in /proc/PID/stat) whose parent is this process."""
+    me, found = os.getpid(), set()
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state == "Z" and int(ppid) == me:
+            found.add(int(name))
+    return found
+
+
+@pytest.fixture
+def adopted_zombies():
+    """This process stands in for a container's pid 1 that never reaps: it is made a child subreaper, so
+    whatever a sandbox run orphans is adopted here instead of by pid 1, and stays a zombie where the test can
+    see it. No other process's zombie can be mistaken for the run's. Yields a function listing the new
+    zombies; afterwards reaps them and stops adopting."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    before = _zombie_children()
+    if prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        pytest.skip(f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        yield lambda: sorted(_zombie_children() - before)
+    finally:
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        for pid in _zombie_children() - before:
+            os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.mark.parametrize("mechanism", ["bwrap", "unshare"])
+def test_in_process_scoring_leaves_no_zombie(mechanism, adopted_zombies):
+    """Scoring in the calling process (code_reward directly, or RewardService with workers=0) reaps every
+    process it started. bubblewrap's own namespace init used to outlive the bwrap process and stay a zombie
+    of pid 1 after every run, piling up in a container whose pid 1 does not reap. Covers a passing program,
+    one that leaves an orphan in its namespace, and one stopped by the wall clock."""
+    if mechanism == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
+    if mechanism not in MECHANISMS:
+        pytest.skip(f"the {mechanism} sandbox does not work on this machine")
+    kw = dict(LIMITS, sandbox=mechanism)
+    service = RewardService(BoundReward(code_reward, kw), workers=0)
+    try:
+        for _ in range(3):
+            assert code_reward("q", GOOD, tests=STDIO_TESTS, **kw) == 1.0
+            assert service.score({"question": "q", "tests": STDIO_TESTS}, GOOD) == 1.0
+        orphan = fence("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint(5)")
+        assert code_reward("q", orphan, tests=[{"input": "", "output": "5"}], **kw) == 1.0
+        sleeper = fence("import time\ntime.sleep(60)")
+        assert code_reward("q", sleeper, tests=STDIO_TESTS, **{**kw, "wall_s": 0.5}) == 0.0  # the wall clock
+    finally:
+        service.close()
+    assert service.stats()["reward_errors"] == 0
+    time.sleep(0.1)  # an orphan would turn into a zombie a moment after its run returned
+    assert adopted_zombies() == []
 
 
 # ---- hostile programs ----------------------------------------------------------------------------------

@@ -3,10 +3,12 @@ that goes on when the reward raises or hangs."""
 
 import asyncio
 import logging
+import math
 import os
 import time
 import uuid
 
+import numpy as np
 import pytest
 
 from asyncrl import configlib
@@ -98,6 +100,31 @@ def test_a_reward_that_kills_its_worker_costs_one_sample(service_factory):
 def test_non_finite_reward_is_an_error(service_factory):
     s = service_factory(reward_fns.not_a_number, workers=0)
     assert s.score(ITEM, "x") == 0.0 and s.stats()["reward_errors"] == 1
+
+
+def returns_value(prompt, completion, value=None, **_):
+    """Returns the item's ``value`` field as is (module level, so a worker can import it)."""
+    return value
+
+
+NOT_REWARDS = ["1.0", b"1", None, math.nan, math.inf, -math.inf, np.float64(math.nan), np.array([1.0, 2.0])]
+REWARDS = [(1, 1.0), (0, 0.0), (True, 1.0), (False, 0.0), (0.5, 0.5), (np.float32(0.25), 0.25),
+           (np.float64(-0.5), -0.5), (np.int64(2), 2.0), (np.bool_(True), 1.0), (np.array(0.75), 0.75)]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_only_finite_real_numbers_are_rewards(service_factory, workers):
+    """The same rule in-process and in a worker: a finite real number (bool, int, float, NumPy integer or
+    floating) is the reward, as a float; anything else is counted in reward_errors and scores the default."""
+    s = service_factory(returns_value, default=-1.0, workers=workers)
+    assert s.workers == workers
+    for value in NOT_REWARDS:
+        assert s.score({**ITEM, "value": value}, "x") == -1.0, value
+    assert s.stats()["reward_errors"] == len(NOT_REWARDS)
+    for value, expected in REWARDS:
+        got = s.score({**ITEM, "value": value}, "x")
+        assert got == expected and type(got) is float, (value, got)
+    assert s.stats()["reward_errors"] == len(NOT_REWARDS) and s.stats()["reward_timeouts"] == 0
 
 
 def test_in_process_mode_and_unpicklable_functions(service_factory):

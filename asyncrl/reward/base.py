@@ -7,27 +7,23 @@ config by import path (``package.module:function``) so users add their own witho
 
 from __future__ import annotations
 
-import importlib
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from asyncrl.plugins import load_object
 
 NOT_FIELDS = ("question", "prompt_ids")
 
 
 def load_reward_fn(spec: str) -> Callable[..., float]:
     """Import ``package.module:function``; the error names what is missing."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"reward function '{spec}' must look like package.module:function")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward function '{spec}': cannot import module '{module_name}' ({e})") from e
-    fn = getattr(module, attr, None)
+        fn = load_object(spec)
+    except ValueError as e:
+        raise ValueError(f"reward function {e}") from e
     if not callable(fn):
-        raise ValueError(f"reward function '{spec}': module '{module_name}' has no callable '{attr}'")
+        raise ValueError(f"reward function '{spec}' is not callable")
     return fn
 
 
@@ -44,10 +40,13 @@ def call_reward(reward_fn: Callable[..., float], item: dict, completion: str) ->
 
 
 def as_reward(value: Any) -> float:
-    """``value`` as a float if it is a finite real number (bools and NumPy scalars included), else
-    ``ValueError`` naming what came back."""
-    if isinstance(value, numbers.Real) and math.isfinite(value):
-        return float(value)
+    """``value`` as a float if it is one finite real scalar (int, float, bool, a NumPy or torch scalar),
+    else ``ValueError`` naming what came back. Strings are refused even when they read as numbers."""
+    scalar = not isinstance(value, (str, bytes)) and getattr(value, "ndim", 0) == 0
+    if scalar and hasattr(type(value), "__float__"):
+        number = float(value)
+        if math.isfinite(number):
+            return number
     raise ValueError(f"the reward function returned {value!r} ({type(value).__name__}), not a finite number")
 
 

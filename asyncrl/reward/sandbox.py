@@ -18,37 +18,42 @@ wall-clock limit enforced by the parent. Running as root, each run first drops t
 locked pool (RLIMIT_NPROC is ignored for root, and a private uid lets us kill every process the program left
 behind, even ones that escaped their process group). No ``preexec_fn`` is used anywhere, so running a
 sandbox from a process with threads (the trainer) is safe.
+
+Whatever calls the sandbox reaps what it started, so no run leaves a zombie, even in a container whose pid 1
+never reaps orphans. The caller starts one front process (bwrap, unshare, or the program itself) and waits
+for it; with namespaces the front's only child is the namespace's init, which the front waits for. bubblewrap's
+own init would outlive the bwrap process (bwrap exits as soon as the program does, and its orphaned init then
+becomes a zombie of pid 1), so bwrap runs with ``--as-pid-1`` and the prologue itself is the init. On the wall
+clock the front's child is killed rather than the front (see :func:`_kill_front`). Only the rlimits fallback,
+which has no pid namespace, cannot catch processes a program detaches: they are killed (by uid or tag) and
+left to the nearest subreaper (a reward worker is one) or to init.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
-import pwd
 import secrets
 import select
 import shutil
 import signal
-import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from asyncrl.reward.sandbox_cleanup import TAG_VAR, UidLease, children_of, default_python, kill_leftovers
+
 log = logging.getLogger(__name__)
 
 MECHANISMS = ("bwrap", "unshare", "rlimits")
 """Isolation mechanisms, strongest first."""
 PROLOGUE = Path(__file__).with_name("sandbox_prologue.py")
-UID_BASE, UID_COUNT = 61000, 64
-UID_LOCK_DIR = Path(tempfile.gettempdir()) / "asyncrl-sandbox-uids"
-TAG_VAR = "ASYNCRL_SANDBOX_TAG"
 ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+FRONT_GRACE_S = 1.0  # after the namespace's init was killed, how long its front may take to reap it and exit
 MB = 1 << 20
 
 
@@ -101,7 +106,7 @@ class Sandbox:
             limits: Limits = Limits()) -> RunResult:
         """Run ``program`` (Python source) reading ``stdin``; with ``call=(fn_name, args)``, call that function
         of the program instead and return its JSON-encoded result in ``RunResult.returned``."""
-        uid_lease = _UidLease.acquire() if self.drop_uid else None
+        uid_lease = UidLease.acquire() if self.drop_uid else None
         uid = uid_lease.uid if uid_lease else None
         host_dir = Path(tempfile.mkdtemp(prefix="asyncrl-sbx-"))
         tag = secrets.token_hex(8)
@@ -111,7 +116,7 @@ class Sandbox:
             result = _execute(argv, env, cwd, layout, limits, new_session=self.mechanism == "rlimits")
             result.tag, result.uid = tag, uid
             if uid is not None or self.mechanism == "rlimits" or result.timed_out:
-                _reap(uid, tag)
+                kill_leftovers(uid, tag)
             return result
         finally:
             _remove_tree(host_dir)
@@ -184,7 +189,7 @@ def _prepare(host_dir: Path, program: str, stdin: str, call, limits: Limits, mec
         inside_app, cwd = "/app", "/tmp"
         (host_dir / "root").mkdir()
     nonce = "@@asyncrl-result-" + secrets.token_hex(8) + "@@"
-    spec = {"program": f"{inside_app}/main.py", "cwd": cwd, "limits": asdict(limits)}
+    spec = {"program": f"{inside_app}/main.py", "cwd": cwd, "limits": asdict(limits), "init": mechanism == "bwrap"}
     if call:
         spec["call"] = {"fn_name": call[0], "args": list(call[1]), "nonce": nonce}
     (app / "main.py").write_text(program)
@@ -201,7 +206,7 @@ def _prepare(host_dir: Path, program: str, stdin: str, call, limits: Limits, mec
 
 
 def _bwrap_args(host_dir: Path, python: str, limits: Limits, env: dict) -> list[str]:
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+    args = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for name in ROOT_LINKS:
         p = Path("/") / name
@@ -310,12 +315,22 @@ def _wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
 
 
 def _kill_front(proc: subprocess.Popen, new_session: bool) -> None:
-    """SIGKILL the front process (namespaces die with it: --die-with-parent / --kill-child)."""
+    """SIGKILL a run past its wall clock. The rlimits mode's process group is killed outright. With
+    namespaces the front (bwrap, unshare) is a parent waiting for the namespace's init: kill that child and the
+    front reaps it and exits. Killing the front first would orphan the init (it dies by its parent-death
+    signal, but as a zombie of pid 1). A front that has not exited after ``FRONT_GRACE_S`` is killed too."""
+    if new_session:
+        _kill(os.killpg, proc.pid)
+        return
+    for child in children_of(proc.pid):
+        _kill(os.kill, child)
+    if not _wait_exit(proc, FRONT_GRACE_S):
+        proc.kill()
+
+
+def _kill(kill, pid: int) -> None:
     try:
-        if new_session:
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
-            proc.kill()
+        kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
@@ -338,169 +353,9 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, onerror=fix)
 
 
-def _reap(uid: int | None, tag: str, grace_s: float = 0.05, rounds: int = 20) -> None:
-    """Make sure nothing the run started is still alive. Processes of a namespace are killed by the kernel
-    when its init exits, a moment after the front process returns, so first wait ``grace_s``; then kill:
-    all processes of the private uid (``kill(-1)`` as that uid, which no fork bomb can outrun), or, without a
-    private uid, every process that carries the run's tag."""
-    def alive():
-        return processes_of_uid(uid) if uid is not None else leftover_processes(tag)
-
-    deadline = time.monotonic() + grace_s
-    while alive():
-        if time.monotonic() < deadline:
-            time.sleep(0.002)
-            continue
-        if rounds == 0:
-            log.warning("sandbox: processes of uid %s / tag %s survive repeated SIGKILL", uid, tag)
-            return
-        rounds -= 1
-        if uid is not None:
-            subprocess.run([default_python(), "-I", "-S", "-c", "import os; os.kill(-1, 9)"], user=uid, group=uid,
-                           extra_groups=[], env={}, check=False)
-        else:
-            for pid in leftover_processes(tag):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        time.sleep(0.01)
-
-
-def _live_pids():
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            yield int(name)
-
-
-def _status(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
-        return {}
-
-
-def processes_of_uid(uid: int) -> list[int]:
-    """Live (non-zombie) processes owned by ``uid`` (``/proc/PID`` ownership: one ``stat`` per process)."""
-    out = []
-    for pid in _live_pids():
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-        except OSError:
-            continue
-        if not _status(pid).get("State", "Z").strip().startswith(("Z", "X")):
-            out.append(pid)
-    return out
-
-
-def leftover_processes(tag: str) -> list[int]:
-    """Live processes started by the sandbox run tagged ``tag`` (found through their environment)."""
-    needle = f"{TAG_VAR}={tag}".encode()
-    out = []
-    for pid in _live_pids():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read():
-                    if not _status(pid).get("State", "").strip().startswith(("Z", "X")):
-                        out.append(pid)
-        except OSError:
-            pass
-    return out
-
-
-class _UidLease:
-    """A private uid held through an exclusive ``flock`` (released by the kernel if the holder dies); a uid
-    whose previous holder died mid-run is swept before reuse."""
-
-    _local_lock = threading.Lock()
-
-    def __init__(self, uid: int, fd: int):
-        self.uid, self.fd = uid, fd
-
-    @classmethod
-    def acquire(cls, timeout_s: float = 60.0) -> "_UidLease":
-        _check_lock_dir()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for uid in range(UID_BASE, UID_BASE + UID_COUNT):
-                if _uid_taken_by_account(uid):
-                    continue
-                fd = os.open(UID_LOCK_DIR / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                if os.pread(fd, 1, 0) == b"1":  # the previous holder died during a run
-                    _reap(uid, "")
-                os.pwrite(fd, b"1", 0)
-                return cls(uid, fd)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no free sandbox uid in {UID_BASE}..{UID_BASE + UID_COUNT - 1}")
-            time.sleep(0.05)
-
-    def release(self) -> None:
-        os.pwrite(self.fd, b"0", 0)
-        os.close(self.fd)
-
-
-def _check_lock_dir() -> None:
-    """The lock directory lives in the shared temp dir: refuse one that someone else made or can write."""
-    UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(UID_LOCK_DIR)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"{UID_LOCK_DIR} must be a directory owned by uid {os.geteuid()} and writable only "
-                           "by it (remove it and retry)")
-
-
-def sweep_abandoned() -> int:
-    """Kill what runs under pool uids whose holder died mid-run (lock free, marker still '1'), e.g. after the
-    reward service killed a timed-out worker; returns how many uids were swept. Cheap when there is
-    nothing to do (one non-blocking flock per uid file)."""
-    if os.geteuid() != 0 or not UID_LOCK_DIR.is_dir():
-        return 0
-    _check_lock_dir()
-    swept = 0
-    for path in UID_LOCK_DIR.iterdir():
-        if not path.name.isdigit():
-            continue
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        try:
-            if os.pread(fd, 1, 0) == b"1":
-                _reap(int(path.name), "")
-                os.pwrite(fd, b"0", 0)
-                swept += 1
-        finally:
-            os.close(fd)
-    return swept
-
-
-def _uid_taken_by_account(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        return False
-
-
 # ---- choosing a mechanism ------------------------------------------------------------------------------
 _detected: dict[tuple[str, str], Sandbox] = {}
 _detect_lock = threading.Lock()
-
-
-def default_python() -> str:
-    """The interpreter for untrusted code: the system one (readable by any uid, no site-packages), else ours."""
-    return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.realpath(sys.executable)
 
 
 def available(mechanism: str) -> bool:

@@ -8,7 +8,8 @@ outside. This file is copied into the sandbox and run by the system interpreter 
 use the standard library and must not import asyncrl.
 
 Usage (inside the sandbox): ``python3 -I -S _run.py SPEC_JSON``; the spec holds ``program``, ``cwd``,
-``limits`` and, for a function call, ``call = {"fn_name", "args", "nonce"}``.
+``limits``, ``init`` (true under bubblewrap's ``--as-pid-1``: this process is the pid namespace's init) and,
+for a function call, ``call = {"fn_name", "args", "nonce"}``.
 """
 
 import json
@@ -80,9 +81,29 @@ def call_function(path: str, fn_name: str, args: list, nonce: str) -> None:
     os.write(1, ("\n" + nonce + json.dumps(result, default=repr) + "\n").encode())
 
 
+def become_init() -> None:
+    """Be the pid namespace's init, as a parent that bubblewrap waits for. bubblewrap's own init outlives the
+    bwrap process (which exits as soon as the program does), so nothing outside would reap it.
+
+    Fork: the child returns and runs the program; this process reaps every process that ends up with it
+    until the program exits, then exits with the program's status (128 + N if signal N killed it, as bwrap
+    reports). When it exits the kernel kills and reaps what is left in the namespace. The program is not pid
+    1, so it can still be stopped by signals that have no handler, such as its CPU limit's SIGXCPU. An init
+    ignores those."""
+    program = os.fork()
+    if program == 0:
+        return
+    while True:
+        pid, status = os.wait()
+        if pid == program:
+            os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    if spec.get("init"):
+        become_init()
     os.chdir(spec["cwd"])
     apply_limits(spec["limits"])
     if hasattr(sys, "set_int_max_str_digits"):

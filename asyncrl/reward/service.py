@@ -1,8 +1,8 @@
 """The reward service: scores completions concurrently in worker processes, with a per-call timeout.
 
-A reward that raises, returns a non-finite value, kills its worker or runs past ``timeout_s`` costs one
-sample: it gets the configured default, is counted (``reward_errors`` / ``reward_timeouts``), is logged the
-first time with the sample id, and training goes on. A timed-out worker (a call past ``timeout_s``, or a
+A reward that raises, returns anything but a finite real number (see :func:`asyncrl.reward.base.as_reward`),
+kills its worker or runs past ``timeout_s`` costs one sample: it gets the configured default, is counted
+(``reward_errors`` / ``reward_timeouts``), is logged the first time with the sample id, and training goes on. A timed-out worker (a call past ``timeout_s``, or a
 start-up past ``STARTUP_TIMEOUT_S``) is killed with its whole process group (including any sandbox it
 started) and replaced on the next call (counted in ``reward_worker_restarts``).
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import pickle
 import signal
@@ -26,7 +25,7 @@ from queue import LifoQueue
 from typing import Callable
 
 from asyncrl.reward.base import call_reward
-from asyncrl.reward.sandbox import sweep_abandoned
+from asyncrl.reward.sandbox_cleanup import sweep_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -160,19 +159,16 @@ class RewardService:
         return value
 
     def _run(self, item: dict, completion: str) -> tuple[str, object]:
-        """('ok', finite float) | ('error', text) | ('timeout', None)."""
+        """('ok', finite float) | ('error', text) | ('timeout', None). In-process and in a worker alike, the
+        value goes through :func:`~asyncrl.reward.base.call_reward`, so one rule decides what is a reward."""
         if self._closed:
             raise RuntimeError("the reward service is closed")
-        if self.workers == 0:
-            try:
-                status, value = "ok", call_reward(self.fn, item, completion)
-            except Exception as e:  # noqa: BLE001 - a failing reward never stops training
-                status, value = "error", f"{type(e).__name__}: {e}"
-        else:
-            status, value = self._score_in_worker({k: v for k, v in item.items() if k != "prompt_ids"}, completion)
-        if status == "ok" and not (isinstance(value, (int, float)) and math.isfinite(value)):
-            status, value = "error", f"the reward function returned {value!r}, not a finite number"
-        return status, (float(value) if status == "ok" else value)
+        if self.workers > 0:
+            return self._score_in_worker({k: v for k, v in item.items() if k != "prompt_ids"}, completion)
+        try:
+            return "ok", call_reward(self.fn, item, completion)
+        except Exception as e:  # noqa: BLE001 - a failing reward never stops training
+            return "error", f"{type(e).__name__}: {e}"
 
     def _score_in_worker(self, item: dict, completion: str) -> tuple[str, object]:
         worker = self._idle.get()  # this thread now owns the worker (or the empty slot)

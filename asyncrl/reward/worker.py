@@ -7,11 +7,14 @@ any sandbox it started. Protocol over two pipes (``multiprocessing.connection`` 
 - first message in: the pickled reward function (importable: the service passes its ``sys.path`` as
   ``PYTHONPATH``); reply ``("ready", None)`` or ``("error", text)``;
 - then ``(item, completion)`` -> ``("ok", value)`` or ``("error", text)``; ``None`` or EOF ends the worker.
+  ``value`` has passed :func:`asyncrl.reward.base.call_reward`, the same check as in-process scoring: a
+  finite real number, as a float; anything else (a string such as ``"1.0"``, ``None``, NaN, inf) is an error.
 
 Reward functions run in the main thread, so signal-based timeouts inside them (math-verify's) work.
-The worker is a child subreaper: sandbox processes orphaned by their launcher (bubblewrap's namespace init
-outlives the bwrap process we wait for) come back to it and are reaped after every call, instead of piling
-up as zombies under a container init that may not reap.
+The worker is a child subreaper: processes that a reward function's children orphaned come back to it and
+are reaped after every call, instead of piling up as zombies under a container init that may not reap.
+The sandbox reaps everything it starts itself, but in its rlimits fallback (no pid namespace) a program
+can detach processes. They are killed by uid or tag, and this is where they end up.
 """
 
 from __future__ import annotations

@@ -1,0 +1,7 @@
+"""``python -m asyncrl.report RUN_DIR [--out FILE]``: the same command as ``asyncrl report``."""
+
+import sys
+
+from asyncrl.report.cli import main
+
+sys.exit(main())
