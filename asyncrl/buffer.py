@@ -52,6 +52,7 @@ class RolloutBuffer:
         self._ready: dict[int, tuple[Ticket, TrajectoryGroup]] = {}
         self._seq = itertools.count()
         self._cv = threading.Condition()
+        self._error: BaseException | None = None
         self.on_change = on_change  # called (from any thread) when capacity may have grown
 
     @property
@@ -90,29 +91,36 @@ class RolloutBuffer:
             self.version = version
         self._changed()
 
-    def on_version_recovered(self, version: int) -> None:
-        """After a resume at ``version``: count the groups of earlier versions as accepted (AReaL #1388)."""
+    def fail(self, error: BaseException) -> None:
+        """The rollout side cannot go on: ``take`` raises ``error`` (the first one reported) at once."""
         with self._cv:
-            self.version = version
-            self.accepted = self.consumed = version * self.batch_size
-        self._changed()
+            if self._error is None:
+                self._error = error
+            self._cv.notify_all()
 
-    def take(self, timeout: float | None = None, should_stop=lambda: False) -> list[TrajectoryGroup]:
-        """Block until a batch of B groups is ready (see the module docstring) and return it."""
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    def take(self, timeout: float | None = None) -> list[TrajectoryGroup]:
+        """Block until a batch of B groups is ready (see the module docstring) and return it. Raises the
+        rollout side's failure (``fail``) as soon as it is reported, and ``TimeoutError`` after ``timeout``
+        seconds without a batch."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while True:
+                if self._error is not None:
+                    raise self._error
                 batch = self._pick()
                 if batch is not None:
                     groups = [self._ready.pop(seq)[1] for seq in batch]
                     self.consumed += len(groups)
                     return groups
-                if should_stop():
-                    raise InterruptedError("stopped while waiting for a batch")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(
-                        f"no batch of {self.batch_size} groups within {timeout}s: ready={len(self._ready)} "
+                        f"no batch of {self.batch_size} groups within {timeout}s (rollout.batch_timeout_s): "
+                        f"ready={len(self._ready)} "
                         f"running={self.running} accepted={self.accepted} rejected={self.rejected} "
                         f"version={self.version}"
                     )

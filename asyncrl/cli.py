@@ -1,4 +1,9 @@
-"""The ``asyncrl`` command: train | sft | eval | serve | report | init-model."""
+"""The ``asyncrl`` command: train | sft | eval | serve | report | init-model.
+
+Every start-up refusal (a bad config value, a model directory that is not one, a missing extra) prints one
+line naming the problem and the fix and exits with status 2; a run stopped by its own checks (the watchdog,
+rollouts failing in a row) prints why and exits with status 1.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,13 @@ from asyncrl import configlib
 from asyncrl.configlib import ConfigError
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, with where to read on."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _config_parser(sub, name: str, help_: str):
     p = sub.add_parser(name, help=help_, description=help_)
     p.add_argument("--config", help="YAML file of overrides")
@@ -21,17 +33,19 @@ def _config_parser(sub, name: str, help_: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="asyncrl", description="Fully asynchronous RL for LLM reasoning.")
+    parser = _Parser(prog="asyncrl", description="Fully asynchronous RL for LLM reasoning.")
     sub = parser.add_subparsers(dest="command", required=True)
     _config_parser(sub, "train", "RL training (GRPO + decoupled PPO, asynchronous)")
     _config_parser(sub, "sft", "supervised fine-tuning on the task's reference solutions")
     ev = _config_parser(sub, "eval", "held-out accuracy of a checkpoint")
     ev.add_argument("--model", help="checkpoint directory (same as model.path=...)")
-    serve = sub.add_parser("serve", help="serve a model over HTTP (SGLang-style and OpenAI-compatible APIs)",
-                           add_help=False)
-    serve.add_argument("serve_args", nargs=argparse.REMAINDER)
-    report = sub.add_parser("report", help="render RUN_DIR/report.html (plots of a run directory)", add_help=False)
-    report.add_argument("report_args", nargs=argparse.REMAINDER)
+    from asyncrl.report.cli import add_arguments as report_arguments
+    from asyncrl.server.cli import add_arguments as serve_arguments
+
+    serve_help = "serve a model over HTTP (SGLang-style and OpenAI-compatible APIs)"
+    serve_arguments(sub.add_parser("serve", help=serve_help, description=serve_help))
+    report_help = "render RUN_DIR/report.html (plots of a run directory)"
+    report_arguments(sub.add_parser("report", help=report_help, description=report_help))
     init = sub.add_parser("init-model", help="build the tiny tokenizer and a randomly initialised model")
     init.add_argument("--out", default="outputs/tiny-init", help="output directory")
     init.add_argument("--vocab-size", type=int, default=1024)
@@ -42,24 +56,41 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _quiet_loading()
+    from asyncrl.rollout import RolloutFailures
+    from asyncrl.watchdog import TrainingHalted
+
     try:
         return _dispatch(args)
     except (ConfigError, FileNotFoundError) as e:
         print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except (TrainingHalted, RolloutFailures) as e:
+        print(f"asyncrl {args.command}: stopped: {e}", file=sys.stderr)
+        return 1
+
+
+def _quiet_loading() -> None:
+    """No per-tensor progress bars from transformers when a small checkpoint loads (they clutter the one
+    line that a refusal prints)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()
 
 
 def _dispatch(args) -> int:
     if args.command == "init-model":
         return _init_model(args)
     if args.command == "serve":
-        from asyncrl.engine.server import main as serve_main
+        from asyncrl.server.cli import run
 
-        return serve_main(args.serve_args)
+        return run(args)
     if args.command == "report":
-        from asyncrl.report import main as report_main
+        from asyncrl.report.cli import run
 
-        return report_main(args.report_args)
+        return run(args)
     from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
 
     cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
@@ -87,25 +118,29 @@ def _dispatch(args) -> int:
 def _eval(cfg) -> dict:
     import torch
 
-    from asyncrl.data import build_eval_set
+    from asyncrl.data.config import eval_set_from_config
     from asyncrl.engine.local import LocalEngine
     from asyncrl.evaluate import evaluate
-    from asyncrl.models import DTYPES, load_model, load_tokenizer
+    from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
     from asyncrl.reward import build_reward_service
     from asyncrl.types import SamplingParams
 
     torch.set_num_threads(cfg.threads)
-    valid, default_fn = build_eval_set(cfg.task, cfg.valid_dataset)  # config errors before loading the model
+    model_path = check_model_dir(cfg.model.path)
+    tokenizer, model = load_tokenizer(model_path), load_model(model_path)
+    max_len = min(model.config.max_position_embeddings, 1024)
+    valid, default_fn = eval_set_from_config(cfg.task, cfg.valid_dataset, tokenizer=tokenizer,
+                                             default_max_prompt_tokens=max_len - cfg.max_new_tokens)
     reward = build_reward_service(cfg.reward, default_fn)
+    engine = LocalEngine(model, max_slots=64, max_len=max_len, dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
     try:
-        tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
-        engine = LocalEngine(model, max_slots=64, max_len=min(model.config.max_position_embeddings, 1024),
-                             dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
+        engine.start()
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy,
                                 temperature=cfg.temperature, stop_token_ids=(tokenizer.eos_token_id,))
         return {"model": cfg.model.path, "n": len(valid),
                 **evaluate(engine, tokenizer, valid, reward.eval_fn, params)}
     finally:
+        engine.stop()
         reward.close()
 
 

@@ -15,6 +15,8 @@ from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConf
 from asyncrl.engine.config import RolloutConfig
 from asyncrl.metrics import StatsLoggerConfig
 from asyncrl.reward.config import RewardConfig
+from asyncrl.watchdog import WatchdogConfig
+from asyncrl.workflow.config import WorkflowConfig
 
 
 @dataclass
@@ -45,6 +47,8 @@ class EvaluatorConfig:
     """Evaluate held-out accuracy every N training steps (0 = only at the start and end)."""
     greedy: bool = True
     """Greedy decoding for evaluation (else sample at gconfig.temperature)."""
+    success_threshold: float = 1.0
+    """eval_accuracy counts the held-out items whose reward reaches this (eval_reward_mean is the plain mean)."""
 
 
 @dataclass
@@ -85,6 +89,8 @@ class TrainConfig:
     """Sampling for rollouts."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Asynchronous rollout and the built-in engine."""
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    """What each admitted item runs (single-turn RLVR by default, or your own workflow)."""
     actor: ActorConfig = field(default_factory=ActorConfig)
     """Optimisation and the policy loss."""
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
@@ -93,6 +99,8 @@ class TrainConfig:
     """Checkpoints."""
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
     """Extra metrics sinks (metrics.jsonl is always written)."""
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    """Run-health checks: no learning signal, failing rewards, non-finite updates."""
 
     def validate(self) -> None:
         _positive(self, ["train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens",
@@ -104,8 +112,11 @@ class TrainConfig:
         if not 0 < self.gconfig.top_p <= 1:
             raise ConfigError(f"gconfig.top_p must be in (0, 1], got {self.gconfig.top_p}")
         self.rollout.validate()
+        self.task.validate()
         self.train_dataset.validate()
         self.reward.validate()
+        self.workflow.validate()
+        self.watchdog.validate()
         self.stats_logger.validate()
         if self.model.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be float32 or bfloat16, got '{self.model.dtype}'")

@@ -12,7 +12,7 @@ import time
 
 from asyncrl.engine.base import Engine
 from asyncrl.reward import RewardFailure, call_reward
-from asyncrl.types import SamplingParams
+from asyncrl.types import SamplingParams, WeightUpdate
 from asyncrl.workflow.rlvr import chat_prompt_ids
 
 log = logging.getLogger(__name__)
@@ -54,3 +54,19 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
 async def _generate_all(engine: Engine, prompts: list[list[int]], params: SamplingParams):
     groups = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     return [g[0] for g in groups]
+
+
+class Evaluator:
+    """Held-out accuracy of the trainer's weights at a given version, on an engine of its own (so rollouts
+    never wait for it, and every answer comes from exactly that version)."""
+
+    def __init__(self, engine, tokenizer, items: list[dict], reward_fn, params: SamplingParams, weights,
+                 success_threshold: float = 1.0):
+        self.engine, self.tokenizer, self.items, self.reward_fn = engine, tokenizer, items, reward_fn
+        self.params, self.weights, self.success_threshold = params, weights, success_threshold
+
+    def __call__(self, version: int) -> dict:
+        if version != self.engine.version:
+            self.engine.update_weights(WeightUpdate(version, state_dict=self.weights()))
+        return evaluate(self.engine, self.tokenizer, self.items, self.reward_fn, self.params,
+                        success_threshold=self.success_threshold)

@@ -1,12 +1,25 @@
-"""Metrics sinks: ``metrics.jsonl`` in the run directory (always), TensorBoard and Weights & Biases (by
-config), and a one-line summary per step for the terminal."""
+"""Metrics: the per-step record (``StepMeter``), its sinks (``metrics.jsonl`` always, TensorBoard and
+Weights & Biases by config) and the terminal (a progress bar or one log line per step).
+
+Non-finite numbers are written to ``metrics.jsonl`` as the strings ``"nan"``, ``"inf"`` and ``"-inf"``
+(standard JSON, and never mistaken for a missing value); :func:`read_metrics` turns them back into floats.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+import torch
+
+from asyncrl.types import Batch
+
+log = logging.getLogger(__name__)
 
 CONSOLE_KEYS = [
     ("step", "{:d}"), ("reward_mean", "reward {:.3f}"), ("eval_accuracy", "eval_acc {:.3f}"),
@@ -14,6 +27,7 @@ CONSOLE_KEYS = [
     ("gen_tokens_per_s", "gen {:.0f} tok/s"), ("train_tokens_per_s", "train {:.0f} tok/s"),
     ("step_time_s", "step {:.2f}s"),
 ]
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 @dataclass
@@ -35,12 +49,96 @@ class StatsLoggerConfig:
                 raise ConfigError(f"stats_logger.{key}=true needs the '{module}' package (pip install {module})")
 
 
+# ---- the per-step record ---------------------------------------------------------------------------------
+def batch_stats(batch: Batch, version: int) -> dict:
+    """What a batch trained at ``version`` holds: rewards, staleness of its tokens, lengths, groups."""
+    mask = batch.loss_mask.bool()
+    staleness = (version - batch.versions[mask]).float()
+    spans = [len(set(row[m].tolist())) for row, m in zip(batch.versions, mask)]
+    groups = [batch.rewards[batch.group_ids == g] for g in batch.group_ids.unique()]
+    return {
+        "reward_mean": float(batch.rewards.mean()),
+        "reward_std": float(batch.rewards.std()) if len(batch.rewards) > 1 else 0.0,
+        "staleness_max": int(staleness.max()) if staleness.numel() else 0,
+        "staleness_mean": float(staleness.mean()) if staleness.numel() else 0.0,
+        "staleness_hist": torch.bincount(staleness.long()).tolist() if staleness.numel() else [],
+        "versions_per_sample_max": max(spans),
+        "response_len_mean": float(mask.sum(-1).float().mean()),
+        "response_len_max": int(mask.sum(-1).max()),
+        "truncated_frac": float(batch.truncated.float().mean()),
+        "n_samples": int(batch.input_ids.shape[0]),
+        "groups_no_signal_frac": sum(float(r.max() - r.min()) <= 1e-6 for r in groups) / len(groups),
+    }
+
+
+class StepMeter:
+    """Builds each step's record: the batch's statistics, the trainer's, rates over the step's wall time
+    (generation from the engine's counters) and the counters of the other parts (callables returning dicts,
+    read once per step)."""
+
+    def __init__(self, engine_stats: Callable, counters: list[Callable[[], dict]]):
+        self.engine_stats, self.counters = engine_stats, counters
+        self.start()
+
+    def start(self) -> None:
+        """Rates and elapsed time count from now (call when generation starts)."""
+        self.t_start = self.last = time.perf_counter()
+        self.last_engine = self.engine_stats()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t_start
+
+    def record(self, version: int, batch: Batch, train: dict, sync_s: float, wait_s: float) -> dict:
+        now, engine = time.perf_counter(), self.engine_stats()
+        dt = max(now - self.last, 1e-9)
+        record = {
+            "step": version, "version": version, **batch_stats(batch, version - 1),
+            "gen_tokens_per_s": (engine.generated_tokens - self.last_engine.generated_tokens) / dt,
+            "gen_busy_frac": (engine.busy_s - self.last_engine.busy_s) / dt,
+            "train_tokens_per_s": train["train_tokens"] / max(train["train_time_s"], 1e-9),
+            "trainer_wait_s": wait_s, "weight_sync_s": sync_s, "step_time_s": dt, "elapsed_s": now - self.t_start,
+            "interruptions": engine.interruptions,
+        }
+        for counters in self.counters:
+            record.update(counters())
+        record.update(train)
+        self.last, self.last_engine = now, engine
+        return record
+
+
+# ---- sinks -----------------------------------------------------------------------------------------------
+class Console:
+    """A progress bar with one line per step, or one log line per step."""
+
+    def __init__(self, progress_bar: bool, total_steps: int):
+        self._bar = None
+        if progress_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
+
+    def show(self, record: dict) -> None:
+        line = summary_line(record)
+        if self._bar is None or not record.get("step"):
+            log.info("%s%s", "" if record.get("step") else "start | ", line)
+            return
+        self._bar.update(1)
+        self._bar.set_postfix(reward=f"{record['reward_mean']:.3f}", stale=record["staleness_max"])
+        self._bar.write(line)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
 class MetricsLogger:
     """Writes each step's record to every configured sink."""
 
-    def __init__(self, run_dir: Path, cfg: StatsLoggerConfig | None = None, run_name: str = "", config: dict | None = None):
+    def __init__(self, run_dir: Path, cfg: StatsLoggerConfig | None = None, run_name: str = "",
+                 config: dict | None = None, console: Console | None = None):
         cfg = cfg or StatsLoggerConfig()
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.console = console
         self._file = self.path.open("a")
         self._tb = self._wandb = None
         if cfg.tensorboard:
@@ -58,10 +156,9 @@ class MetricsLogger:
                                      config=config or {})
 
     def log(self, record: dict) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self._file.write(json.dumps(clean) + "\n")
+        self._file.write(json.dumps({k: _encode(v) for k, v in record.items()}) + "\n")
         self._file.flush()
-        scalars = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         step = int(record.get("step", 0))
         if self._tb is not None:
             for key, value in scalars.items():
@@ -69,24 +166,47 @@ class MetricsLogger:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
+        if self.console is not None:
+            self.console.show(record)
 
     def close(self) -> None:
+        """Flush and close every sink; idempotent."""
+        if self._file.closed:
+            return
         self._file.close()
+        if self.console is not None:
+            self.console.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
 
 
+def _encode(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def decode_record(record: dict) -> dict:
+    """A record as written by ``MetricsLogger``, with non-finite numbers back as floats."""
+    return {k: NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
+
+
 def summary_line(record: dict) -> str:
     parts = []
     for key, fmt in CONSOLE_KEYS:
-        if record.get(key) is not None:
-            value = record[key]
-            parts.append(fmt.format(int(value) if "{:d}" in fmt else value))
+        value = record.get(key)
+        if value is None:
+            continue
+        if "{:d}" in fmt:
+            parts.append(fmt.format(int(value)) if isinstance(value, int) or math.isfinite(value)
+                         else fmt.replace("{:d}", "{}").format(value))
+        else:
+            parts.append(fmt.format(value))
     return " | ".join(parts)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [decode_record(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]

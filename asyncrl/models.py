@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import torch
+
+from asyncrl.configlib import ConfigError
 
 BUILTIN_DIR = Path(__file__).parent / "assets"
 BUILTIN_PREFIX = "builtin:"
@@ -30,17 +33,54 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def check_model_dir(path: str, key: str = "model.path") -> str:
+    """The resolved checkpoint directory of ``path``, or a ``ConfigError`` naming ``key`` and what is wrong
+    (missing, a file, no or an unusable config.json, no tokenizer) before any loader gets to guess."""
+    try:
+        resolved = Path(resolve_model_path(path))
+    except FileNotFoundError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    if not resolved.is_dir():
+        raise ConfigError(f"{key}: '{path}' is a file; give the checkpoint directory (with config.json)")
+    config = resolved / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory "
+                          "(save one with save_pretrained, or make one with `asyncrl init-model --out DIR`)")
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (ValueError, AttributeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{key}: {config} is not a JSON object ({e})") from None
+    if not model_type:
+        raise ConfigError(f"{key}: {config} has no 'model_type', so no model class can be chosen for it")
+    if not any((resolved / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{key}: '{path}' has no tokenizer ({', '.join(TOKENIZER_FILES)}); save the tokenizer "
+                          "with the model (tokenizer.save_pretrained)")
+    return str(resolved)
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_model_path(path))
+    path = resolve_model_path(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.path: cannot load the tokenizer of '{path}': {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
 
 
 def load_model(path: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), dtype=DTYPES[dtype])
-    return model
+    path = resolve_model_path(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"model.path: cannot load the model in '{path}': {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
 
 
 def tokenizer_corpus(task, n_problems: int = 20000, seed: int = 1234) -> list[str]:

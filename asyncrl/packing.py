@@ -162,3 +162,16 @@ def check_packing(model, atol: float = 1e-4) -> None:
             f"{type(model).__name__} with attention '{getattr(model.config, '_attn_implementation', '?')}' does "
             "not keep packed samples apart (transformers 5 with eager, sdpa or flash attention does); set "
             "actor.pack_sequences=false")
+
+
+def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Padded micro-batches: row indices (longest first) grouped so that rows x padded length stays within
+    ``max_tokens``."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out

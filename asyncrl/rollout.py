@@ -1,5 +1,14 @@
 """The rollout side of the loop: an asyncio event loop in its own thread that admits items through the
-staleness gate and runs a workflow coroutine for each, putting finished groups into the buffer."""
+staleness gate and runs a workflow coroutine for each, putting finished groups into the buffer.
+
+Failures never make the rollout side look merely slow:
+- an exception from the prompt stream (a bad row, a template or tokenizer error) stops admission and is
+  handed to the trainer at once through ``buffer.fail``; groups already in flight still finish into the
+  buffer (or are released when the runner stops), none is left counted as running;
+- a failed rollout costs its group (counted in ``failures``; the first of each kind is logged with its
+  traceback); consecutive failures slow admission down (exponential back-off) and
+  ``max_failures_in_a_row`` of them stop the run with the last error.
+"""
 
 from __future__ import annotations
 
@@ -13,14 +22,23 @@ from asyncrl.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
+BACKOFF_START_S = 0.05
+BACKOFF_MAX_S = 5.0
+
+
+class RolloutFailures(RuntimeError):
+    """Too many rollouts in a row failed; the last error is the ``__cause__``."""
+
 
 class RolloutRunner:
     def __init__(self, engine, buffer: RolloutBuffer, workflow, items: Iterator[dict], timeout_s: float = 600.0,
-                 accept: Callable[[TrajectoryGroup], bool] | None = None):
+                 accept: Callable[[TrajectoryGroup], bool] | None = None, max_failures_in_a_row: int = 16):
         self.engine, self.buffer, self.workflow, self.items = engine, buffer, workflow, items
         self.timeout_s = timeout_s
         self.accept = accept  # e.g. DAPO dynamic sampling: drop groups whose rewards are all equal
-        self.failures = 0  # rollouts that raised or timed out (counted in the metrics, logged once each kind)
+        self.max_failures_in_a_row = max_failures_in_a_row
+        self.failures = 0  # rollouts that raised or timed out
+        self.failures_in_a_row = 0
         self.filtered = 0  # groups the accept predicate dropped
         self.exhausted = False
         self._stop = threading.Event()
@@ -37,14 +55,14 @@ class RolloutRunner:
         return self
 
     def stop(self) -> None:
+        """Stop admitting, cancel the rollouts in flight (their admissions are released) and join."""
         self._stop.set()
         self._poke()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
+    def stats(self) -> dict:
+        return {"rollout_failures": self.failures, "groups_filtered": self.filtered}
 
     def _poke(self) -> None:
         if self._loop is not None and self._wake is not None and not self._loop.is_closed():
@@ -60,48 +78,73 @@ class RolloutRunner:
         ready.set()
         try:
             self._loop.run_until_complete(self._admit_forever())
+        except BaseException as e:  # noqa: BLE001 - a dead rollout thread must never look like a slow one
+            log.exception("the rollout loop failed")
+            self.buffer.fail(e)
         finally:
             self._loop.close()
 
     async def _admit_forever(self) -> None:
         tasks: set[asyncio.Task] = set()
-        while not self._stop.is_set():
-            self._wake.clear()
-            ticket = self.buffer.try_admit()
-            if ticket is None:
-                await self._wake.wait()
-                continue
-            try:
-                item = next(self.items)
-            except StopIteration:
-                self.exhausted = True
-                self.buffer.finish(ticket, None)
-                break
-            task = asyncio.create_task(self._rollout(ticket, item))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if self.exhausted and not self._stop.is_set():
-            while tasks and not self._stop.is_set():  # let in-flight groups finish
+        try:
+            while not (self._stop.is_set() or self.buffer.failed):
+                self._wake.clear()
+                if self.failures_in_a_row:
+                    await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (self.failures_in_a_row - 1)))
+                ticket = self.buffer.try_admit()
+                if ticket is None:
+                    await self._wake.wait()
+                    continue
+                item = self._next_item(ticket)
+                if item is None:
+                    break
+                task = asyncio.create_task(self._rollout(ticket, item))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks and not self._stop.is_set():  # admission ended: the groups in flight finish into the buffer
                 await asyncio.wait(list(tasks), timeout=0.5)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _next_item(self, ticket: Ticket) -> dict | None:
+        """The next item, or None when the stream ended or failed (the ticket is released either way)."""
+        try:
+            return next(self.items)
+        except StopIteration:
+            self.exhausted = True
+        except Exception as e:  # noqa: BLE001 - handed to the trainer thread with its traceback
+            e.add_note("raised by the prompt stream in the rollout thread; admission stopped")
+            self.buffer.fail(e)
+        self.buffer.finish(ticket, None)
+        return None
 
     async def _rollout(self, ticket: Ticket, item: dict) -> None:
         group = None
         try:
             group = await asyncio.wait_for(self.workflow.run(item, self.engine), self.timeout_s)
+            self.failures_in_a_row = 0
             if group is not None and self.accept is not None and not self.accept(group):
                 self.filtered += 1
                 group = None
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - one failed rollout costs one group, never the run
-            self.failures += 1
-            kind = type(e).__name__
-            if kind not in self._logged:
-                self._logged.add(kind)
-                log.warning("rollout of item %s failed (%s: %s); the group is dropped and counted in "
-                            "rollout_failures", item.get("id"), kind, e)
+            self._failed(item, e)
         finally:
             self.buffer.finish(ticket, group)
+
+    def _failed(self, item: dict, error: Exception) -> None:
+        self.failures += 1
+        self.failures_in_a_row += 1
+        kind = type(error).__name__
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("rollout of item %s failed; the group is dropped and counted in rollout_failures "
+                        "(logged once per kind of error)", item.get("id"), exc_info=error)
+        if self.failures_in_a_row >= self.max_failures_in_a_row:
+            stop = RolloutFailures(f"{self.failures_in_a_row} rollouts in a row failed "
+                                   f"(rollout.max_failures_in_a_row); the last one: {kind}: {error}")
+            stop.__cause__ = error
+            self.buffer.fail(stop)

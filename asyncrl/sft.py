@@ -11,12 +11,12 @@ import torch
 
 from asyncrl import configlib
 from asyncrl.config import SFTConfig
-from asyncrl.data import build_dataset
-from asyncrl.data.config import TrainDatasetConfig
+from asyncrl.data.config import TrainDatasetConfig, dataset_from_config
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import evaluate
-from asyncrl.models import load_model, load_tokenizer
-from asyncrl.trainer import token_logprobs
+from asyncrl.configlib import ConfigError
+from asyncrl.models import check_model_dir, load_model, load_tokenizer
+from asyncrl.logprobs import token_logprobs
 from asyncrl.types import SamplingParams
 from asyncrl.workflow.rlvr import chat_prompt_ids
 
@@ -52,11 +52,15 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.
 def sft(cfg: SFTConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
+    model_path = check_model_dir(cfg.model.path)
+    tokenizer, model = load_tokenizer(model_path), load_model(model_path)
+    data = dataset_from_config(cfg.task, TrainDatasetConfig(seed=cfg.seed), cfg.valid_dataset)
+    out = Path(cfg.output)  # created once the model and the data are known good
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
     configlib.dump(cfg, out / "sft_config.yaml")
-    tokenizer, model = load_tokenizer(cfg.model.path), load_model(cfg.model.path)
-    data = build_dataset(cfg.task, TrainDatasetConfig(seed=cfg.seed), cfg.valid_dataset)
     valid, stream, reward_fn = data.valid, data.train, data.reward_fn
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     params = SamplingParams(max_new_tokens=96, greedy=True, stop_token_ids=(tokenizer.eos_token_id,))
@@ -77,8 +81,11 @@ def sft(cfg: SFTConfig) -> dict:
         last = step + 1 == cfg.steps
         if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
             model.eval()
-            engine = LocalEngine(model, max_slots=64, max_len=model.config.max_position_embeddings)
-            record.update(evaluate(engine, tokenizer, valid, reward_fn, params))
+            engine = LocalEngine(model, max_slots=64, max_len=model.config.max_position_embeddings).start()
+            try:
+                record.update(evaluate(engine, tokenizer, valid, reward_fn, params))
+            finally:
+                engine.stop()
             model.train()
             log.info("sft step %d | loss %.4f | eval_acc %.3f | %.0fs", step + 1, record["loss"],
                      record["eval_accuracy"], record["elapsed_s"])

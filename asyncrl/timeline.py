@@ -13,11 +13,18 @@ import contextlib
 import json
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from asyncrl.engine.base import EngineStats
+
+
+@dataclass
+class _Span:
+    t0: float
+    seconds: float = 0.0
 
 
 class Timeline:
@@ -35,11 +42,14 @@ class Timeline:
 
     @contextlib.contextmanager
     def span(self, kind: str, step: int):
-        t0 = self.now()
+        """Record the block as a span; the yielded object's ``seconds`` is its duration once it has ended."""
+        span = _Span(self.now())
         try:
-            yield
+            yield span
         finally:
-            self._write({"type": "span", "kind": kind, "t0": round(t0, 4), "t1": round(self.now(), 4), "step": step})
+            t1 = self.now()
+            span.seconds = t1 - span.t0
+            self._write({"type": "span", "kind": kind, "t0": round(span.t0, 4), "t1": round(t1, 4), "step": step})
 
     def start(self) -> "Timeline":
         self._thread = threading.Thread(target=self._sample, name="asyncrl-timeline", daemon=True)

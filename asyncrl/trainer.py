@@ -15,77 +15,27 @@ One step (``Trainer.step``), as in AReaL's trainer:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
-from asyncrl.algo.advantages import grpo, masked_whiten
+from asyncrl.algo.advantages import masked_whiten
 from asyncrl.algo.aggregate import token_mean
-from asyncrl.algo.losses import clipped_value_loss, decoupled_ppo
+from asyncrl.algo.algorithm import Algorithm, build_algorithm
+from asyncrl.algo.losses import clipped_value_loss
 from asyncrl.algo.offpolicy import loglinear_prox_logprobs
-from asyncrl.algo.shaping import RewardShaping, place_at_last_token, shape_rewards
-from asyncrl.packing import check_packing, pack, packed_forward, plan_micro_batches, unpack
+from asyncrl.algo.shaping import place_at_last_token, shape_rewards
+from asyncrl.critic import CRITIC_DIR, VALUE_HEAD_FILE, ValueHead, load_value_head, save_critic
+from asyncrl.logprobs import logprobs_from_logits
+from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.types import Batch
 
 
-def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of ``targets`` (..., L) under ``logits`` (..., L, V) at ``temperature``, and the
-    (detached) entropy of each distribution when asked."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp_all = logits.log_softmax(dim=-1)
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
-    if not with_entropy:
-        return logp, None
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
-
-
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False):
-    """Log-probabilities (N, T-1) of tokens 1..T-1 given their prefixes, at ``temperature`` (padded rows)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    return logprobs_from_logits(logits, input_ids[:, 1:], temperature, with_entropy)
-
-
-def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Padded micro-batches: row indices (longest first) grouped so that rows x padded length stays within
-    ``max_tokens``."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out: list[list[int]] = []
-    for i in order:
-        if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= max_tokens:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
-@dataclass
-class Algorithm:
-    """What the trainer computes, as plain functions and values (``build_trainer`` fills it from the config).
-    The defaults are GRPO advantages with the decoupled PPO loss and a token-mean."""
-
-    adv_fn: Callable = grpo
-    loss_fn: Callable = decoupled_ppo
-    agg_fn: Callable = token_mean
-    loss_options: dict = field(default_factory=dict)
-    agg_options: dict = field(default_factory=dict)
-    shaping: RewardShaping = field(default_factory=RewardShaping)
-    gamma: float = 1.0
-    lam: float = 1.0
-    adv_norm: bool = False
-    kl_fn: Callable | None = None  # KL estimator against the reference model, if there is one
-    kl_ctl: float = 0.0
-    kl_in_loss: bool = False
-    loglinear_prox: bool = False
-    value_eps_clip: float | None = 0.5
-    value_loss_coef: float = 0.5
+class NonFiniteWeights(RuntimeError):
+    """The policy holds NaN or inf weights; they are never saved or published."""
 
 
 @dataclass
@@ -115,19 +65,6 @@ def _last_hidden(out) -> torch.Tensor:
     return hidden if hidden is not None else out.hidden_states[-1]
 
 
-class ValueHead(torch.nn.Module):
-    """V(s_t) = w·h_t + b on the last hidden state; zero-initialised, so the first values are 0."""
-
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.proj = torch.nn.Linear(hidden_size, 1)
-        torch.nn.init.zeros_(self.proj.weight)
-        torch.nn.init.zeros_(self.proj.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden.float()).squeeze(-1)
-
-
 class Trainer:
     """The policy (and optionally a critic and a frozen reference model) with its optimizer; ``step`` trains
     on a ``Batch`` with the functions of an ``Algorithm``."""
@@ -150,6 +87,8 @@ class Trainer:
         ppo_n_minibatches: int = 1,
         pack_sequences: bool = False,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
         autocast_dtype: torch.dtype | None = None,
     ):
         self.model = model
@@ -179,9 +118,10 @@ class Trainer:
         self.mb_max_tokens = mb_max_tokens
         self.n_minibatches = ppo_n_minibatches
         self.pack_sequences = pack_sequences
-        self.temperature = temperature
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k  # the engine's sampling distribution
         self.autocast_dtype = autocast_dtype
         self.steps_done = 0
+        self.skipped_updates = 0  # non-finite updates skipped in the current step
         if pack_sequences:
             check_packing(model)
 
@@ -230,7 +170,8 @@ class Trainer:
 
             logp = ent = h = None
             if logprobs:
-                logp, ent = logprobs_from_logits(out.logits[:, :-1], targets, self.temperature, entropy)
+                logp, ent = logprobs_from_logits(out.logits[:, :-1], targets, self.temperature, entropy,
+                                                 self.top_p, self.top_k)
                 logp = to_padded(logp)
                 ent = None if ent is None else to_padded(ent)
             if hidden:
@@ -272,9 +213,10 @@ class Trainer:
     # ---- the step ----------------------------------------------------------------------------------------
     def step(self, batch: Batch, version: int = 0) -> dict:
         """One training step on ``batch`` with the weights of ``version``: advantages, then
-        ``ppo_n_minibatches`` optimizer steps. Returns float statistics."""
+        ``ppo_n_minibatches`` optimizer steps. Returns float statistics; ``nonfinite_skipped`` counts the
+        updates skipped because their loss or gradient was not finite."""
         t0 = time.perf_counter()
-        algo = self.algo
+        algo, self.skipped_updates = self.algo, 0
         need_prox = self.n_minibatches > 1 and not algo.loglinear_prox
         prox = self.logprobs(batch) if need_prox else None
         ref = self.logprobs(batch, self.ref_model) if self.ref_model is not None else None
@@ -305,6 +247,7 @@ class Trainer:
         stats["pack_efficiency"] = real / slots if slots else 0.0  # real tokens / positions computed
         stats["train_time_s"] = time.perf_counter() - t0
         stats["train_tokens"] = batch.n_tokens
+        stats["nonfinite_skipped"] = self.skipped_updates
         return stats
 
     def _advantages(self, batch: Batch, ref: torch.Tensor | None, values: torch.Tensor | None):
@@ -361,7 +304,8 @@ class Trainer:
             totals["_real"] = totals.get("_real", 0.0) + float(batch.attention_mask[ids].sum())
         totals["_per_mb_loss"] = totals.get("_per_mb_loss", 0.0) + mb_loss
         totals["_per_mb_grad_norm"] = totals.get("_per_mb_grad_norm", 0.0) + self._clip_and_step(
-            self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]])
+            self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]],
+            loss_finite=math.isfinite(mb_loss))
         if self.critic_model is not None:
             self._critic_step(batch, plan, values, returns, value_weights, totals)
 
@@ -408,29 +352,42 @@ class Trainer:
             clip_frac += vstats["value_clip_frac"] * float(mask.sum())
         params = [p for g in self.critic_optimizer.param_groups for p in g["params"]]
         totals["_per_mb_critic_grad_norm"] = totals.get("_per_mb_critic_grad_norm", 0.0) + self._clip_and_step(
-            self.critic_optimizer, params)
+            self.critic_optimizer, params, loss_finite=math.isfinite(total))
         totals["_per_mb_value_loss"] = totals.get("_per_mb_value_loss", 0.0) + total
         totals["value_clip_frac"] = totals.get("value_clip_frac", 0.0) + clip_frac
 
-    def _clip_and_step(self, optimizer, params) -> float:
+    def _clip_and_step(self, optimizer, params, loss_finite: bool = True) -> float:
+        """Clip and apply the gradients; an update whose loss or gradient norm is not finite is skipped
+        (counted in ``nonfinite_skipped``), so NaN never reaches the weights or the optimizer state."""
         params = [p for p in params if p.grad is not None]
         if not params:
             return 0.0
         if self.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
-        optimizer.step()
-        return float(norm)
+            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        if loss_finite and math.isfinite(norm):
+            optimizer.step()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            self.skipped_updates += 1
+        return norm
 
     # ---- weights -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
         """HF-named weights of the policy for publishing (live tensors; engines copy them)."""
         return self.model.state_dict()
 
+    def check_finite(self) -> None:
+        """Raise ``NonFiniteWeights`` naming the first policy weight that holds NaN or inf."""
+        for name, p in self.model.named_parameters():
+            if not torch.isfinite(p).all():
+                raise NonFiniteWeights(f"the policy weight '{name}' holds NaN or inf values")
+
     def save(self, path: str, tokenizer=None) -> None:
         """The policy in HF format at ``path``; a critic (separate model and/or value head) in
-        ``path/critic/``, which ``actor.critic_path`` loads back."""
+        ``path/critic/``, which ``actor.critic_path`` loads back. Non-finite weights are refused."""
+        self.check_finite()
         self.model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
@@ -439,63 +396,8 @@ class Trainer:
 
 
 
-CRITIC_DIR = "critic"
-VALUE_HEAD_FILE = "value_head.safetensors"
-
-
-def save_critic(path: str, value_head: ValueHead, critic_model=None) -> None:
-    """``path/value_head.safetensors`` and, for a separate critic, its trunk in HF format beside it."""
-    from safetensors.torch import save_file
-
-    os.makedirs(path, exist_ok=True)
-    if critic_model is not None:
-        critic_model.save_pretrained(path)
-    save_file({k: v.detach().contiguous() for k, v in value_head.state_dict().items()},
-              os.path.join(path, VALUE_HEAD_FILE))
-
-
-def load_value_head(path: str, value_head: ValueHead) -> None:
-    """Load ``path/value_head.safetensors`` (written by :func:`save_critic`) into ``value_head``."""
-    from safetensors.torch import load_file
-
-    value_head.load_state_dict(load_file(os.path.join(path, VALUE_HEAD_FILE)))
-
-
-def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
-    """The plain ``Algorithm`` for an ``ActorConfig`` (registry look-ups; the config stops here)."""
-    from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-    from asyncrl.algo.offpolicy import BehaviourCorrection
-
-    needs_length = cfg.overlong_reward_penalty or (cfg.loss_agg_mode == "seq-mean-token-sum-norm"
-                                                   and not cfg.loss_norm_tokens)
-    if needs_length and max_new_tokens is None:
-        raise ValueError("actor.overlong_reward_penalty and Dr.GRPO's seq-mean-token-sum-norm without "
-                         "actor.loss_norm_tokens need gconfig.max_new_tokens: pass max_new_tokens to build_trainer")
-    correction = BehaviourCorrection(
-        upper=cfg.behav_imp_weight_cap, lower=cfg.behav_imp_weight_floor, mode=cfg.behav_imp_weight_mode,
-        level=cfg.behav_imp_weight_level, metric=cfg.behav_imp_weight_metric, agg=cfg.behav_imp_weight_agg)
-    return Algorithm(
-        adv_fn=ADVANTAGES[cfg.adv_estimator],
-        loss_fn=POLICY_LOSSES[cfg.policy_loss],
-        agg_fn=AGGREGATIONS[cfg.loss_agg_mode],
-        loss_options={"eps_clip": cfg.eps_clip, "eps_clip_higher": cfg.eps_clip_higher, "c_clip": cfg.c_clip,
-                      "importance_sampling_level": cfg.importance_sampling_level, "correction": correction,
-                      "sapo_tau_pos": cfg.sapo_tau_pos, "sapo_tau_neg": cfg.sapo_tau_neg},
-        agg_options={"norm_tokens": cfg.loss_norm_tokens or max_new_tokens},
-        shaping=RewardShaping(
-            scaling=cfg.reward_scaling, bias=cfg.reward_bias, clip=cfg.reward_clip,
-            overlong_tokens=cfg.overlong_tokens if cfg.overlong_reward_penalty else 0,
-            overlong_penalty_factor=cfg.overlong_penalty_factor, max_new_tokens=max_new_tokens,
-            zero_truncated=cfg.mask_no_eos_with_zero),
-        gamma=cfg.discount, lam=cfg.gae_lambda, adv_norm=cfg.adv_norm,
-        kl_fn=KL_ESTIMATORS[cfg.kl_estimator], kl_ctl=cfg.kl_ctl, kl_in_loss=cfg.use_kl_loss,
-        loglinear_prox=cfg.prox_logp_method == "loglinear",
-        value_eps_clip=cfg.value_eps_clip, value_loss_coef=cfg.value_loss_coef,
-    )
-
-
 def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,
-                  max_new_tokens: int | None = None) -> Trainer:
+                  max_new_tokens: int | None = None, top_p: float = 1.0, top_k: int = 0) -> Trainer:
     """The trainer for an ``ActorConfig``. ``model`` is the policy; a frozen reference model
     (``actor.ref_model``) and a separate critic (``actor.critic=separate``) load from ``model_path``.
     ``max_new_tokens`` (gconfig) is DAPO's L_max and Dr.GRPO's default normaliser."""
@@ -517,7 +419,8 @@ def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_d
         critic_model=critic_model, critic_lr=cfg.critic_lr,
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
-        pack_sequences=cfg.pack_sequences, temperature=temperature, autocast_dtype=autocast_dtype,
+        pack_sequences=cfg.pack_sequences, temperature=temperature, top_p=top_p, top_k=top_k,
+        autocast_dtype=autocast_dtype,
     )
     if cfg.critic_path and trainer.value_head is not None:
         load_value_head(cfg.critic_path, trainer.value_head)

@@ -8,3 +8,12 @@ def digit_count_reward(prompt, completion, **_):
 
 def raising_reward(prompt, completion, **_):
     raise RuntimeError("this reward always fails")
+
+
+def constant_reward(prompt, completion, **_):
+    """The same reward for every sample: no learning signal under a group baseline."""
+    return 0.0
+
+
+def huge_reward(prompt, completion, **_):
+    return 1e300

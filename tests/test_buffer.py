@@ -1,4 +1,5 @@
 import threading
+import time
 
 import pytest
 
@@ -78,12 +79,15 @@ def test_take_unblocks_from_another_thread():
     assert len(buf.take(timeout=5)) == 2
 
 
-def test_on_version_recovered():
-    buf = RolloutBuffer(batch_size=4, max_staleness=2)
-    buf.on_version_recovered(7)
-    assert buf.capacity() == (2 + 1) * 4
+def test_a_reported_failure_wakes_a_waiting_take_at_once():
+    buf = RolloutBuffer(batch_size=2, max_staleness=0)
     buf.try_admit()
-    assert buf.capacity() == (2 + 1) * 4 - 1
+    error = KeyError("row 4")
+    threading.Timer(0.1, buf.fail, args=(error,)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyError) as raised:
+        buf.take(timeout=30)
+    assert raised.value is error and time.monotonic() - t0 < 5
 
 
 def _group():

@@ -49,7 +49,7 @@ def test_plan_keeps_the_padded_budget_and_never_widens_a_row():
 
 
 def _padded(lengths, budget):
-    from asyncrl.trainer import micro_batches
+    from asyncrl.packing import micro_batches
 
     return micro_batches(lengths, budget)
 

@@ -12,7 +12,9 @@ from asyncrl.algo.advantages import gae, reinforce_pp
 from asyncrl.algo.aggregate import AGGREGATIONS
 from asyncrl.algo.config import ActorConfig
 from asyncrl.algo.kl import k1, k3
-from asyncrl.trainer import Algorithm, Trainer, build_algorithm, build_trainer, token_logprobs
+from asyncrl.algo.algorithm import Algorithm, build_algorithm
+from asyncrl.logprobs import token_logprobs
+from asyncrl.trainer import Trainer, build_trainer
 from asyncrl.types import Batch
 
 LONG_TAIL = [9, 12, 12, 14, 15, 16, 18, 20, 22, 25, 30, 41, 60, 95, 150, 200]  # many short, a few long
@@ -178,7 +180,7 @@ def test_build_trainer_loads_reference_and_critic_from_the_model_path(tiny_model
 @pytest.mark.parametrize("kind", ["value_head", "separate"])
 def test_a_saved_critic_loads_back_through_critic_path(tiny_model_dir, tmp_path, kind):
     from asyncrl.models import load_model
-    from asyncrl.trainer import CRITIC_DIR
+    from asyncrl.critic import CRITIC_DIR
 
     batch = make_batch([12, 14, 10, 16], group_size=2)
     cfg = ActorConfig(critic=kind, adv_estimator="gae", lr=1e-2, critic_lr=1e-2)

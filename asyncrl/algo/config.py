@@ -111,13 +111,17 @@ class ActorConfig:
 
     # ---- off-policy correction --------------------------------------------------------------------------
     behav_imp_weight_cap: float | None = 5.0
-    """Upper bound on the behaviour importance weight π_prox/π_behav (ratio metric) or on the KL estimate
-    (kl_* metrics); None = unbounded. AReaL: rejection_sampling.upper."""
+    """Upper bound on the behaviour importance weight π_prox/π_behav (ratio metric; must be > 1, since an
+    on-policy token has weight 1) or on the KL estimate (kl_* metrics); None = unbounded.
+    AReaL: rejection_sampling.upper."""
     behav_imp_weight_floor: float | None = None
     """Lower bound on the same metric (None = none). AReaL: rejection_sampling.lower."""
     behav_imp_weight_mode: str = "clamp"
-    """clamp: truncate the weight into [floor, cap], the tokens still train | mask: drop the tokens (or
-    samples) out of bounds from the loss. AReaL: rejection_sampling.action."""
+    """clamp: truncate the weight into [floor, cap], the tokens still train (truncated importance sampling)
+    | mask: drop the tokens (or samples) out of bounds from the loss (rejection sampling).
+    AReaL: rejection_sampling.action, whose default drops (mask); asyncrl clamps by default. Measured on the
+    default run (docs/algorithms.md): no token reached the cap at η = 2, so both give the same curve; clamp is
+    kept because it never throws away a sample's learning signal."""
     behav_imp_weight_level: str = "token"
     """token: bound each token | sequence: aggregate over the sample (for the ratio, the geometric mean,
     which also becomes the weight of its tokens). AReaL: rejection_sampling.level."""
@@ -186,6 +190,20 @@ class ActorConfig:
         if self.behav_imp_weight_metric != "ratio" and self.behav_imp_weight_mode != "mask":
             raise ConfigError(f"actor.behav_imp_weight_metric='{self.behav_imp_weight_metric}' bounds a KL "
                               "estimate, which has no weight to clamp; set actor.behav_imp_weight_mode=mask")
+        if self.behav_imp_weight_metric == "ratio":
+            cap = self.behav_imp_weight_cap
+            if cap is not None and not cap > 1:
+                effect = ("zeroes all learning" if cap <= 0 else "drops every on-policy token"
+                          if self.behav_imp_weight_mode == "mask" else "shrinks the weight of every on-policy token")
+                raise ConfigError(f"actor.behav_imp_weight_cap={cap} must be > 1: an on-policy token has weight "
+                                  f"π_prox/π_behav = 1, so this cap {effect} (usual values 2-5; null = unbounded)")
+            if self.behav_imp_weight_floor is not None and not self.behav_imp_weight_floor < 1:
+                raise ConfigError(f"actor.behav_imp_weight_floor={self.behav_imp_weight_floor} must be < 1: an "
+                                  "on-policy token has weight 1, so a floor at or above 1 bounds every on-policy "
+                                  "token (null = no floor)")
+        if self.lr > 1 and not self.allow_unsafe:
+            raise ConfigError(f"actor.lr={self.lr} is above 1, which diverges with AdamW (RL usually runs at "
+                              "1e-6..1e-4); set actor.allow_unsafe=true to run it anyway")
         if (self.behav_imp_weight_cap is not None and self.behav_imp_weight_floor is not None
                 and self.behav_imp_weight_floor > self.behav_imp_weight_cap):
             raise ConfigError("actor.behav_imp_weight_floor exceeds actor.behav_imp_weight_cap")

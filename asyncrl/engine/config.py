@@ -18,7 +18,8 @@ class RolloutConfig:
     running at rollout.server_addrs: asyncrl serve, SGLang or vLLM)."""
     interrupt_mode: str = "recompute"
     """What in-flight requests do on a weight update: 'recompute' (re-prefill under the new weights and
-    continue), 'abort' (end them; the workflow or remote client resubmits prompt + partial output) or 'drain'
+    continue), 'abort' (end them; the engine resubmits prompt + partial output, a group's samples together) or
+    'drain'
     (backend local only: the update waits until running requests finish; non-interruptible generation, for
     ablations). vLLM and SGLang servers need 'abort'."""
     max_slots: int = 64
@@ -31,6 +32,12 @@ class RolloutConfig:
     logs a warning and uses torch alone). false: torch alone (docs/engine.md)."""
     request_timeout_s: float = 600.0
     """A rollout that takes longer fails (counted, never silent) and its prompt is dropped."""
+    batch_timeout_s: float = 1800.0
+    """The trainer stops the run when no batch is ready for this long (a rollout side that fails stops the
+    run at once with its own error; this catches a stall)."""
+    max_failures_in_a_row: int = 0
+    """Stop the run when this many rollouts in a row fail (raise or time out), with the last error; 0 = one
+    batch's worth (train_dataset.batch_size). Failures in a row also slow admission down (back-off)."""
     weight_sync_timeout_s: float = 60.0
     """A weight update not delivered within this time stops the run with the version it was delivering."""
     server_addrs: list[str] = field(default_factory=list)
@@ -92,6 +99,11 @@ class RolloutConfig:
         if self.interrupt_mode == "drain" and self.backend != "local":
             raise ConfigError("rollout.interrupt_mode 'drain' is implemented by the built-in engine only "
                               "(rollout.backend 'local')")
+        for key in ("request_timeout_s", "batch_timeout_s", "weight_sync_timeout_s", "server_startup_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"rollout.{key} must be > 0, got {getattr(self, key)!r}")
+        if self.max_failures_in_a_row < 0:
+            raise ConfigError(f"rollout.max_failures_in_a_row must be >= 0, got {self.max_failures_in_a_row}")
         if self.dist_bucket_mb < 1:
             raise ConfigError(f"rollout.dist_bucket_mb must be >= 1, got {self.dist_bucket_mb}")
 

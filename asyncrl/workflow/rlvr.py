@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Protocol
+import asyncio
 
 from asyncrl.engine.base import Engine
-from asyncrl.reward import RewardService
-from asyncrl.types import Completion, SamplingParams, Trajectory, TrajectoryGroup
-
-
-class Workflow(Protocol):
-    """One async seam: run an item against an engine; ``None`` rejects it (it is not trained on)."""
-
-    async def run(self, item: dict, engine: Engine) -> TrajectoryGroup | None: ...
+from asyncrl.types import Trajectory, TrajectoryGroup
 
 
 def chat_prompt_ids(tokenizer, question: str) -> list[int]:
@@ -24,28 +16,16 @@ def chat_prompt_ids(tokenizer, question: str) -> list[int]:
 
 
 class RLVRWorkflow:
-    def __init__(self, tokenizer, reward: RewardService, params: SamplingParams):
-        self.tokenizer, self.reward, self.params = tokenizer, reward, params
+    """The item's prompt (its ``prompt_ids``, else its chat-formatted ``question``), ``params.n`` samples
+    in one request, and the reward service's score of each decoded sample (scored concurrently)."""
+
+    def __init__(self, context):
+        self.tokenizer, self.reward, self.params = context.tokenizer, context.reward, context.params
 
     async def run(self, item: dict, engine: Engine) -> TrajectoryGroup | None:
         prompt_ids = item.get("prompt_ids") or chat_prompt_ids(self.tokenizer, item["question"])
         completions = await engine.generate(prompt_ids, self.params)
-        completions = [await self._resume_aborted(c, engine) for c in completions]
-        trajectories = []
-        for c in completions:
-            text = self.tokenizer.decode(c.output_ids, skip_special_tokens=True)
-            reward = await self.reward.ascore(item, text)
-            trajectories.append(Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, reward,
-                                           c.finish_reason, text))
-        return TrajectoryGroup(trajectories, item_id=item.get("id"))
-
-    async def _resume_aborted(self, c: Completion, engine: Engine) -> Completion:
-        """An update in 'abort' mode ends a request early: resubmit prompt + partial output and join."""
-        while c.finish_reason == "abort" and len(c.output_ids) < self.params.max_new_tokens:
-            rest = dataclasses.replace(self.params, n=1, max_new_tokens=self.params.max_new_tokens - len(c.output_ids))
-            (more,) = await engine.generate(c.prompt_ids + c.output_ids, rest)
-            c = Completion(c.prompt_ids, c.output_ids + more.output_ids, c.logprobs + more.logprobs,
-                           c.versions + more.versions, more.finish_reason)
-        if c.finish_reason == "abort":
-            c = dataclasses.replace(c, finish_reason="length")
-        return c
+        texts = [self.tokenizer.decode(c.output_ids, skip_special_tokens=True) for c in completions]
+        rewards = await asyncio.gather(*(self.reward.ascore(item, text) for text in texts))  # scored side by side
+        return TrajectoryGroup([Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason, t)
+                                for c, t, r in zip(completions, texts, rewards)], item_id=item.get("id"))

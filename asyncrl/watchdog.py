@@ -1,0 +1,97 @@
+"""Run health, checked on every step's record: a run that cannot learn says so, and a run that trains on
+garbage stops with the reason instead of going on quietly.
+
+- no learning signal: every group of every batch had equal rewards for N steps (group baselines make every
+  advantage 0) — warned once, with what to do;
+- reward failures: every reward call of a step failed for N steps — the run stops (or warns every step);
+- non-finite updates: N steps in a row whose loss or gradient was not finite (the trainer skipped them) — the
+  run stops; the weights are still those of the last good step.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from asyncrl.configlib import ConfigError
+
+log = logging.getLogger(__name__)
+
+REWARD_FAILURE_ACTIONS = ("stop", "warn")
+
+
+@dataclass
+class WatchdogConfig:
+    no_signal_steps: int = 10
+    """Warn once when every group of every batch has had equal rewards for this many steps in a row (no
+    learning signal under a group baseline); 0 = never."""
+    reward_failure_steps: int = 5
+    """Act when every reward call failed (raised, returned a non-number or timed out) in this many steps
+    in a row; 0 = never."""
+    reward_failure_action: str = "stop"
+    """What reward_failure_steps does: stop (the run ends with the reason) | warn (a warning every step)."""
+    max_nonfinite_steps: int = 3
+    """Stop when this many steps in a row had a non-finite loss or gradient norm (each such step is skipped
+    and counted in nonfinite_skipped); 0 = never stop."""
+
+    def validate(self) -> None:
+        for key in ("no_signal_steps", "reward_failure_steps", "max_nonfinite_steps"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"watchdog.{key} must be >= 0, got {getattr(self, key)}")
+        if self.reward_failure_action not in REWARD_FAILURE_ACTIONS:
+            raise ConfigError(f"watchdog.reward_failure_action must be one of {list(REWARD_FAILURE_ACTIONS)}, "
+                              f"got '{self.reward_failure_action}'")
+
+
+class TrainingHalted(RuntimeError):
+    """The watchdog stopped the run; ``version`` is the last version trained."""
+
+    def __init__(self, message: str, version: int):
+        super().__init__(message)
+        self.version = version
+
+
+class Watchdog:
+    def __init__(self, no_signal_steps: int = 10, reward_failure_steps: int = 5, stop_on_reward_failures: bool = True,
+                 max_nonfinite_steps: int = 3):
+        self.no_signal_steps, self.reward_failure_steps = no_signal_steps, reward_failure_steps
+        self.stop_on_reward_failures, self.max_nonfinite_steps = stop_on_reward_failures, max_nonfinite_steps
+        self.no_signal = self.reward_failing = self.nonfinite = 0  # steps in a row
+        self._warned_no_signal = False
+        self._calls = self._failures = 0  # cumulative reward counters at the previous step
+
+    def check(self, record: dict) -> None:
+        """Look at one step's record; warn, or raise ``TrainingHalted``."""
+        version = record["version"]
+        self.no_signal = self.no_signal + 1 if record.get("groups_no_signal_frac", 0.0) >= 1.0 else 0
+        if self.no_signal_steps and self.no_signal >= self.no_signal_steps and not self._warned_no_signal:
+            self._warned_no_signal = True
+            log.warning("no learning signal: for %d steps every sample of every group got the same reward "
+                        "(mean %.3g), so every group-relative advantage is 0 and nothing is learned. If the "
+                        "policy never succeeds, fine-tune it first (asyncrl sft) or use an easier task; check "
+                        "that the reward function can return different values; raise gconfig.temperature or "
+                        "gconfig.n_samples for more varied samples", self.no_signal, record.get("reward_mean", 0))
+        self._check_rewards(record, version)
+        self.nonfinite = self.nonfinite + 1 if record.get("nonfinite_skipped", 0) else 0
+        if self.max_nonfinite_steps and self.nonfinite >= self.max_nonfinite_steps:
+            raise TrainingHalted(f"{self.nonfinite} steps in a row had a non-finite loss or gradient and were "
+                                 f"skipped (watchdog.max_nonfinite_steps); the weights are those of the last good "
+                                 f"step. Lower actor.lr, check the rewards and actor.behav_imp_weight_cap", version)
+
+    def _check_rewards(self, record: dict, version: int) -> None:
+        calls = record.get("reward_calls", 0)
+        failures = record.get("reward_errors", 0) + record.get("reward_timeouts", 0)
+        step_calls, step_failures = calls - self._calls, failures - self._failures
+        self._calls, self._failures = calls, failures
+        if step_calls <= 0:
+            return
+        self.reward_failing = self.reward_failing + 1 if step_failures >= step_calls else 0
+        if not self.reward_failure_steps or self.reward_failing < self.reward_failure_steps:
+            return
+        message = (f"every reward call failed in the last {self.reward_failing} steps (reward_errors "
+                   f"{record.get('reward_errors', 0)}, reward_timeouts {record.get('reward_timeouts', 0)}): "
+                   "the run trains on reward.default alone. Check reward.fn (the first failure is logged above) "
+                   "and reward.timeout_s")
+        if self.stop_on_reward_failures:
+            raise TrainingHalted(message + " (watchdog.reward_failure_action=warn keeps going)", version)
+        log.warning(message)
