@@ -47,7 +47,6 @@ class RolloutBuffer:
         self.version = 0
         self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
         self.rejected = 0
-        self.consumed = 0
         self._running: dict[int, Ticket] = {}
         self._ready: dict[int, tuple[Ticket, TrajectoryGroup]] = {}
         self._seq = itertools.count()
@@ -114,7 +113,6 @@ class RolloutBuffer:
                 batch = self._pick()
                 if batch is not None:
                     groups = [self._ready.pop(seq)[1] for seq in batch]
-                    self.consumed += len(groups)
                     return groups
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

@@ -232,8 +232,20 @@ def broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
     group.broadcast(tensor, 0, timedelta(seconds=timeout_s)).wait()
 
 
+class ServerFleet(Protocol):
+    """What the broadcast transport needs from an engine beyond the ``Engine`` seam: its live servers, a
+    control request to one of them, and the pause/raise-version bracket around a transfer
+    (``RemoteEngine`` has these)."""
+
+    def live_addrs(self) -> list[str]: ...
+
+    def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict: ...
+
+    def updating(self, version: int, timeout: float) -> contextlib.AbstractContextManager[list[str]]: ...
+
+
 class DistPublisher:
-    """Broadcasts the weights from this process (rank 0) to the servers behind ``engines`` (``RemoteEngine``s,
+    """Broadcasts the weights from this process (rank 0) to the servers behind ``engines`` (``ServerFleet``s,
     ranks 1..N), ``bucket_mb`` at a time: per bucket, one ``/update_weights_from_distributed`` message to every
     server (names, dtypes, shapes) and one broadcast per tensor. The last bucket carries ``weight_version``;
     a server swaps the staged tensors in whole when it arrives.
@@ -241,7 +253,7 @@ class DistPublisher:
     The group is created on the first ``publish`` with the servers alive then; a failure closes it (the next
     publish builds a new one) and raises ``WeightSyncError``."""
 
-    def __init__(self, engines: list, backend: str = "gloo", bucket_mb: int = 64, timeout_s: float = 60.0,
+    def __init__(self, engines: list[ServerFleet], backend: str = "gloo", bucket_mb: int = 64, timeout_s: float = 60.0,
                  master_address: str = "127.0.0.1", group_name: str = "asyncrl-weights"):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"weight broadcast backend must be 'gloo' or 'nccl', got '{backend}'")
@@ -250,7 +262,7 @@ class DistPublisher:
         self.master_address, self.group_name = master_address, group_name
         self._group = None
         self._store = None
-        self._servers: list[tuple[object, str]] = []  # (engine, address) in rank order
+        self._servers: list[tuple[ServerFleet, str]] = []  # (engine, address) in rank order
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="asyncrl-publish")
         self._lock = threading.Lock()
 

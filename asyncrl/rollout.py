@@ -40,7 +40,6 @@ class RolloutRunner:
         self.failures = 0  # rollouts that raised or timed out
         self.failures_in_a_row = 0
         self.filtered = 0  # groups the accept predicate dropped
-        self.exhausted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,8 +111,8 @@ class RolloutRunner:
         """The next item, or None when the stream ended or failed (the ticket is released either way)."""
         try:
             return next(self.items)
-        except StopIteration:
-            self.exhausted = True
+        except StopIteration:  # datasets are endless (epochs); a stream that ends is a bug to report
+            self.buffer.fail(RuntimeError("the prompt stream ended; admission stopped"))
         except Exception as e:  # noqa: BLE001 - handed to the trainer thread with its traceback
             e.add_note("raised by the prompt stream in the rollout thread; admission stopped")
             self.buffer.fail(e)

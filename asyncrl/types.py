@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -78,7 +78,6 @@ class TrajectoryGroup:
     trajectories: list[Trajectory]
     item_id: Any = None
     admit_version: int = 0
-    info: dict = field(default_factory=dict)
 
     @property
     def rewards(self) -> list[float]:
