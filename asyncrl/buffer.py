@@ -73,9 +73,11 @@ class RolloutBuffer:
             return ticket
 
     def finish(self, ticket: Ticket, group: TrajectoryGroup | None) -> None:
-        """A rollout ended: ``group`` is accepted, or ``None`` (rejected or failed)."""
+        """A rollout ended: ``group`` is accepted, or ``None`` (rejected or failed). A ticket already
+        finished is ignored, so releasing one twice is harmless."""
         with self._cv:
-            del self._running[ticket.seq]
+            if self._running.pop(ticket.seq, None) is None:
+                return
             if group is None:
                 self.rejected += 1
             else:

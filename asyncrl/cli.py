@@ -131,8 +131,11 @@ def _eval(cfg) -> dict:
     max_len = min(model.config.max_position_embeddings, 1024)
     valid, default_fn = eval_set_from_config(cfg.task, cfg.valid_dataset, tokenizer=tokenizer,
                                              default_max_prompt_tokens=max_len - cfg.max_new_tokens)
+    try:
+        engine = LocalEngine(model, max_slots=64, max_len=max_len, dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
+    except ValueError as e:  # a model shape the built-in engine does not run
+        raise ConfigError(f"model.path: {e}") from e
     reward = build_reward_service(cfg.reward, default_fn)
-    engine = LocalEngine(model, max_slots=64, max_len=max_len, dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
     try:
         engine.start()
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy,

@@ -13,24 +13,25 @@ import logging
 from asyncrl.config import TrainConfig
 from asyncrl.data.collate import collate
 from asyncrl.launch import Parts, assemble
-from asyncrl.watchdog import TrainingHalted
 
 log = logging.getLogger(__name__)
 
 
 def train(cfg: TrainConfig) -> dict:
-    """Run RL training as configured; returns the last metrics record."""
-    with assemble(cfg) as parts:
-        try:
-            return run(parts)
-        except TrainingHalted as e:
-            log.error("stopping: %s", e)
-            _save_last(parts, e.version)
-            raise
-        finally:
-            parts.logger.close()
-            if cfg.report:
-                _write_report(parts.run_dir)
+    """Run RL training as configured; returns the last metrics record. A run that fails or is stopped by the
+    watchdog after training at least one step leaves a checkpoint of its last weights (if they are finite)."""
+    run_dir = None
+    try:
+        with assemble(cfg) as parts:
+            run_dir = parts.run_dir
+            try:
+                return run(parts)
+            except Exception:
+                _save_last(parts)
+                raise
+    finally:  # after every part is closed: nothing competes with the plots, and the files are complete
+        if cfg.report and run_dir is not None:
+            _write_report(run_dir)
 
 
 def run(p: Parts) -> dict:
@@ -62,15 +63,20 @@ def run(p: Parts) -> dict:
         p.watchdog.check(record)
         if final:
             break
+    log.info("trained %d steps in %.0f s", record["version"], p.meter.elapsed())
     return record
 
 
-def _save_last(parts: Parts, version: int) -> None:
-    """A checkpoint of the weights the run stops with (refused, and said, if they are not finite)."""
+def _save_last(parts: Parts) -> None:
+    """A checkpoint of the weights the run stops with, unless that version is saved already (refused, and
+    said, if the weights are not finite)."""
+    version = parts.trainer.steps_done
+    if version == 0 or parts.checkpoints.last == version:
+        return
     try:
-        log.info("checkpoint of version %d: %s", version, parts.checkpoints.save(version))
+        log.info("the run stops: checkpoint of version %d in %s", version, parts.checkpoints.save(version))
     except Exception as e:  # noqa: BLE001 - the reason the run stopped matters more
-        log.error("no checkpoint of version %d: %s", version, e)
+        log.error("the run stops: no checkpoint of version %d: %s", version, e)
 
 
 def _write_report(run_dir) -> None:

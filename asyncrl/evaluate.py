@@ -64,9 +64,11 @@ class Evaluator:
                  success_threshold: float = 1.0):
         self.engine, self.tokenizer, self.items, self.reward_fn = engine, tokenizer, items, reward_fn
         self.params, self.weights, self.success_threshold = params, weights, success_threshold
+        self.installed: int | None = None  # the version this evaluator last gave its engine
 
     def __call__(self, version: int) -> dict:
-        if version != self.engine.version:
+        if version != self.installed:
             self.engine.update_weights(WeightUpdate(version, state_dict=self.weights()))
+            self.installed = version
         return evaluate(self.engine, self.tokenizer, self.items, self.reward_fn, self.params,
                         success_threshold=self.success_threshold)

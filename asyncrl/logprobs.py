@@ -36,13 +36,24 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
 
 
 def _nucleus(logits: torch.Tensor, targets: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-    """``logits`` (..., V) with everything outside each position's nucleus at -inf, except the target."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    rows = flat.shape[0]
-    kept = filter_logits(flat, torch.full((rows,), float(top_p)), torch.full((rows,), int(top_k), dtype=torch.long))
-    index = targets.reshape(-1, 1)
-    kept = kept.scatter(-1, index, flat.gather(-1, index))
-    return kept.reshape(logits.shape)
+    """``logits`` (..., V) with everything outside each position's nucleus at -inf, except the target. The
+    nucleus is found without gradient, a few rows at a time (sorting a whole (tokens, V) block would hold
+    several copies of it), and applied as one masked fill, which is what the gradient flows through."""
+    V = logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    keep = torch.empty(flat.shape, dtype=torch.bool)
+    chunk = max(1, ROWS_PER_CHUNK_ELEMENTS // V)
+    with torch.no_grad():
+        for a in range(0, flat.shape[0], chunk):
+            rows = flat[a : a + chunk].detach()
+            n = rows.shape[0]
+            kept = filter_logits(rows, torch.full((n,), float(top_p)), torch.full((n,), int(top_k), dtype=torch.long))
+            keep[a : a + chunk] = kept != float("-inf")
+        keep.scatter_(-1, targets.reshape(-1, 1), True)
+    return flat.masked_fill(~keep, float("-inf")).reshape(logits.shape)
+
+
+ROWS_PER_CHUNK_ELEMENTS = 1 << 22  # rows x vocabulary entries sorted at once when finding the nucleus
 
 
 def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, with_entropy: bool = False):

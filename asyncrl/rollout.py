@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Callable, Iterator
 
 from asyncrl.buffer import RolloutBuffer, Ticket
@@ -83,13 +84,18 @@ class RolloutRunner:
         finally:
             self._loop.close()
 
+    def _admitting(self) -> bool:
+        return not (self._stop.is_set() or self.buffer.failed)
+
     async def _admit_forever(self) -> None:
-        tasks: set[asyncio.Task] = set()
+        tasks: dict[asyncio.Task, Ticket] = {}
         try:
-            while not (self._stop.is_set() or self.buffer.failed):
+            while self._admitting():
                 self._wake.clear()
                 if self.failures_in_a_row:
-                    await asyncio.sleep(min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (self.failures_in_a_row - 1)))
+                    await self._back_off(min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (self.failures_in_a_row - 1)))
+                    if not self._admitting():
+                        break
                 ticket = self.buffer.try_admit()
                 if ticket is None:
                     await self._wake.wait()
@@ -98,14 +104,23 @@ class RolloutRunner:
                 if item is None:
                     break
                 task = asyncio.create_task(self._rollout(ticket, item))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                tasks[task] = ticket
+                task.add_done_callback(lambda t: tasks.pop(t, None))
             while tasks and not self._stop.is_set():  # admission ended: the groups in flight finish into the buffer
                 await asyncio.wait(list(tasks), timeout=0.5)
         finally:
-            for task in tasks:
+            pending = dict(tasks)
+            for task in pending:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*pending, return_exceptions=True)
+            for ticket in pending.values():  # a task cancelled before it started never released its ticket
+                self.buffer.finish(ticket, None)
+
+    async def _back_off(self, delay: float) -> None:
+        """Wait ``delay`` seconds before the next admission, or less if the runner stops meanwhile."""
+        deadline = time.monotonic() + delay
+        while self._admitting() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.1, deadline - time.monotonic()))
 
     def _next_item(self, ticket: Ticket) -> dict | None:
         """The next item, or None when the stream ended or failed (the ticket is released either way)."""
@@ -122,7 +137,7 @@ class RolloutRunner:
     async def _rollout(self, ticket: Ticket, item: dict) -> None:
         group = None
         try:
-            group = await asyncio.wait_for(self.workflow.run(item, self.engine), self.timeout_s)
+            group = _checked(await asyncio.wait_for(self.workflow.run(item, self.engine), self.timeout_s))
             self.failures_in_a_row = 0
             if group is not None and self.accept is not None and not self.accept(group):
                 self.filtered += 1
@@ -130,6 +145,7 @@ class RolloutRunner:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - one failed rollout costs one group, never the run
+            group = None
             self._failed(item, e)
         finally:
             self.buffer.finish(ticket, group)
@@ -141,9 +157,30 @@ class RolloutRunner:
         if kind not in self._logged:
             self._logged.add(kind)
             log.warning("rollout of item %s failed; the group is dropped and counted in rollout_failures "
-                        "(logged once per kind of error)", item.get("id"), exc_info=error)
+                        "(logged once per kind of error)", item.get("id") if isinstance(item, dict) else item,
+                        exc_info=error)
         if self.failures_in_a_row >= self.max_failures_in_a_row:
             stop = RolloutFailures(f"{self.failures_in_a_row} rollouts in a row failed "
                                    f"(rollout.max_failures_in_a_row); the last one: {kind}: {error}")
             stop.__cause__ = error
             self.buffer.fail(stop)
+
+
+def _checked(group) -> TrajectoryGroup | None:
+    """A workflow's result, or ``TypeError``/``ValueError`` naming what is wrong with it (counted as a failed
+    rollout, like an exception): ``None`` or a ``TrajectoryGroup`` of consistent trajectories."""
+    if group is None:
+        return None
+    if not isinstance(group, TrajectoryGroup):
+        raise TypeError(f"the workflow returned {type(group).__name__}, not a TrajectoryGroup or None")
+    if not group.trajectories:
+        raise ValueError("the workflow returned a TrajectoryGroup without trajectories (return None to reject)")
+    for i, t in enumerate(group.trajectories):
+        if not t.prompt_ids or not t.output_ids:
+            raise ValueError(f"trajectory {i} of the workflow's group has no prompt or no output tokens")
+        if not len(t.output_ids) == len(t.behav_logprobs) == len(t.versions):
+            raise ValueError(f"trajectory {i}: {len(t.output_ids)} output ids, {len(t.behav_logprobs)} log-probs "
+                             f"and {len(t.versions)} versions; they must be one per output token")
+        if not isinstance(t.reward, (int, float)) or t.reward != t.reward or abs(t.reward) == float("inf"):
+            raise ValueError(f"trajectory {i} has reward {t.reward!r}, not a finite number")
+    return group

@@ -11,12 +11,12 @@ import torch
 
 from asyncrl import configlib
 from asyncrl.config import SFTConfig
+from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TrainDatasetConfig, dataset_from_config
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import evaluate
-from asyncrl.configlib import ConfigError
-from asyncrl.models import check_model_dir, load_model, load_tokenizer
 from asyncrl.logprobs import token_logprobs
+from asyncrl.models import check_model_dir, load_model, load_tokenizer
 from asyncrl.types import SamplingParams
 from asyncrl.workflow.rlvr import chat_prompt_ids
 

@@ -213,8 +213,9 @@ class Trainer:
     # ---- the step ----------------------------------------------------------------------------------------
     def step(self, batch: Batch, version: int = 0) -> dict:
         """One training step on ``batch`` with the weights of ``version``: advantages, then
-        ``ppo_n_minibatches`` optimizer steps. Returns float statistics; ``nonfinite_skipped`` counts the
-        updates skipped because their loss or gradient was not finite."""
+        ``ppo_n_minibatches`` optimizer steps. Returns float statistics. An update whose loss or gradient is
+        not finite is skipped and ends the step (``nonfinite_skipped`` = 1; the updates of earlier minibatches
+        of the step stay applied, and a separate critic skips its update of that minibatch too)."""
         t0 = time.perf_counter()
         algo, self.skipped_updates = self.algo, 0
         need_prox = self.n_minibatches > 1 and not algo.loglinear_prox
@@ -232,6 +233,8 @@ class Trainer:
             if rows:
                 self._minibatch_step(batch, rows, index, version, advantages, returns, values, prox, ref, totals)
                 done += 1
+            if self.skipped_updates:  # the rest of the step would start from the same bad batch: stop here
+                break
         self.steps_done += 1
         tok = max(totals.pop("_tokens", 0.0), 1.0)
         for key in [k for k in totals if k.startswith("_per_mb_")]:
@@ -306,7 +309,7 @@ class Trainer:
         totals["_per_mb_grad_norm"] = totals.get("_per_mb_grad_norm", 0.0) + self._clip_and_step(
             self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]],
             loss_finite=math.isfinite(mb_loss))
-        if self.critic_model is not None:
+        if self.critic_model is not None and not self.skipped_updates:
             self._critic_step(batch, plan, values, returns, value_weights, totals)
 
     def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: _Outputs, index: int, version: int,
@@ -379,10 +382,13 @@ class Trainer:
         return self.model.state_dict()
 
     def check_finite(self) -> None:
-        """Raise ``NonFiniteWeights`` naming the first policy weight that holds NaN or inf."""
-        for name, p in self.model.named_parameters():
-            if not torch.isfinite(p).all():
-                raise NonFiniteWeights(f"the policy weight '{name}' holds NaN or inf values")
+        """Raise ``NonFiniteWeights`` naming the first weight (policy, value head, critic) that holds NaN or
+        inf."""
+        parts = [("policy", self.model), ("value head", self.value_head), ("critic", self.critic_model)]
+        for what, module in parts:
+            for name, p in module.named_parameters() if module is not None else ():
+                if not torch.isfinite(p).all():
+                    raise NonFiniteWeights(f"the {what} weight '{name}' holds NaN or inf values")
 
     def save(self, path: str, tokenizer=None) -> None:
         """The policy in HF format at ``path``; a critic (separate model and/or value head) in

@@ -1,8 +1,8 @@
 """Run health, checked on every step's record: a run that cannot learn says so, and a run that trains on
 garbage stops with the reason instead of going on quietly.
 
-- no learning signal: every group of every batch had equal rewards for N steps (group baselines make every
-  advantage 0) — warned once, with what to do;
+- no learning signal: every advantage of every batch was 0 for N steps (e.g. every sample of a group got
+  the same reward under a group baseline) — warned once, with what to do;
 - reward failures: every reward call of a step failed for N steps — the run stops (or warns every step);
 - non-finite updates: N steps in a row whose loss or gradient was not finite (the trainer skipped them) — the
   run stops; the weights are still those of the last good step.
@@ -23,8 +23,8 @@ REWARD_FAILURE_ACTIONS = ("stop", "warn")
 @dataclass
 class WatchdogConfig:
     no_signal_steps: int = 10
-    """Warn once when every group of every batch has had equal rewards for this many steps in a row (no
-    learning signal under a group baseline); 0 = never."""
+    """Warn once when every advantage has been 0 for this many steps in a row (no learning signal: e.g.
+    every sample of every group got the same reward); 0 = never."""
     reward_failure_steps: int = 5
     """Act when every reward call failed (raised, returned a non-number or timed out) in this many steps
     in a row; 0 = never."""
@@ -63,20 +63,21 @@ class Watchdog:
     def check(self, record: dict) -> None:
         """Look at one step's record; warn, or raise ``TrainingHalted``."""
         version = record["version"]
-        self.no_signal = self.no_signal + 1 if record.get("groups_no_signal_frac", 0.0) >= 1.0 else 0
+        self.no_signal = self.no_signal + 1 if record.get("adv_abs_mean", 1.0) == 0.0 else 0
         if self.no_signal_steps and self.no_signal >= self.no_signal_steps and not self._warned_no_signal:
             self._warned_no_signal = True
-            log.warning("no learning signal: for %d steps every sample of every group got the same reward "
-                        "(mean %.3g), so every group-relative advantage is 0 and nothing is learned. If the "
+            log.warning("no learning signal: for %d steps every advantage was 0 (every sample of a group got the "
+                        "same reward; batch reward mean %.3g), so nothing is learned. If the "
                         "policy never succeeds, fine-tune it first (asyncrl sft) or use an easier task; check "
                         "that the reward function can return different values; raise gconfig.temperature or "
                         "gconfig.n_samples for more varied samples", self.no_signal, record.get("reward_mean", 0))
         self._check_rewards(record, version)
         self.nonfinite = self.nonfinite + 1 if record.get("nonfinite_skipped", 0) else 0
         if self.max_nonfinite_steps and self.nonfinite >= self.max_nonfinite_steps:
-            raise TrainingHalted(f"{self.nonfinite} steps in a row had a non-finite loss or gradient and were "
-                                 f"skipped (watchdog.max_nonfinite_steps); the weights are those of the last good "
-                                 f"step. Lower actor.lr, check the rewards and actor.behav_imp_weight_cap", version)
+            raise TrainingHalted(f"{self.nonfinite} steps in a row had a non-finite loss or gradient "
+                                 "(watchdog.max_nonfinite_steps); each was stopped at that update, so no NaN reached "
+                                 "the weights. Lower actor.lr, check the rewards and actor.behav_imp_weight_cap",
+                                 version)
 
     def _check_rewards(self, record: dict, version: int) -> None:
         calls = record.get("reward_calls", 0)

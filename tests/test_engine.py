@@ -126,10 +126,10 @@ def test_abort_mode_generate_continues_a_groups_samples_concurrently():
     """generate() (the engine seam) returns finished samples: after an abort, the group's samples are
     resubmitted together, so they decode side by side (the group takes its longest remainder, not the sum)."""
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
-    engine = LocalEngine(old, max_slots=8, max_len=64, interrupt_mode="abort").start()
+    engine = LocalEngine(old, max_slots=8, max_len=256, interrupt_mode="abort").start()
     try:
         async def main():
-            task = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(n=4, max_new_tokens=40, greedy=True)))
+            task = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(n=4, max_new_tokens=200, greedy=True)))
             while engine.stats().generated_tokens < 8:  # all four samples are decoding
                 await asyncio.sleep(0.001)
             await asyncio.to_thread(engine.update_weights, WeightUpdate(1, state_dict=new.state_dict()))
@@ -144,7 +144,7 @@ def test_abort_mode_generate_continues_a_groups_samples_concurrently():
         engine.stop()
     assert together == 4
     for c in group:
-        assert c.finish_reason == "length" and len(c.output_ids) == 40 == len(c.versions) == len(c.logprobs)
+        assert c.finish_reason == "length" and len(c.output_ids) == 200 == len(c.versions) == len(c.logprobs)
         assert c.versions[0] == 0 and c.versions[-1] == 1 and c.versions == sorted(c.versions)
 
 

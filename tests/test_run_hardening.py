@@ -136,3 +136,30 @@ def test_start_up_refusals_are_one_line_and_create_nothing(tmp_path, tiny_model_
     _refusal(capsys, ["train", "actor.lr=1e9"], "above 1")
     _refusal(capsys, ["train", "gconfig.temperature=.nan"], "finite")
     _refusal(capsys, ["eval", "--model", str(empty)], "has no config.json")
+
+
+def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_applied():
+    from asyncrl.algo.algorithm import Algorithm
+    from asyncrl.algo.losses import decoupled_ppo
+    from asyncrl.data.collate import collate
+    from asyncrl.trainer import Trainer
+    from asyncrl.types import Trajectory, TrajectoryGroup
+    from conftest import make_model
+
+    calls = []
+
+    def nan_after_first(**kw):
+        calls.append(1)
+        per_token, stats = decoupled_ppo(**kw)
+        return (per_token if len(calls) == 1 else per_token * math.nan), stats
+
+    model = make_model(320)
+    trainer = Trainer(model, Algorithm(loss_fn=nan_after_first), ppo_n_minibatches=3, lr=1e-2)
+    groups = [TrajectoryGroup([Trajectory([1, 2, 3], [4, 5, 6], [-1.0] * 3, [0] * 3, float(r)) for r in (0, 1, 0)])
+              for _ in range(2)]
+    batch = collate(groups, pad_id=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = trainer.step(batch)
+    assert stats["nonfinite_skipped"] == 1 and len(calls) == 2  # the third minibatch never ran
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # the first one applied
+    assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -62,14 +62,24 @@ def join(done: Completion, more: Completion) -> Completion:
                       done.versions + more.versions, more.finish_reason)
 
 
+MAX_EMPTY_RESUMES = 100
+"""Resubmissions in a row that bring no new token before a sample is given up as stuck."""
+
+
 async def continue_aborted(c: Completion, params: SamplingParams,
                            resubmit: Callable[[list[int], SamplingParams], Awaitable[Completion]]) -> Completion:
     """Finish a sample that an abort cut short: resubmit prompt + output so far (``resubmit(ids, params)``
     returns one completion) until it stops or reaches ``params.max_new_tokens``. The new chunks are
     generated (and stamped) under whatever weights serve then."""
+    empty = 0
     while c.finish_reason == "abort" and len(c.output_ids) < params.max_new_tokens:
         rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids))
-        c = join(c, await resubmit(c.prompt_ids + c.output_ids, rest))
+        more = await resubmit(c.prompt_ids + c.output_ids, rest)
+        empty = 0 if more.output_ids else empty + 1
+        if empty >= MAX_EMPTY_RESUMES:
+            raise RuntimeError(f"a sample was aborted {empty} times in a row without a new token: the engine "
+                               "keeps aborting it")
+        c = join(c, more)
     if c.finish_reason == "abort":
         c = dataclasses.replace(c, finish_reason="length")
     return c
@@ -77,5 +87,14 @@ async def continue_aborted(c: Completion, params: SamplingParams,
 
 async def continue_all(completions: list[Completion], params: SamplingParams, resubmit) -> list[Completion]:
     """``continue_aborted`` for every sample of a group at once: the group takes as long as its slowest
-    remainder, not the sum of them."""
-    return list(await asyncio.gather(*(continue_aborted(c, params, resubmit) for c in completions)))
+    remainder, not the sum of them. If one fails, the others are cancelled (the group is lost anyway)."""
+    if all(c.finish_reason != "abort" for c in completions):
+        return list(completions)
+    tasks = [asyncio.ensure_future(continue_aborted(c, params, resubmit)) for c in completions]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise

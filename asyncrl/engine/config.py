@@ -36,8 +36,10 @@ class RolloutConfig:
     """The trainer stops the run when no batch is ready for this long (a rollout side that fails stops the
     run at once with its own error; this catches a stall)."""
     max_failures_in_a_row: int = 0
-    """Stop the run when this many rollouts in a row fail (raise or time out), with the last error; 0 = one
-    batch's worth (train_dataset.batch_size). Failures in a row also slow admission down (back-off)."""
+    """Stop the run when this many rollouts in a row fail (raise, time out or return something that is not a
+    group), with the last error; 0 = every group that can be in flight plus one batch, (η + 2)·B, so that one
+    engine failure that fails all groups in flight is survived but a second batch's worth is not. Failures in
+    a row also slow admission down (exponential back-off up to 5 s)."""
     weight_sync_timeout_s: float = 60.0
     """A weight update not delivered within this time stops the run with the version it was delivering."""
     server_addrs: list[str] = field(default_factory=list)

@@ -139,20 +139,19 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack) -> Parts:
     engine = _start(stack, cfg.rollout.backend, lambda: build_engine(
         cfg.rollout, model, model_path=model_path, dtype=shape.dtype, max_len=shape.max_len, seed=cfg.seed,
         stop_token_ids=shape.stop_token_ids))
-    eval_engine = _start(stack, "local", lambda: LocalEngine(
+    eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
         stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels))
     publisher = build_publisher(cfg.rollout, [engine])
     stack.callback(publisher.close)
+    workflow = _workflow(cfg, WorkflowContext(rollout_tokenizer, reward, shape.sampling))
 
     run_dir = _run_dir(cfg)
-    buffer = RolloutBuffer(cfg.train_dataset.batch_size, cfg.rollout.max_head_offpolicyness,
-                           cfg.rollout.max_concurrent_rollouts)
-    workflow = build_workflow(cfg.workflow.name, WorkflowContext(rollout_tokenizer, reward, shape.sampling),
-                              cfg.workflow.kwargs)
+    eta, batch_size = cfg.rollout.max_head_offpolicyness, cfg.train_dataset.batch_size
+    buffer = RolloutBuffer(batch_size, eta, cfg.rollout.max_concurrent_rollouts)
     rollout = RolloutRunner(engine, buffer, workflow, data.train, cfg.rollout.request_timeout_s,
                             accept=build_group_filter(cfg.actor),
-                            max_failures_in_a_row=cfg.rollout.max_failures_in_a_row or cfg.train_dataset.batch_size)
+                            max_failures_in_a_row=cfg.rollout.max_failures_in_a_row or (eta + 2) * batch_size)
     stack.callback(rollout.stop)
     logger = MetricsLogger(run_dir, cfg.stats_logger, f"{cfg.experiment_name}/{cfg.trial_name}",
                            configlib.to_dict(cfg), console=Console(cfg.progress_bar, cfg.total_train_steps))
@@ -172,6 +171,15 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack) -> Parts:
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
                           w.max_nonfinite_steps),
     )
+
+
+def _workflow(cfg: TrainConfig, context: WorkflowContext):
+    """The configured workflow; a factory that refuses its kwargs is a start-up refusal."""
+    try:
+        return build_workflow(cfg.workflow.name, context, cfg.workflow.kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"workflow: cannot build '{cfg.workflow.name}' with workflow.kwargs="
+                          f"{cfg.workflow.kwargs}: {e}") from e
 
 
 def _start(stack: contextlib.ExitStack, backend: str, build):
