@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from asyncrl.agent.workflow import AgentConfig
 from asyncrl.algo.config import ActorConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
@@ -90,7 +91,9 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Asynchronous rollout and the built-in engine."""
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
-    """What each admitted item runs (single-turn RLVR by default, or your own workflow)."""
+    """What each admitted item runs (single-turn RLVR by default, an agent, or your own workflow)."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Agentic RL (workflow.name=agent): your episode function, the proxy and how calls become samples."""
     actor: ActorConfig = field(default_factory=ActorConfig)
     """Optimisation and the policy loss."""
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
@@ -116,6 +119,9 @@ class TrainConfig:
         self.train_dataset.validate()
         self.reward.validate()
         self.workflow.validate()
+        self.agent.validate()
+        if self.workflow.name == "agent":
+            self.agent.validate_for_run()
         self.watchdog.validate()
         self.stats_logger.validate()
         if self.model.dtype not in ("float32", "bfloat16"):

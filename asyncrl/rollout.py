@@ -181,6 +181,8 @@ def _checked(group) -> TrajectoryGroup | None:
         if not len(t.output_ids) == len(t.behav_logprobs) == len(t.versions):
             raise ValueError(f"trajectory {i}: {len(t.output_ids)} output ids, {len(t.behav_logprobs)} log-probs "
                              f"and {len(t.versions)} versions; they must be one per output token")
+        if t.loss_mask is not None and (len(t.loss_mask) != len(t.output_ids) or not any(t.loss_mask)):
+            raise ValueError(f"trajectory {i}: loss_mask needs one 0/1 per output token and at least one 1")
         if not isinstance(t.reward, (int, float)) or t.reward != t.reward or abs(t.reward) == float("inf"):
             raise ValueError(f"trajectory {i} has reward {t.reward!r}, not a finite number")
     return group

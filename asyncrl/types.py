@@ -56,7 +56,9 @@ class Completion:
 
 @dataclass
 class Trajectory:
-    """A completion with its reward, ready for training."""
+    """A completion with its reward, ready for training. ``loss_mask`` (one 0/1 per output token; None = all 1)
+    marks output tokens that are context, not trained: e.g. tool results between the assistant turns of a
+    whole conversation (their ``behav_logprobs`` are 0 and ``versions`` -1)."""
 
     prompt_ids: list[int]
     output_ids: list[int]
@@ -65,6 +67,7 @@ class Trajectory:
     reward: float
     finish_reason: str = "stop"
     text: str = ""
+    loss_mask: list[int] | None = None
 
     @property
     def n_tokens(self) -> int:

@@ -22,7 +22,7 @@ def collate(groups: list[TrajectoryGroup], pad_id: int) -> Batch:
         P, O = len(t.prompt_ids), len(t.output_ids)
         input_ids[i, : P + O] = torch.tensor(t.prompt_ids + t.output_ids)
         attention_mask[i, : P + O] = 1
-        loss_mask[i, P - 1 : P - 1 + O] = 1
+        loss_mask[i, P - 1 : P - 1 + O] = 1 if t.loss_mask is None else torch.tensor(t.loss_mask, dtype=torch.float32)
         behav[i, P - 1 : P - 1 + O] = torch.tensor(t.behav_logprobs)
         versions[i, P - 1 : P - 1 + O] = torch.tensor(t.versions)
     return Batch(

@@ -10,6 +10,7 @@ the engine loop, the rollout event loop; evaluation runs on a second engine pinn
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -144,7 +145,10 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack) -> Parts:
         stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels))
     publisher = build_publisher(cfg.rollout, [engine])
     stack.callback(publisher.close)
-    workflow = _workflow(cfg, WorkflowContext(rollout_tokenizer, reward, shape.sampling))
+    workflow = _workflow(cfg, WorkflowContext(rollout_tokenizer, reward, shape.sampling, shape.max_len,
+                                              shape.stop_token_ids))
+    if hasattr(workflow, "close"):
+        stack.callback(workflow.close)
 
     run_dir = _run_dir(cfg)
     eta, batch_size = cfg.rollout.max_head_offpolicyness, cfg.train_dataset.batch_size
@@ -167,7 +171,8 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack) -> Parts:
         evaluate=Evaluator(eval_engine, tokenizer, data.valid, reward.eval_fn, shape.eval_params,
                            trainer.state_dict, cfg.evaluator.success_threshold),
         checkpoints=Checkpointer(run_dir, trainer, tokenizer), logger=logger, timeline=timeline,
-        meter=StepMeter(engine.stats, [rollout.stats, reward.stats, buffer.stats, data.stats]),
+        meter=StepMeter(engine.stats, [rollout.stats, reward.stats, buffer.stats, data.stats,
+                                       *([workflow.stats] if hasattr(workflow, "stats") else [])]),
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
                           w.max_nonfinite_steps),
     )
@@ -175,8 +180,11 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack) -> Parts:
 
 def _workflow(cfg: TrainConfig, context: WorkflowContext):
     """The configured workflow; a factory that refuses its kwargs is a start-up refusal."""
+    kwargs = cfg.workflow.kwargs
+    if cfg.workflow.name == "agent":  # the agent workflow is configured by its own section
+        kwargs = {**dataclasses.asdict(cfg.agent), **kwargs}
     try:
-        return build_workflow(cfg.workflow.name, context, cfg.workflow.kwargs)
+        return build_workflow(cfg.workflow.name, context, kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"workflow: cannot build '{cfg.workflow.name}' with workflow.kwargs="
                           f"{cfg.workflow.kwargs}: {e}") from e

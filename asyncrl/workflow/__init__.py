@@ -4,6 +4,8 @@ A workflow is any object with ``async run(item, engine) -> TrajectoryGroup | Non
 item: it is not trained on, and its admission is released). ``workflow.name`` is a registered name
 (``rlvr``) or an import path ``package.module:Name`` of a user's own: a class or factory, called as
 ``Name(context, **workflow.kwargs)`` with a :class:`WorkflowContext`, or a ready object with ``run``.
+``agent`` (``asyncrl.agent``) runs your OpenAI-client agent through a recording proxy; it is configured by
+the ``agent`` section.
 Workflows run on the rollout thread's event loop: they must await, never block.
 """
 
@@ -16,7 +18,7 @@ from asyncrl.engine.base import Engine
 from asyncrl.plugins import load_object
 from asyncrl.types import SamplingParams, TrajectoryGroup
 
-WORKFLOWS = {"rlvr": "asyncrl.workflow.rlvr:RLVRWorkflow"}
+WORKFLOWS = {"rlvr": "asyncrl.workflow.rlvr:RLVRWorkflow", "agent": "asyncrl.agent.workflow:AgentWorkflow"}
 """Registered workflow names and where they live (imported only when chosen)."""
 
 
@@ -31,6 +33,8 @@ class WorkflowContext:
     tokenizer: Any  # the rollout thread's own tokenizer (fast tokenizers must not be shared across threads)
     reward: Any  # a RewardService: ``await reward.ascore(item, completion_text) -> float``
     params: SamplingParams  # gconfig's sampling: n samples per item, max_new_tokens, temperature, ...
+    max_len: int = 0  # the engine's context per sequence (prompt + completion tokens)
+    stop_token_ids: tuple[int, ...] = ()  # what ends a reply (the end-of-turn token first)
 
 
 def resolve_workflow(name: str) -> Any:

@@ -1,0 +1,101 @@
+"""The proxy over HTTP (FastAPI; the ``serve`` extra): ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/models``, authenticated by the episode's key (``Authorization: Bearer KEY``). Loopback only unless an
+admin key is set (a proxy on a network interface without one would let anyone who guesses a path in).
+
+Stand-alone use (``asyncrl serve --agent-proxy``) adds session routes for the admin: ``POST /rl/sessions``
+opens an episode and returns its key, ``POST /rl/sessions/{key}/end`` closes it and returns its recorded calls
+(prompt ids, output ids, log-probs, versions, finish reasons).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from asyncrl.agent.proxy import AgentProxy, ProxyError
+from asyncrl.server.middleware import BodyLimit
+
+MAX_BODY_BYTES = 4 << 20
+MAX_CONTAINERS = 1 << 16
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, admin_key: str | None) -> None:
+    if not is_loopback(host) and not admin_key:
+        raise ValueError(f"the agent proxy binds '{host}', which is not loopback: set an admin key too (anyone "
+                         "who can reach it could otherwise use the engine)")
+
+
+def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = False,
+              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    app = FastAPI(title="asyncrl agent proxy")
+
+    @app.exception_handler(ProxyError)
+    async def _refused(request: Request, exc: ProxyError):
+        kind = "authentication_error" if exc.status == 401 else "invalid_request_error"
+        return JSONResponse(status_code=exc.status, content={"error": {"message": str(exc), "type": kind}})
+
+    async def body_of(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ProxyError(400, f"the request body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise ProxyError(400, "the request body must be a JSON object")
+        return body
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        proxy.episode(_bearer(request))
+        return proxy.models()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        key = _bearer(request)
+        proxy.episode(key)  # 401 before the body is looked at
+        return await proxy.chat(key, await body_of(request))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        key = _bearer(request)
+        proxy.episode(key)
+        return await proxy.complete(key, await body_of(request))
+
+    if sessions:
+        def admin(request: Request) -> None:
+            if not admin_key or not secrets.compare_digest(_bearer(request) or "", admin_key):
+                raise ProxyError(401, "session routes need the admin key")
+
+        @app.post("/rl/sessions")
+        async def open_session(request: Request):
+            admin(request)
+            return {"api_key": proxy.open()}
+
+        @app.post("/rl/sessions/{key}/end")
+        async def end_session(key: str, request: Request):
+            admin(request)
+            if key not in proxy.episodes:
+                raise ProxyError(404, "no live session has this key")
+            episode = proxy.close(key)
+            return {"calls": [{"id": c.id, "parent": c.parent, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids,
+                               "logprobs": c.logprobs, "versions": c.versions, "finish_reason": c.finish_reason}
+                              for c in episode.calls]}
+
+    return BodyLimit(app, max_body_bytes, MAX_CONTAINERS)
+
+
+def _bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else None

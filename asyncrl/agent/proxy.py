@@ -1,0 +1,224 @@
+"""The OpenAI-compatible proxy's logic, without HTTP: per-episode keys, chat and text completions served by
+the run's engine and recorded token for token (``session.Episode``).
+
+Requests are checked field by field (``ProxyError`` carries the HTTP status and a message naming the field).
+Sampling is the run's (``gconfig``): a request's ``temperature``, ``top_p`` and ``top_k`` are ignored, because
+the trainer scores tokens at the run's temperature and nucleus, so anything else would make the recorded
+behaviour log-probs wrong; ``max_tokens`` may only lower the run's ``gconfig.max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+import uuid
+
+from asyncrl.agent.chat import ChatRenderer, TemplateError, normalize
+from asyncrl.agent.session import Call, Episode, canonical
+from asyncrl.agent.tools import PARSERS, Reply
+from asyncrl.types import SamplingParams
+
+MAX_MESSAGES = 1024
+MAX_TEXT_CHARS = 1 << 20  # characters of message text per request, checked before tokenising
+FINISH = {"stop": "stop", "length": "length", "abort": "length"}
+
+
+class ProxyError(Exception):
+    """A request the proxy refuses: ``status`` (400, 401, 413) and a message naming the field."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class AgentProxy:
+    """Serves ``engine`` to episodes, one key each. ``params`` is the run's sampling (its ``n`` is ignored: a
+    request's ``n`` says how many choices); ``max_len`` the engine's context per sequence."""
+
+    def __init__(self, renderer: ChatRenderer, params: SamplingParams, max_len: int, *, tool_parser: str = "hermes",
+                 model_name: str = "policy", engine=None):
+        if tool_parser not in PARSERS:
+            raise ValueError(f"tool parser must be one of {sorted(PARSERS)}, got '{tool_parser}'")
+        self.renderer, self.params, self.max_len = renderer, dataclasses.replace(params, n=1), max_len
+        self.parse = PARSERS[tool_parser]
+        self.model_name, self.engine = model_name, engine
+        self.tokenizer = renderer.tokenizer
+        self.episodes: dict[str, Episode] = {}
+        self.calls = self.tool_parse_errors = 0
+
+    # ---- keys ----------------------------------------------------------------------------------------------
+    def open(self) -> str:
+        key = "sk-asyncrl-" + secrets.token_urlsafe(24)
+        self.episodes[key] = Episode(key, self.renderer)
+        return key
+
+    def close(self, key: str) -> Episode:
+        return self.episodes.pop(key)
+
+    def episode(self, key: str | None) -> Episode:
+        episode = self.episodes.get(key or "")
+        if episode is None:
+            raise ProxyError(401, "no live episode has this API key")
+        return episode
+
+    # ---- endpoints -----------------------------------------------------------------------------------------
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "asyncrl"}]}
+
+    async def chat(self, key: str | None, body: dict) -> dict:
+        """``/v1/chat/completions``: ``messages`` (+ ``tools``, ``tool_choice``, ``n``, ``stop``, ``max_tokens`` /
+        ``max_completion_tokens``, ``logprobs``); the reply's tool calls parsed for the agent."""
+        episode = self.episode(key)
+        messages, tools = _messages(body), _list(body, "tools")
+        fingerprint = canonical(["chat", messages, tools, body.get("tool_choice"), body.get("n"), body.get("stop"),
+                                 _max_tokens(body), bool(body.get("logprobs"))])
+        earlier = episode.retry_of(fingerprint)
+        if earlier is not None:  # the same request again (an SDK retry after a timeout): the same answer
+            return await earlier
+        try:
+            response = await self._chat(episode, body, messages, tools)
+        except BaseException as e:
+            episode.resolve(fingerprint, error=e)
+            raise
+        episode.resolve(fingerprint, response)
+        return response
+
+    async def complete(self, key: str | None, body: dict) -> dict:
+        """``/v1/completions``: ``prompt`` (text or token ids) continued as it is, no chat template."""
+        episode = self.episode(key)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            _check_chars(len(prompt), "prompt")
+            ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            ids = list(prompt)
+        else:
+            raise ProxyError(400, "prompt must be a non-empty string or a list of token ids")
+        params = self._params(body)
+        choices = []
+        for index, call in enumerate(await self._generate(episode, ids, None, 0, [], "", params, _n(body))):
+            choices.append({"index": index, "text": self._decode(call.output_ids, params),
+                            "finish_reason": FINISH.get(call.finish_reason, "stop"), "logprobs": None})
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices, "usage": _usage(ids, choices, episode)}
+
+    # ---- internals -----------------------------------------------------------------------------------------
+    async def _chat(self, episode: Episode, body: dict, messages: list[dict], tools: list | None) -> dict:
+        try:
+            prompt_ids, parent, bridge = episode.plan(messages, tools)
+        except TemplateError as e:
+            raise ProxyError(400, f"messages: {e}") from None
+        params = self._params(body)
+        calls = await self._generate(episode, prompt_ids, parent, bridge, messages, canonical(tools or []),
+                                     params, _n(body))
+        choices = []
+        for index, call in enumerate(calls):
+            text = self._decode(call.output_ids, params)
+            reply = self.parse(text) if tools and body.get("tool_choice") != "none" else Reply(text)
+            self.tool_parse_errors += reply.malformed
+            message = {"role": "assistant", "content": reply.content}
+            if reply.tool_calls:
+                message["tool_calls"] = reply.tool_calls
+            call.reply = normalize([message])[0]
+            finish = "tool_calls" if reply.tool_calls else FINISH.get(call.finish_reason, "stop")
+            choice = {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": [
+                    {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(call.output_ids, call.logprobs)]}
+            choices.append(choice)
+        return {"id": calls[0].id, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
+                "choices": choices, "usage": _usage(prompt_ids, choices, episode, calls)}
+
+    def _params(self, body: dict) -> SamplingParams:
+        stop = body.get("stop")
+        stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
+        if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+            raise ProxyError(400, "stop must be a non-empty string or a list of at most 4 of them")
+        limit = _max_tokens(body)
+        max_new = self.params.max_new_tokens if limit is None else min(limit, self.params.max_new_tokens)
+        return dataclasses.replace(self.params, max_new_tokens=max_new, stop=tuple(stops))
+
+    async def _generate(self, episode: Episode, prompt_ids: list[int], parent, bridge: int, messages, tools_key,
+                        params: SamplingParams, n: int) -> list[Call]:
+        if self.engine is None:
+            raise ProxyError(503, "the proxy has no engine yet")
+        if len(prompt_ids) + params.max_new_tokens > self.max_len:
+            room = self.max_len - len(prompt_ids)
+            raise ProxyError(400, f"messages: the conversation is {len(prompt_ids)} tokens; with max_tokens "
+                                  f"{params.max_new_tokens} it exceeds the context of {self.max_len} tokens"
+                                  + (f" (ask for max_tokens <= {room})" if room > 0 else ""))
+        calls = []
+        t0 = time.perf_counter()
+        completions = await self.engine.generate(prompt_ids, dataclasses.replace(params, n=n))
+        episode.llm_s += time.perf_counter() - t0
+        for c in completions:
+            call = Call(f"chatcmpl-{uuid.uuid4().hex}", messages, tools_key, list(prompt_ids), parent, bridge,
+                        c.output_ids, c.logprobs, c.versions, c.finish_reason)
+            episode.calls.append(call)
+            calls.append(call)
+        self.calls += len(calls)
+        return calls
+
+    def _decode(self, ids: list[int], params: SamplingParams) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        hits = [text.find(s) for s in params.stop if s in text]
+        return text[: min(hits)] if hits else text
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ProxyError(400, "messages must be a non-empty list")
+    if len(messages) > MAX_MESSAGES:
+        raise ProxyError(413, f"messages: {len(messages)} messages, more than {MAX_MESSAGES}")
+    chars = 0
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+            raise ProxyError(400, f"messages[{i}] must be an object with role system, user, assistant or tool")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ProxyError(400, f"messages[{i}].content must be a string, a list of parts or null")
+        chars += len(canonical(content)) if content is not None else 0
+        if m.get("tool_calls") is not None and not isinstance(m["tool_calls"], list):
+            raise ProxyError(400, f"messages[{i}].tool_calls must be a list")
+    _check_chars(chars, "messages")
+    return messages
+
+
+def _check_chars(n: int, field: str) -> None:
+    if n > MAX_TEXT_CHARS:
+        raise ProxyError(413, f"{field}: {n} characters, more than {MAX_TEXT_CHARS}")
+
+
+def _list(body: dict, key: str) -> list | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, list):
+        raise ProxyError(400, f"{key} must be a list")
+    return value or None
+
+
+def _n(body: dict) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if type(n) is not int or not 1 <= n <= 16:
+        raise ProxyError(400, "n must be an integer from 1 to 16")
+    return n
+
+
+def _max_tokens(body: dict) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is not None:
+            if type(value) is not int or value < 1:
+                raise ProxyError(400, f"{key} must be a positive integer")
+            return value
+    return None
+
+
+def _usage(prompt_ids: list[int], choices: list[dict], episode: Episode, calls: list[Call] | None = None) -> dict:
+    completion = sum(len(c.output_ids) for c in (calls or episode.calls[-len(choices):]))
+    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
+            "total_tokens": len(prompt_ids) + completion}

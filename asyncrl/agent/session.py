@@ -1,0 +1,160 @@
+"""One agent episode's LLM calls, recorded token for token, and how they become training samples.
+
+Each call keeps the prompt ids exactly as sent to the engine, the output ids, their behaviour log-probs and
+per-token versions, and the finish reason. A call whose messages are an earlier call's messages + the reply
+it got + new messages continues that call (its ``parent``): its prompt is the parent's prompt + output ids +
+the new messages' tokens (``ChatRenderer.continuation``), never a re-tokenisation. Anything else (the agent
+dropped, edited or summarised its history) is rendered fresh and starts a new chain.
+
+Export (``agent.export``):
+- ``individual``: one sample per call: the whole prompt masked, the call's output trained;
+- ``concat``: one sample per chain of calls: the first prompt masked, every assistant output trained, the
+  tokens between them (tool results, user turns, the template's turn boundaries) masked. A call on several
+  chains (the agent branched) is trained on the first only.
+
+Rewards: the episode returns one number (the reward of its last call) or ``{completion_id: reward}`` per call;
+each call's return is its own reward + γ · the return of the next call (creation order), so the episode's
+outcome flows back over earlier calls (γ = ``agent.turn_discount``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from asyncrl.agent.chat import ChatRenderer, normalize
+from asyncrl.types import Trajectory
+
+
+@dataclass
+class Call:
+    id: str  # the completion id returned to the agent
+    messages: list[dict]  # the request's messages, normalised
+    tools_key: str  # the request's tools, as canonical JSON
+    prompt_ids: list[int]
+    parent: int | None  # the call this one continues token for token
+    bridge: int  # how many of prompt_ids follow the parent's prompt + output (0 without a parent)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str = ""
+    reply: dict | None = None  # the assistant message returned, normalised (what the agent should send back)
+
+
+def canonical(obj) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _same_message(sent: dict, reply: dict) -> bool:
+    """Whether the agent sent back the reply it got (tool-call ids and arguments' spelling aside)."""
+    def key(m):
+        calls = [(c["function"]["name"], canonical(c["function"]["arguments"])) for c in m.get("tool_calls", [])]
+        return m["role"], m["content"].strip(), calls
+    return key(sent) == key(reply)
+
+
+class Episode:
+    """The calls made with one API key."""
+
+    def __init__(self, key: str, renderer: ChatRenderer):
+        self.key, self.renderer = key, renderer
+        self.calls: list[Call] = []
+        self.history_edits = 0  # calls that could not continue an earlier one
+        self.retries = 0  # repeated requests answered from an earlier call
+        self.llm_s = 0.0  # time spent waiting for the engine
+        self._requests: dict[str, asyncio.Future] = {}  # request fingerprint -> the response (retries)
+
+    def plan(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int | None, int]:
+        """(prompt ids, parent call, bridge length) for a request; raises ``TemplateError``."""
+        messages, tools_key = normalize(messages), canonical(tools or [])
+        for i in range(len(self.calls) - 1, -1, -1):
+            c = self.calls[i]
+            n = len(c.messages)
+            if (c.reply is not None and c.tools_key == tools_key and len(messages) > n + 1
+                    and messages[:n] == c.messages and _same_message(messages[n], c.reply)):
+                bridge = self.renderer.continuation(messages[n + 1:], tools, ended_with_stop=c.finish_reason == "stop")
+                return c.prompt_ids + c.output_ids + bridge, i, len(bridge)
+        if self.calls:
+            self.history_edits += 1
+        return self.renderer.render(messages, tools), None, 0
+
+    def retry_of(self, fingerprint: str) -> asyncio.Future | None:
+        """The response future of an identical earlier request (a client retry), else None after registering
+        a new one for this request; the caller resolves it."""
+        earlier = self._requests.get(fingerprint)
+        if earlier is not None and not (earlier.done() and earlier.exception() is not None):
+            self.retries += 1
+            return earlier
+        self._requests[fingerprint] = asyncio.get_running_loop().create_future()
+        return None
+
+    def resolve(self, fingerprint: str, response=None, error: BaseException | None = None) -> None:
+        future = self._requests[fingerprint]
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(response)
+            if error is not None:
+                future.exception()  # retrieved: a failed request that nobody retries is not an asyncio warning
+
+    # ---- export ------------------------------------------------------------------------------------------
+    def returns(self, outcome, gamma: float = 1.0) -> list[float]:
+        """Each call's discounted return (creation order) from the episode's outcome."""
+        if isinstance(outcome, dict):
+            by_id = {c.id: i for i, c in enumerate(self.calls)}
+            unknown = sorted(set(outcome) - set(by_id))
+            if unknown:
+                raise ValueError(f"the episode rewarded unknown completion ids {unknown[:3]}")
+            rewards = [float(outcome.get(c.id, 0.0)) for c in self.calls]
+        else:
+            rewards = [0.0] * len(self.calls)
+            if self.calls:
+                rewards[-1] = float(outcome)
+        out, ahead = [0.0] * len(rewards), 0.0
+        for i in range(len(rewards) - 1, -1, -1):
+            ahead = rewards[i] + gamma * ahead
+            out[i] = ahead
+        return out
+
+    def samples(self, outcome, mode: str = "individual", gamma: float = 1.0) -> list[Trajectory]:
+        calls = [c for c in self.calls if c.output_ids]
+        if not calls:
+            return []
+        returns = dict(zip((c.id for c in self.calls), self.returns(outcome, gamma)))
+        if mode == "individual":
+            return [Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, returns[c.id], c.finish_reason)
+                    for c in calls]
+        return self._chains(returns)
+
+    def _chains(self, returns: dict[str, float]) -> list[Trajectory]:
+        children = {i for c in self.calls for i in [c.parent] if i is not None}
+        trained: set[int] = set()
+        samples = []
+        for leaf in range(len(self.calls)):
+            if leaf in children or not self.calls[leaf].output_ids:
+                continue
+            chain = [leaf]
+            while self.calls[chain[-1]].parent is not None:
+                chain.append(self.calls[chain[-1]].parent)
+            chain.reverse()
+            samples.append(self._concat(chain, trained, returns[self.calls[chain[0]].id]))
+        return samples
+
+    def _concat(self, chain: list[int], trained: set[int], reward: float) -> Trajectory:
+        root = self.calls[chain[0]]
+        ids, logprobs, versions, mask = [], [], [], []
+        for k, i in enumerate(chain):
+            c = self.calls[i]
+            if k:
+                bridge = c.prompt_ids[len(c.prompt_ids) - c.bridge:]
+                ids += bridge
+                logprobs += [0.0] * len(bridge)
+                versions += [-1] * len(bridge)
+                mask += [0] * len(bridge)
+            train = i not in trained
+            trained.add(i)
+            ids += c.output_ids
+            logprobs += c.logprobs
+            versions += c.versions if train else [-1] * len(c.versions)
+            mask += [int(train)] * len(c.output_ids)
+        last = self.calls[chain[-1]]
+        return Trajectory(root.prompt_ids, ids, logprobs, versions, reward, last.finish_reason, loss_mask=mask)

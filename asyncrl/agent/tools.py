@@ -1,0 +1,85 @@
+"""Tool calls parsed from a reply's decoded text into OpenAI ``tool_calls``, for the agent only: the trained
+tokens are the engine's, whatever the parser makes of them.
+
+Parsers by model family (``agent.tool_parser``):
+- ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5, Qwen3, the tiny
+  agent model, Hermes);
+- ``llama3_json``: the whole reply is one JSON object ``{"name": ..., "parameters": {...}}``, optionally
+  after ``<|python_tag|>`` (Llama 3.1+ JSON tool calling);
+- ``none``: never a tool call.
+A malformed call (not JSON, no name, arguments not an object) is not returned, is counted, and its text
+stays in the reply's content so the agent sees what the model wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+@dataclass
+class Reply:
+    content: str
+    tool_calls: list[dict] = field(default_factory=list)  # OpenAI format; arguments as a JSON string
+    malformed: int = 0
+
+
+def _call(obj, args_key: str) -> dict | None:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get(args_key, {})
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse_hermes(text: str) -> Reply:
+    calls, malformed, kept = [], 0, []
+    last = 0
+    for m in HERMES_CALL.finditer(text):
+        try:
+            call = _call(json.loads(m.group(1)), "arguments")
+        except json.JSONDecodeError:
+            call = None
+        kept.append(text[last:m.start()])
+        if call is None:
+            malformed += 1
+            kept.append(m.group(0))
+        else:
+            calls.append(call)
+        last = m.end()
+    kept.append(text[last:])
+    content = "".join(kept)
+    if calls:
+        content = content.strip()
+    if "<tool_call>" in text[last:]:  # an opened call that never closed (cut at the length limit, say)
+        malformed += 1
+    return Reply(content, calls, malformed)
+
+
+def parse_llama3_json(text: str) -> Reply:
+    body = text.strip().removeprefix("<|python_tag|>").strip()
+    if not body.startswith("{"):
+        return Reply(text)
+    try:
+        call = _call(json.loads(body), "parameters")
+    except json.JSONDecodeError:
+        call = None
+    return Reply("", [call]) if call is not None else Reply(text, malformed=1)
+
+
+def parse_none(text: str) -> Reply:
+    return Reply(text)
+
+
+PARSERS = {"hermes": parse_hermes, "llama3_json": parse_llama3_json, "none": parse_none}

@@ -1,0 +1,190 @@
+"""The agent workflow (``workflow.name: agent``): an item runs ``gconfig.n_samples`` episodes of the user's
+``async def episode(client, item)`` at once (one admission for the group), each with a client bound to its
+own key on the proxy; the calls they make become the group's samples.
+
+An episode returns its reward (a number, for its last call) or ``{completion_id: reward}``; one that raises,
+returns something else or runs past ``agent.timeout_s`` is counted (``agent_episode_failures``, the first of
+each kind logged with its traceback) and dropped. A group whose episodes all failed is a failed rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import numbers
+import time
+from dataclasses import dataclass, field
+
+from asyncrl.agent.chat import ChatRenderer
+from asyncrl.agent.client import InProcessClient
+from asyncrl.agent.proxy import AgentProxy
+from asyncrl.configlib import ConfigError
+from asyncrl.plugins import load_object
+from asyncrl.types import TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+EXPORTS = ("individual", "concat")
+CLIENTS = ("auto", "openai", "inprocess")
+
+
+@dataclass
+class AgentConfig:
+    episode: str = ""
+    """Your agent: an import path package.module:name of `async def episode(client, item) -> float | dict`
+    (or an object with such an `episode` method). `client` is an OpenAI-compatible async client bound to this
+    episode; the return value is the reward of its last call, or {completion_id: reward} per call."""
+    timeout_s: float = 300.0
+    """An episode that runs longer is cancelled, counted in agent_episode_failures and dropped."""
+    export: str = "individual"
+    """individual: one sample per LLM call (its prompt masked, its output trained) | concat: one sample per
+    conversation (every assistant turn trained, tool and user tokens between them masked)."""
+    turn_discount: float = 1.0
+    """γ over calls: a call's reward is its own + γ × the next call's (the episode reward flows back)."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from replies: hermes (<tool_call>{...}</tool_call>: Qwen2.5/3, the tiny agent
+    model) | llama3_json | none."""
+    client: str = "auto"
+    """openai: the official openai.AsyncOpenAI client over HTTP to the proxy | inprocess: an object with the
+    same interface calling the proxy directly | auto: openai when the package is installed."""
+    proxy_host: str = "127.0.0.1"
+    """Where the HTTP proxy listens (a non-loopback address needs agent.admin_key)."""
+    proxy_port: int = 0
+    """Its port (0 = a free one)."""
+    admin_key: str = ""
+    """Required to bind the proxy to a non-loopback address."""
+    options: dict = field(default_factory=dict)
+    """Keyword arguments for the episode function (e.g. tool latency of a built-in task)."""
+
+    def validate(self) -> None:
+        if self.export not in EXPORTS:
+            raise ConfigError(f"agent.export must be one of {list(EXPORTS)}, got '{self.export}'")
+        if self.client not in CLIENTS:
+            raise ConfigError(f"agent.client must be one of {list(CLIENTS)}, got '{self.client}'")
+        from asyncrl.agent.tools import PARSERS
+
+        if self.tool_parser not in PARSERS:
+            raise ConfigError(f"agent.tool_parser must be one of {sorted(PARSERS)}, got '{self.tool_parser}'")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"agent.timeout_s must be > 0, got {self.timeout_s}")
+        if not 0 <= self.turn_discount <= 1:
+            raise ConfigError(f"agent.turn_discount must be in [0, 1], got {self.turn_discount}")
+
+    def validate_for_run(self) -> None:
+        """The checks that only matter when workflow.name is agent."""
+        if not self.episode:
+            raise ConfigError("workflow.name=agent needs agent.episode: the import path of your episode function")
+        try:
+            resolve_episode(self.episode)
+        except ValueError as e:
+            raise ConfigError(f"agent.episode: {e}") from e
+        from asyncrl.agent.http import check_bind
+
+        try:
+            check_bind(self.proxy_host, self.admin_key)
+        except ValueError as e:
+            raise ConfigError(f"agent.proxy_host: {e}") from e
+
+
+def resolve_episode(spec: str):
+    target = load_object(spec)
+    fn = getattr(target, "episode", target)
+    if not callable(fn):
+        raise ValueError(f"'{spec}' is neither a function nor an object with an episode method")
+    return fn
+
+
+class AgentWorkflow:
+    """Runs the episodes of an item through the proxy and exports their calls as one group."""
+
+    def __init__(self, context, *, episode: str, timeout_s: float = 300.0,
+                 export: str = "individual", turn_discount: float = 1.0, tool_parser: str = "hermes",
+                 client: str = "auto", proxy_host: str = "127.0.0.1", proxy_port: int = 0, admin_key: str = "",
+                 options: dict | None = None):
+        self.episode_fn, self.options = resolve_episode(episode), dict(options or {})
+        stop_token_id, max_len = context.stop_token_ids[0], context.max_len
+        self.n, self.timeout_s, self.export, self.gamma = context.params.n, timeout_s, export, turn_discount
+        self.proxy = AgentProxy(ChatRenderer(context.tokenizer, stop_token_id), context.params, max_len,
+                                tool_parser=tool_parser)
+        self.use_http = client == "openai" or (client == "auto" and _has_openai())
+        self.server = self.http = None
+        if self.use_http:
+            self._serve(context.tokenizer, stop_token_id, proxy_host, proxy_port, admin_key)
+        self.episodes = self.failures = self.history_edits = self.retries = 0
+        self.tool_s = 0.0  # time episodes spent outside LLM calls (tools, the agent's own code)
+        self._logged: set[str] = set()
+
+    def _serve(self, tokenizer, stop_token_id: int, host: str, port: int, admin_key: str) -> None:
+        """The HTTP proxy on a thread of its own, with a tokenizer of its own (fast tokenizers are not safe
+        across threads)."""
+        import httpx
+
+        from asyncrl.agent.http import build_app, check_bind
+        from asyncrl.server.app import ServerThread
+
+        check_bind(host, admin_key)
+        self.proxy.renderer = ChatRenderer(copy.deepcopy(tokenizer), stop_token_id)
+        self.proxy.tokenizer = self.proxy.renderer.tokenizer
+        self.server = ServerThread(build_app(self.proxy, admin_key or None), host, port)
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s + 60),
+                                      limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+
+    async def run(self, item: dict, engine) -> TrajectoryGroup | None:
+        self.proxy.engine = engine
+        outcomes = await asyncio.gather(*(self._episode(item) for _ in range(self.n)))
+        samples = [t for result in outcomes if result is not None for t in result]
+        if not samples:
+            raise RuntimeError(f"every episode of item {item.get('id')} failed or made no call")
+        return TrajectoryGroup(samples, item_id=item.get("id"))
+
+    async def _episode(self, item: dict):
+        key = self.proxy.open()
+        client = self._client(key)
+        t0 = time.perf_counter()
+        try:
+            outcome = await asyncio.wait_for(self.episode_fn(client, item, **self.options), self.timeout_s)
+            if not isinstance(outcome, (numbers.Real, dict)) or isinstance(outcome, bool):
+                raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or "
+                                "{completion_id: reward}")
+            episode = self.proxy.episodes[key]
+            return episode.samples(outcome, self.export, self.gamma)
+        except Exception as e:  # noqa: BLE001 - an episode costs only itself
+            self._failed(item, e)
+            return None
+        finally:
+            episode = self.proxy.close(key)
+            self.episodes += 1
+            self.history_edits += episode.history_edits
+            self.retries += episode.retries
+            self.tool_s += max(0.0, time.perf_counter() - t0 - episode.llm_s)
+
+    def _client(self, key: str):
+        if not self.use_http:
+            return InProcessClient(self.proxy, key)
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.server.url + "/v1", api_key=key, http_client=self.http, max_retries=2)
+
+    def _failed(self, item: dict, error: Exception) -> None:
+        self.failures += 1
+        kind = type(error).__name__
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("an episode of item %s failed; it is dropped and counted in agent_episode_failures "
+                        "(logged once per kind of error)", item.get("id"), exc_info=error)
+
+    def stats(self) -> dict:
+        return {"agent_episodes": self.episodes, "agent_episode_failures": self.failures,
+                "agent_calls": self.proxy.calls, "agent_tool_parse_errors": self.proxy.tool_parse_errors,
+                "agent_history_edits": self.history_edits, "agent_retries": self.retries, "agent_tool_s": self.tool_s}
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def _has_openai() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("openai") is not None and importlib.util.find_spec("fastapi") is not None
