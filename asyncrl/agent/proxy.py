@@ -110,8 +110,8 @@ class AgentProxy:
         except TemplateError as e:
             raise ProxyError(400, f"messages: {e}") from None
         params = self._params(body)
-        calls = await self._generate(episode, prompt_ids, parent, bridge, messages, canonical(tools or []),
-                                     params, _n(body))
+        calls = await self._generate(episode, prompt_ids, parent, bridge, normalize(messages),
+                                     canonical(tools or []), params, _n(body))
         choices = []
         for index, call in enumerate(calls):
             text = self._decode(call.output_ids, params)
