@@ -57,18 +57,25 @@ async def _generate_all(engine: Engine, prompts: list[list[int]], params: Sampli
 
 
 class Evaluator:
-    """Held-out accuracy of the trainer's weights at a given version, on an engine of its own (so rollouts
-    never wait for it, and every answer comes from exactly that version)."""
+    """Held-out scores of the trainer's weights at a given version, on an engine of its own (so rollouts never
+    wait for it, and every answer comes from exactly that version). ``score(engine) -> metrics`` evaluates:
+    by default one answer per item scored by ``reward_fn`` (``evaluate``); an agent workflow runs its
+    episodes instead."""
 
-    def __init__(self, engine, tokenizer, items: list[dict], reward_fn, params: SamplingParams, weights,
-                 success_threshold: float = 1.0):
-        self.engine, self.tokenizer, self.items, self.reward_fn = engine, tokenizer, items, reward_fn
-        self.params, self.weights, self.success_threshold = params, weights, success_threshold
+    def __init__(self, engine, weights, score):
+        self.engine, self.weights, self.score = engine, weights, score
         self.installed: int | None = None  # the version this evaluator last gave its engine
+
+    @classmethod
+    def single_turn(cls, engine, weights, tokenizer, items: list[dict], reward_fn, params: SamplingParams,
+                    success_threshold: float = 1.0) -> "Evaluator":
+        evaluator = cls(engine, weights, lambda e: evaluate(e, tokenizer, items, reward_fn, params,
+                                                            success_threshold=success_threshold))
+        evaluator.tokenizer, evaluator.items = tokenizer, items
+        return evaluator
 
     def __call__(self, version: int) -> dict:
         if version != self.installed:
             self.engine.update_weights(WeightUpdate(version, state_dict=self.weights()))
             self.installed = version
-        return evaluate(self.engine, self.tokenizer, self.items, self.reward_fn, self.params,
-                        success_threshold=self.success_threshold)
+        return self.score(self.engine)

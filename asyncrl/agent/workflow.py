@@ -105,6 +105,7 @@ class AgentWorkflow:
         self.episode_fn, self.options = resolve_episode(episode), dict(options or {})
         stop_token_id, max_len = context.stop_token_ids[0], context.max_len
         self.n, self.timeout_s, self.export, self.gamma = context.params.n, timeout_s, export, turn_discount
+        self.tool_parser = tool_parser
         self.proxy = AgentProxy(ChatRenderer(context.tokenizer, stop_token_id), context.params, max_len,
                                 tool_parser=tool_parser)
         self.use_http = client == "openai" or (client == "auto" and _has_openai())
@@ -158,6 +159,38 @@ class AgentWorkflow:
             self.history_edits += episode.history_edits
             self.retries += episode.retries
             self.tool_s += max(0.0, time.perf_counter() - t0 - episode.llm_s)
+
+    def evaluate(self, engine, items: list[dict], tokenizer, params, success_threshold: float = 1.0) -> dict:
+        """One episode per held-out item on ``engine`` with ``params`` (greedy by default), run from the calling
+        thread with ``tokenizer`` (that thread's own) through an in-process client; a failed episode scores 0
+        and is counted in ``eval_episode_failures``."""
+        t0 = time.perf_counter()
+        proxy = AgentProxy(ChatRenderer(tokenizer, self.proxy.renderer.stop_token_id), params, self.proxy.max_len,
+                           tool_parser=self.tool_parser, engine=engine)
+        failures = []
+
+        async def one(item: dict) -> float:
+            key = proxy.open()
+            try:
+                outcome = await asyncio.wait_for(self.episode_fn(InProcessClient(proxy, key), item, **self.options),
+                                                 self.timeout_s)
+                return float(outcome) if not isinstance(outcome, dict) else float(sum(outcome.values()))
+            except Exception as e:  # noqa: BLE001 - counted; evaluation goes on
+                failures.append(e)
+                return 0.0
+            finally:
+                proxy.close(key)
+
+        async def all_items():
+            return await asyncio.gather(*(one(item) for item in items))
+
+        scores = asyncio.run(all_items())
+        if failures:
+            log.warning("evaluation: %d of %d episodes failed (first: %s: %s)", len(failures), len(items),
+                        type(failures[0]).__name__, failures[0])
+        return {"eval_accuracy": sum(s >= success_threshold for s in scores) / len(scores),
+                "eval_reward_mean": sum(scores) / len(scores), "eval_episode_failures": len(failures),
+                "eval_calls_per_episode": proxy.calls / len(items), "eval_time_s": time.perf_counter() - t0}
 
     def _client(self, key: str):
         if not self.use_http:

@@ -168,14 +168,23 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack) -> Parts:
         plan=LoopPlan(cfg.total_train_steps, cfg.max_train_time_s, cfg.rollout.batch_timeout_s,
                       cfg.evaluator.freq_steps, cfg.saver.freq_steps, tokenizer.pad_token_id),
         trainer=trainer, engine=engine, publisher=publisher, buffer=buffer, rollout=rollout,
-        evaluate=Evaluator(eval_engine, tokenizer, data.valid, reward.eval_fn, shape.eval_params,
-                           trainer.state_dict, cfg.evaluator.success_threshold),
+        evaluate=_evaluator(cfg, workflow, eval_engine, trainer, tokenizer, data.valid, reward, shape),
         checkpoints=Checkpointer(run_dir, trainer, tokenizer), logger=logger, timeline=timeline,
         meter=StepMeter(engine.stats, [rollout.stats, reward.stats, buffer.stats, data.stats,
                                        *([workflow.stats] if hasattr(workflow, "stats") else [])]),
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
                           w.max_nonfinite_steps),
     )
+
+
+def _evaluator(cfg: TrainConfig, workflow, engine, trainer, tokenizer, items, reward, shape: RunShape) -> Evaluator:
+    """Held-out evaluation: the workflow's own (an agent runs its episodes) or one scored answer per item."""
+    threshold = cfg.evaluator.success_threshold
+    if hasattr(workflow, "evaluate"):
+        return Evaluator(engine, trainer.state_dict, lambda e: workflow.evaluate(
+            e, items, tokenizer, shape.eval_params, success_threshold=threshold))
+    return Evaluator.single_turn(engine, trainer.state_dict, tokenizer, items, reward.eval_fn, shape.eval_params,
+                                 threshold)
 
 
 def _workflow(cfg: TrainConfig, context: WorkflowContext):
