@@ -255,3 +255,38 @@ async def sometimes_fails(client, item):
 
 async def always_fails(client, item):
     raise TimeoutError("the sandbox queue is full")
+
+
+def test_standalone_proxy_in_asyncrl_serve(tiny_model_dir):
+    """`asyncrl serve --agent-proxy`: the admin opens a session, an openai client talks to /agent/v1 with its
+    key, and ending the session returns the recorded calls token for token."""
+    openai = pytest.importorskip("openai")
+    import httpx
+
+    from asyncrl.engine.spawn import asyncrl_server
+
+    server = asyncrl_server(tiny_model_dir, "--agent-proxy", "--admin-key", "adm", "--agent-max-tokens", "6")
+    try:
+        admin = {"Authorization": "Bearer adm"}
+        assert httpx.post(server.url + "/agent/rl/sessions").status_code == 401
+        key = httpx.post(server.url + "/agent/rl/sessions", headers=admin).json()["api_key"]
+
+        async def talk():
+            client = openai.AsyncOpenAI(base_url=server.url + "/agent/v1", api_key=key)
+            first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+            msgs = [{"role": "user", "content": "hi"}, first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "user", "content": "again"}]
+            await client.chat.completions.create(model="m", messages=msgs)
+            await client.close()
+
+        asyncio.run(talk())
+        calls = httpx.post(f"{server.url}/agent/rl/sessions/{key}/end", headers=admin).json()["calls"]
+        assert len(calls) == 2 and calls[1]["parent"] == 0
+        assert calls[1]["prompt_ids"][: len(calls[0]["prompt_ids"]) + len(calls[0]["output_ids"])] == \
+            calls[0]["prompt_ids"] + calls[0]["output_ids"]
+        assert all(len(c["output_ids"]) == len(c["logprobs"]) == len(c["versions"]) for c in calls)
+        gone = httpx.post(server.url + "/agent/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                          headers={"Authorization": f"Bearer {key}"})
+        assert gone.status_code == 401
+    finally:
+        server.close()

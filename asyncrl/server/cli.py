@@ -48,6 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--group-timeout", type=float, default=limits.GROUP_TIMEOUT_S,
                    help="seconds to join a weight update group (default %(default)s)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    agent = p.add_argument_group("agent proxy (docs/agents.md)")
+    agent.add_argument("--agent-proxy", action="store_true",
+                       help="also serve the recording OpenAI-compatible agent proxy under /agent/v1, with sessions "
+                            "opened and ended by the admin (POST /agent/rl/sessions, /agent/rl/sessions/KEY/end)")
+    agent.add_argument("--admin-key", default=None, help="the key of the proxy's session routes (required for it)")
+    agent.add_argument("--tool-parser", default="hermes", help="hermes | llama3_json | none")
+    agent.add_argument("--agent-temperature", type=float, default=1.0,
+                       help="the proxy's sampling temperature (requests' own are ignored: the recorded log-probs "
+                            "must be those of the training distribution)")
+    agent.add_argument("--agent-max-tokens", type=int, default=512, help="most tokens per proxy call")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,7 +86,12 @@ def run(args: argparse.Namespace) -> int:
     except StartupError as e:
         sock.close()
         return refuse(str(e))
-    return _serve(state, sock, args)
+    try:
+        return _serve(state, sock, args)
+    except StartupError as e:  # the agent proxy could not be built on this model
+        state.engine.stop()
+        sock.close()
+        return refuse(str(e))
 
 
 def _flag_problem(args: argparse.Namespace) -> str | None:
@@ -95,6 +110,13 @@ def _flag_problem(args: argparse.Namespace) -> str | None:
          f"--update-timeout must be a positive number of seconds, got {args.update_timeout}"),
         (math.isfinite(args.group_timeout) and args.group_timeout > 0,
          f"--group-timeout must be a positive number of seconds, got {args.group_timeout}"),
+        (not args.agent_proxy or bool(args.admin_key),
+         "--agent-proxy needs --admin-key: its session routes hand out keys to the engine"),
+        (args.tool_parser in ("hermes", "llama3_json", "none"),
+         f"--tool-parser must be hermes, llama3_json or none, got '{args.tool_parser}'"),
+        (math.isfinite(args.agent_temperature) and args.agent_temperature >= 1e-4,
+         f"--agent-temperature must be a finite number >= 1e-4, got {args.agent_temperature}"),
+        (args.agent_max_tokens >= 1, f"--agent-max-tokens must be at least 1, got {args.agent_max_tokens}"),
     ]
     return next((message for ok, message in checks if not ok), None)
 
@@ -120,12 +142,40 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _agent_proxy(state, args: argparse.Namespace):
+    """The agent proxy over this server's engine, with a tokenizer of its own (it tokenises on the event loop
+    while the server's routes tokenise on worker threads)."""
+    import copy
+
+    from asyncrl.agent.chat import ChatRenderer, TemplateError
+    from asyncrl.agent.http import build_app as proxy_app
+    from asyncrl.agent.proxy import AgentProxy
+    from asyncrl.server.state import StartupError
+    from asyncrl.types import SamplingParams
+
+    if state.tokenizer is None or not state.engine.default_stop:
+        raise StartupError("--agent-proxy needs the model's tokenizer, with a chat template and an end-of-sequence "
+                           "token, in the model directory")
+    try:
+        renderer = ChatRenderer(copy.deepcopy(state.tokenizer), state.engine.default_stop[0])
+    except TemplateError as e:
+        raise StartupError(f"--agent-proxy: {e}") from e
+    params = SamplingParams(max_new_tokens=args.agent_max_tokens, temperature=args.agent_temperature,
+                            stop_token_ids=state.engine.default_stop)
+    proxy = AgentProxy(renderer, params, state.engine.max_len, tool_parser=args.tool_parser,
+                       model_name=state.model_name, engine=state.engine)
+    return proxy_app(proxy, args.admin_key, sessions=True)
+
+
 def _serve(state, sock: socket.socket, args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT: the engine stops at once (running generations end with a 503), other requests
     get ``limits.SHUTDOWN_GRACE_S`` to finish (then a 503 too), and the exit status is 0."""
     from asyncrl.server.app import Server, build_app, uvicorn_config
 
-    server = Server(uvicorn_config(build_app(state), args.log_level), state.engine)
+    app = build_app(state)
+    if args.agent_proxy:
+        app.mount("/agent", _agent_proxy(state, args))
+    server = Server(uvicorn_config(app, args.log_level), state.engine)
     # uvicorn re-raises the signal it caught once it has shut down; with this handler (not the default action,
     # which would end the process by the signal) that only asks for the exit already done
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in (signal.SIGTERM, signal.SIGINT)}
