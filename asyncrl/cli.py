@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     report_arguments(sub.add_parser("report", help=report_help, description=report_help))
     init = sub.add_parser("init-model", help="build the tiny tokenizer and a randomly initialised model")
     init.add_argument("--out", default="outputs/tiny-init", help="output directory")
-    init.add_argument("--vocab-size", type=int, default=1024)
+    init.add_argument("--task", choices=["arith", "lookup"], default="arith",
+                      help="the task whose text the tokenizer is trained on: arith (the shipped tiny-sft) | lookup "
+                           "(tool-use transcripts, <tool_call> tokens and a chat template with tools: tiny-agent)")
+    init.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary (default 1024; 512 for lookup)")
     init.add_argument("--hidden-size", type=int, default=256)
     init.add_argument("--layers", type=int, default=4)
     init.add_argument("--seed", type=int, default=0)
@@ -148,11 +151,18 @@ def _eval(cfg) -> dict:
 
 
 def _init_model(args) -> int:
-    from asyncrl.data.arith import ArithTask
-    from asyncrl.data.tokenizer import build_tokenizer
-    from asyncrl.models import build_tiny_model, tokenizer_corpus
+    from asyncrl.models import build_tiny_model
 
-    tokenizer = build_tokenizer(tokenizer_corpus(ArithTask()), vocab_size=args.vocab_size)
+    if args.task == "lookup":  # names split into the same pieces with or without a space before them at 512
+        from asyncrl.agent.tasks.lookup import LookupTask, build_agent_tokenizer
+
+        tokenizer = build_agent_tokenizer(LookupTask(), vocab_size=args.vocab_size or 512)
+    else:
+        from asyncrl.data.arith import ArithTask
+        from asyncrl.data.tokenizer import build_tokenizer
+        from asyncrl.models import tokenizer_corpus
+
+        tokenizer = build_tokenizer(tokenizer_corpus(ArithTask()), vocab_size=args.vocab_size or 1024)
     model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)

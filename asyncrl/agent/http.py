@@ -14,7 +14,7 @@ import json
 import secrets
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from asyncrl.agent.proxy import AgentProxy, ProxyError
 from asyncrl.server.middleware import BodyLimit
@@ -59,19 +59,19 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
     @app.get("/v1/models")
     async def models(request: Request):
         proxy.episode(_bearer(request))
-        return proxy.models()
+        return _json(proxy.models())
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         key = _bearer(request)
         proxy.episode(key)  # 401 before the body is looked at
-        return await proxy.chat(key, await body_of(request))
+        return _json(await proxy.chat(key, await body_of(request)))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         key = _bearer(request)
         proxy.episode(key)
-        return await proxy.complete(key, await body_of(request))
+        return _json(await proxy.complete(key, await body_of(request)))
 
     if sessions:
         def admin(request: Request) -> None:
@@ -94,6 +94,12 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
                               for c in episode.calls]}
 
     return BodyLimit(app, max_body_bytes, MAX_CONTAINERS)
+
+
+def _json(body: dict) -> Response:
+    """The answer serialised once, without FastAPI's per-field encoder (a chat answer with log-probs has one
+    entry per token)."""
+    return Response(json.dumps(body, ensure_ascii=False).encode(), media_type="application/json")
 
 
 def _bearer(request: Request) -> str | None:

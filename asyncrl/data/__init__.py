@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from asyncrl.agent.tasks.lookup import LookupTask, lookup_reward
 from asyncrl.configlib import ConfigError
 from asyncrl.data.arith import ArithTask, arith_reward
 from asyncrl.data.formats import apply_template, detect_type, to_item
@@ -30,7 +31,7 @@ from asyncrl.data.sources import Row, RowError, read_rows, resolve_path
 
 log = logging.getLogger(__name__)
 
-TASKS = {"arith": (ArithTask, arith_reward)}
+TASKS = {"arith": (ArithTask, arith_reward), "lookup": (LookupTask, lookup_reward)}
 BAD_ROWS_LOGGED = 5
 MAX_SKIPS_IN_A_ROW = 10_000
 LIMIT_KEY = "train_dataset.max_prompt_tokens; by default the model's context minus gconfig.max_new_tokens"

@@ -21,7 +21,10 @@ BUILTIN_PREFIX = "builtin:"
 @dataclass
 class TaskConfig:
     name: str = "arith"
-    """The built-in task: 'arith' (multi-step integer arithmetic with a chain of thought)."""
+    """The built-in task: 'arith' (multi-step integer arithmetic with a chain of thought) | 'lookup' (an agentic
+    task: numbers of made-up entities fetched with a lookup tool, then combined; run it with workflow.name=agent
+    and agent.episode=asyncrl.agent.tasks.lookup:episode; its terms are the numbers of a problem, each looked up
+    or the last one given, and direct_frac the share of SFT transcripts that guess instead of looking up)."""
     min_terms: int = 3
     """Fewest numbers in a problem (terms - 1 operations); at least 2."""
     max_terms: int = 5

@@ -1,0 +1,125 @@
+"""Held-out accuracy of an agent task: every held-out item runs the task's own episode function (the one RL
+trains with) through an agent proxy over an evaluation engine, with the evaluation's sampling (greedy by
+default), and its return value is its score.
+
+- :func:`evaluate_episodes` (async): items -> ``{"eval_accuracy", ...}`` through a given :class:`AgentProxy`;
+- :func:`evaluate_agent`: the same from the calling thread with an engine and a tokenizer;
+- :class:`AgentEvaluator`: ``evaluator(version) -> metrics`` like :class:`asyncrl.evaluate.Evaluator` (installs
+  the trainer's weights of that version on its own engine first), for the train loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import numbers
+import time
+
+from asyncrl.agent.chat import ChatRenderer
+from asyncrl.agent.client import InProcessClient
+from asyncrl.agent.proxy import AgentProxy
+from asyncrl.types import SamplingParams, WeightUpdate
+
+log = logging.getLogger(__name__)
+
+LATENCY_OPTIONS = ("tool_latency_s", "tool_latency_p99_s")
+
+
+async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *, options: dict | None = None,
+                            success_threshold: float = 1.0, client_factory=InProcessClient,
+                            timeout_s: float | None = None) -> dict:
+    """Run ``episode_fn(client, item, **options)`` once per item, all at once, each with its own key on
+    ``proxy`` (whose engine and sampling are the evaluation's) and a client from ``client_factory(proxy, key)``.
+
+    The score of an item is the episode's return value (a number; for ``{completion_id: reward}`` the sum).
+    An episode that raises or runs past ``timeout_s`` scores 0 and is counted in ``eval_episode_failures``
+    (the first one logged). ``eval_accuracy`` is the fraction of items scoring at least ``success_threshold``."""
+    options = dict(options or {})
+    t0 = time.perf_counter()
+    logged = []
+
+    async def one(item: dict) -> tuple[float, bool, int, int]:
+        key = proxy.open()
+        failed = False
+        try:
+            run = episode_fn(client_factory(proxy, key), item, **options)
+            outcome = await (asyncio.wait_for(run, timeout_s) if timeout_s else run)
+            score = _score(outcome)
+        except Exception as e:  # noqa: BLE001 - counted; one failing episode never stops evaluation
+            score, failed = 0.0, True
+            if not logged:
+                logged.append(e)
+                log.warning("evaluation: the episode of item %s failed (%s: %s); it scores 0, and further "
+                            "failures are counted in eval_episode_failures", item.get("id"), type(e).__name__, e)
+        finally:
+            episode = proxy.close(key)
+        return score, failed, len(episode.calls), sum(len(c.output_ids) for c in episode.calls)
+
+    results = await asyncio.gather(*(one(item) for item in items))
+    n = max(1, len(results))
+    return {
+        "eval_accuracy": sum(s >= success_threshold for s, *_ in results) / n,
+        "eval_reward_mean": sum(s for s, *_ in results) / n,
+        "eval_episode_failures": sum(f for _, f, *_ in results),
+        "eval_calls_mean": sum(c for *_, c, _ in results) / n,
+        "eval_len_mean": sum(t for *_, t in results) / n,
+        "eval_time_s": time.perf_counter() - t0,
+    }
+
+
+def _score(outcome) -> float:
+    if isinstance(outcome, dict):
+        return float(sum(outcome.values()))
+    if isinstance(outcome, numbers.Real) and not isinstance(outcome, bool):
+        return float(outcome)
+    raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or {{completion_id: reward}}")
+
+
+def make_proxy(engine, tokenizer, params: SamplingParams, max_len: int, tool_parser: str = "hermes") -> AgentProxy:
+    """A proxy serving ``engine`` with ``params`` (``params.stop_token_ids[0]``, else the tokenizer's eos,
+    ends assistant turns)."""
+    stop = params.stop_token_ids[0] if params.stop_token_ids else tokenizer.eos_token_id
+    return AgentProxy(ChatRenderer(tokenizer, stop), params, max_len, tool_parser=tool_parser, engine=engine)
+
+
+def evaluate_agent(engine, tokenizer, items: list[dict], episode_fn, params: SamplingParams, max_len: int, *,
+                   options: dict | None = None, tool_parser: str = "hermes", success_threshold: float = 1.0,
+                   timeout_s: float | None = None) -> dict:
+    """:func:`evaluate_episodes` from a thread without a running event loop (the trainer's, SFT's, a script's):
+    ``engine`` started, ``tokenizer`` the calling thread's own, ``max_len`` the engine's context per sequence.
+    Tool latency options are dropped (they only slow evaluation down)."""
+    episode_fn = _resolve(episode_fn)
+    options = {k: v for k, v in (options or {}).items() if k not in LATENCY_OPTIONS}
+    proxy = make_proxy(engine, tokenizer, params, max_len, tool_parser)
+    return asyncio.run(evaluate_episodes(proxy, items, episode_fn, options=options,
+                                         success_threshold=success_threshold, timeout_s=timeout_s))
+
+
+class AgentEvaluator:
+    """Held-out accuracy of the trainer's weights at a given version, by running the agent episodes on an
+    engine of its own (a drop-in for :class:`asyncrl.evaluate.Evaluator` when ``workflow.name`` is agent)."""
+
+    def __init__(self, engine, tokenizer, items: list[dict], episode, params: SamplingParams, max_len: int, weights,
+                 *, options: dict | None = None, tool_parser: str = "hermes", success_threshold: float = 1.0,
+                 timeout_s: float | None = None):
+        self.engine, self.tokenizer, self.items, self.episode_fn = engine, tokenizer, items, _resolve(episode)
+        self.params, self.max_len, self.weights = params, max_len, weights
+        self.options, self.tool_parser, self.success_threshold = dict(options or {}), tool_parser, success_threshold
+        self.timeout_s = timeout_s
+        self.installed: int | None = None
+
+    def __call__(self, version: int) -> dict:
+        if version != self.installed:
+            self.engine.update_weights(WeightUpdate(version, state_dict=self.weights()))
+            self.installed = version
+        return evaluate_agent(self.engine, self.tokenizer, self.items, self.episode_fn, self.params, self.max_len,
+                              options=self.options, tool_parser=self.tool_parser,
+                              success_threshold=self.success_threshold, timeout_s=self.timeout_s)
+
+
+def _resolve(episode):
+    if isinstance(episode, str):
+        from asyncrl.agent.workflow import resolve_episode
+
+        return resolve_episode(episode)
+    return episode

@@ -1,0 +1,435 @@
+"""The built-in agentic task ``lookup``: questions about made-up entities whose numbers only a tool knows.
+
+A problem names a thing and two or three made-up entities, e.g. ``How many apples do Zorb and Quil have
+together?``; the numbers are drawn per problem and kept in the item (``item["facts"]``: ``{"Zorb apples":
+37, "Quil apples": 15}``), so no model can know them: it has to call ``lookup`` once per entity, then
+combine the results (``37 + 15 = 52`` / ``The answer is 52.``; reward 1 if the final answer is right). Some
+problems add or take away a number given in the question. A ``python`` tool runs code in the reward sandbox
+(:mod:`asyncrl.reward.sandbox`); no problem needs it, and the reference transcripts use it rarely
+(``python_frac``), so the task stays fast on a CPU.
+
+Options (the ``task.*`` keys): ``min_terms``/``max_terms`` bound the numbers in a problem (every one a fact to
+look up, or the last one given in the question), ``max_operand`` the largest number, ``ops`` the operators
+(``+`` and ``-``), ``direct_frac`` the fraction of reference transcripts (used by SFT) that do not look every
+fact up: half of them answer at once with made-up numbers, half look the first fact up and make the others up.
+A model fine-tuned on such a mixture sometimes guesses; RL has to discover that looking up pays.
+
+The episode (:func:`episode`) talks to the model through an OpenAI client only: it sends the question with
+the tools, runs the tool calls the model makes (the proxy returns them parsed, hermes syntax
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``), feeds the results back, and scores the first
+reply without a tool call. Tools can be given a simulated latency (log-normal, ``tool_latency_s`` median and
+``tool_latency_p99_s``), to study where asynchrony pays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import re
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
+
+ANSWER_RE = re.compile(r"answer is\s*(-?\d+)")
+MAX_REPEATS = 10_000
+OPS = "+-"
+
+ONSETS = ("B", "D", "F", "G", "J", "K", "L", "M", "N", "P", "R", "S", "T", "V", "Z", "Qu")
+VOWELS = ("a", "e", "i", "o", "u")
+CODAS = ("b", "d", "g", "k", "l", "m", "n", "p", "r", "s", "t", "x", "z", "rb", "rn", "sk")
+NAMES = tuple(o + v + c for o in ONSETS for v in VOWELS for c in CODAS)  # 1280 made-up names: Zorb, Quil, Dax
+THINGS = ("apples", "coins", "books", "shells", "stamps", "marbles", "cards", "pens", "keys", "cups", "hats",
+          "rings")
+
+LOOKUP_TOOL = {"type": "function", "function": {
+    "name": "lookup", "description": "The number stored under a key: a name and a thing.",
+    "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
+PYTHON_TOOL = {"type": "function", "function": {
+    "name": "python", "description": "Run Python code; returns what it prints.",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+TOOLS = [LOOKUP_TOOL, PYTHON_TOOL]
+
+
+def tools(python: bool = True) -> list[dict]:
+    """The tools an episode offers (the python tool optional)."""
+    return [LOOKUP_TOOL, PYTHON_TOOL] if python else [LOOKUP_TOOL]
+
+
+def tool_call_text(name: str, arguments: dict) -> str:
+    """A tool call as the tiny agent model writes it (and its chat template renders it)."""
+    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "</tool_call>"
+
+
+# ---- problems ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LookupTask:
+    """Generator of lookup problems (``problem``, ``stream``, ``split``, as :class:`asyncrl.data.arith.ArithTask`)."""
+
+    min_terms: int = 2
+    max_terms: int = 3
+    max_operand: int = 99
+    ops: str = "+-"
+    direct_frac: float = 0.0
+    python_frac: float = 0.05
+    episode: ClassVar[str] = "asyncrl.agent.tasks.lookup:episode"
+    """The episode function that runs (and scores) a problem of this task."""
+    tools: ClassVar[list[dict]] = TOOLS
+    """The tools its episodes offer (the reference transcripts are rendered with them)."""
+
+    def __post_init__(self):
+        """A bad option raises ValueError; the message starts with the option's name."""
+        if not self.ops or set(self.ops) - set(OPS):
+            raise ValueError(f"ops of the lookup task must be made of '+' and '-', got {self.ops!r}")
+        if self.min_terms < 1:
+            raise ValueError(f"min_terms must be >= 1 for the lookup task, got {self.min_terms}")
+        if self.max_terms < self.min_terms:
+            raise ValueError(f"max_terms ({self.max_terms}) must be >= min_terms ({self.min_terms})")
+        if self.max_terms > 6:
+            raise ValueError(f"max_terms must be <= 6 for the lookup task (one tool call per fact), got "
+                             f"{self.max_terms}")
+        if self.max_operand < 2:
+            raise ValueError(f"max_operand must be >= 2, got {self.max_operand}")
+        for name in ("direct_frac", "python_frac"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+    def problem(self, rng: random.Random) -> dict:
+        n_terms = rng.randint(self.min_terms, self.max_terms)
+        given = n_terms > 1 and rng.random() < 0.5  # the last number is given in the question
+        n_facts = n_terms - given
+        thing = rng.choice(THINGS)
+        names = rng.sample(NAMES, n_facts)
+        values = [rng.randint(2, self.max_operand)]
+        ops = []
+        for _ in range(n_terms - 1):
+            op, total = rng.choice(self.ops), values_total(values, ops)
+            if op == "-" and total < 1:  # every intermediate value stays >= 0
+                op = "+"
+            values.append(rng.randint(1, min(total, self.max_operand) if op == "-" else self.max_operand))
+            ops.append(op)
+        answer = values_total(values, ops)
+        facts = {f"{name} {thing}": v for name, v in zip(names, values)}
+        question = _question(names, thing, ops, values[-1] if given else None)
+        item = {"question": question, "answer": str(answer), "facts": facts, "thing": thing, "names": names,
+                "ops": "".join(ops), "given": values[-1] if given else None}
+        item["transcript"] = self.transcript(item)
+        item["solution"] = item["transcript"][-1]["content"]
+        return item
+
+    def stream(self, seed: int) -> Iterator[dict]:
+        """Endless training problems."""
+        rng = random.Random(seed)
+        while True:
+            yield self.problem(rng)
+
+    def split(self, seed: int, size: int) -> list[dict]:
+        """A fixed list of ``size`` distinct problems (the held-out split)."""
+        rng, seen, items, repeats = random.Random(seed), set(), [], 0
+        while len(items) < size:
+            item = self.problem(rng)
+            if item["question"] in seen:
+                repeats += 1
+                if repeats >= MAX_REPEATS:
+                    raise ValueError(f"its options allow only about {len(items)} distinct problems, fewer than "
+                                     f"{size}")
+                continue
+            repeats = 0
+            seen.add(item["question"])
+            items.append(item)
+        return items
+
+    # ---- reference transcripts (SFT) ---------------------------------------------------------------------
+    def transcript(self, item: dict) -> list[dict]:
+        """The reference conversation for ``item``: the user turn, then assistant turns (their ``content`` is
+        the text the model writes, tool calls included) and tool results. Which kind is decided by the
+        question's hash, so the problem streams do not depend on ``direct_frac``: a full one (every fact looked
+        up, then the working; ``python_frac`` of them compute with the python tool), or with ``direct_frac``
+        an imperfect one (no lookup at all, or only the first) whose missing numbers are made up."""
+        question = item["question"]
+        keys, values = list(item["facts"]), list(item["facts"].values())
+        if item["given"] is not None:
+            values.append(item["given"])
+        ops = list(item["ops"])
+        u = _unit_hash(question)
+        made_up = random.Random(question + "#made-up")
+        messages = [{"role": "user", "content": question}]
+        if u < self.direct_frac:
+            looked_up = 0 if (u < self.direct_frac / 2 or len(keys) == 1) else 1
+            shown = values[:looked_up]
+            for i, v in enumerate(values[looked_up:], start=looked_up):
+                if i >= len(keys):  # a number given in the question
+                    shown.append(v)
+                elif i and ops[i - 1] == "-":  # made up, but never below zero
+                    shown.append(made_up.randint(1, max(1, min(values_total(shown, ops), self.max_operand))))
+                else:
+                    shown.append(made_up.randint(2, self.max_operand))
+            for key, value in zip(keys[:looked_up], values):
+                messages += _lookup_turn(key, value)
+            messages.append({"role": "assistant", "content": working(shown, ops)})
+            return messages
+        for key, value in zip(keys, values):
+            messages += _lookup_turn(key, value)
+        if len(values) > 1 and _unit_hash(question + "#python") < self.python_frac:
+            code = "print(" + " ".join([str(values[0])] + [f"{op} {v}" for op, v in zip(ops, values[1:])]) + ")"
+            messages += [{"role": "assistant", "content": tool_call_text("python", {"code": code})},
+                         {"role": "tool", "content": str(values_total(values, ops))},
+                         {"role": "assistant", "content": f"The answer is {values_total(values, ops)}."}]
+            return messages
+        messages.append({"role": "assistant", "content": working(values, ops)})
+        return messages
+
+
+def _lookup_turn(key: str, value: int) -> list[dict]:
+    return [{"role": "assistant", "content": tool_call_text("lookup", {"key": key})},
+            {"role": "tool", "content": str(value)}]
+
+
+def values_total(values: list[int], ops: list[str]) -> int:
+    total = values[0]
+    for op, v in zip(ops, values[1:]):
+        total = total + v if op == "+" else total - v
+    return total
+
+
+def working(values: list[int], ops: list[str]) -> str:
+    """One operation per line, then ``The answer is N.`` (as the arithmetic task writes it)."""
+    lines, total = [], values[0]
+    for op, v in zip(ops, values[1:]):
+        new = total + v if op == "+" else total - v
+        lines.append(f"{total} {op} {v} = {new}")
+        total = new
+    return "\n".join(lines + [f"The answer is {total}."])
+
+
+def _question(names: list[str], thing: str, ops: list[str], given: int | None) -> str:
+    """The question in words: a few fixed phrasings for the common shapes, a step-by-step one otherwise."""
+    if given is None:
+        if len(names) == 1:
+            return f"How many {thing} does {names[0]} have?"
+        if all(op == "+" for op in ops):
+            return f"How many {thing} do {_listed(names)} have together?"
+        if ops == ["-"]:
+            return f"How many more {thing} does {names[0]} have than {names[1]}?"
+        if all(op == "-" for op in ops):
+            return f"How many more {thing} does {names[0]} have than {_listed(names[1:])} together?"
+    elif len(names) == 1:
+        if ops == ["+"]:
+            return f"{names[0]} has some {thing} and gets {given} more. How many {thing} does {names[0]} have now?"
+        return f"{names[0]} has some {thing} and gives {given} away. How many {thing} does {names[0]} have left?"
+    steps = [f"Start with the {thing} of {names[0]}"]
+    for op, name in zip(ops, names[1:]):
+        steps.append(f"{'add' if op == '+' else 'take away'} those of {name}")
+    if given is not None:
+        steps.append(f"{'add' if ops[-1] == '+' else 'take away'} {given}")
+    return ", ".join(steps) + f". How many {thing} is that?"
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _unit_hash(text: str) -> float:
+    """A deterministic number in [0, 1) for ``text``."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") / 2**64
+
+
+def extract_answer(text: str | None) -> str | None:
+    """The integer after the last ``answer is`` in ``text``, or None."""
+    found = ANSWER_RE.findall(text or "")
+    return found[-1] if found else None
+
+
+def lookup_reward(prompt: str, completion: str, answer: str, **_) -> float:
+    """1.0 when the final answer in ``completion`` equals ``answer`` (the single-turn verifier: the agent's last
+    reply scores the same way in :func:`episode`)."""
+    got = extract_answer(completion)
+    return 1.0 if got is not None and int(got) == int(answer) else 0.0
+
+
+# ---- tools ---------------------------------------------------------------------------------------------
+def normalize_key(key: str) -> str:
+    return " ".join(str(key).replace("'s ", " ").split()).casefold()
+
+
+def lookup(item: dict, key) -> str:
+    """The lookup tool: the item's fact stored under ``key`` (case and spacing ignored)."""
+    if not isinstance(key, str) or not key.strip():
+        return "error: lookup needs a key, e.g. a name and a thing"
+    wanted = normalize_key(key)
+    for k, v in item["facts"].items():
+        if normalize_key(k) == wanted:
+            return str(v)
+    return f"no value for {key!r}"
+
+
+MAX_TOOL_CHARS = 200
+
+
+def run_python(code) -> str:
+    """The python tool: ``code`` run in the reward sandbox (a few seconds of CPU at most); what it printed,
+    else the last line of its error."""
+    if not isinstance(code, str) or not code.strip():
+        return "error: python needs code"
+    from asyncrl.reward.sandbox import Limits, get_sandbox
+
+    result = get_sandbox().run(code, limits=Limits(cpu_s=2.0, wall_s=5.0, memory_mb=256))
+    if result.timed_out:
+        return "error: timed out"
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        return "error: " + (lines[-1] if lines else f"exit status {result.returncode}")[:MAX_TOOL_CHARS]
+    return result.stdout.strip()[:MAX_TOOL_CHARS]
+
+
+class Latency:
+    """Simulated tool latency: log-normal with the given median and 99th percentile (seconds; 0 = none)."""
+
+    Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+
+    def __init__(self, median_s: float = 0.0, p99_s: float = 0.0, rng: random.Random | None = None):
+        if median_s < 0 or p99_s < 0:
+            raise ValueError("tool latency must be >= 0")
+        self.mu = math.log(median_s) if median_s > 0 else None
+        self.sigma = math.log(p99_s / median_s) / self.Z99 if median_s > 0 and p99_s > median_s else 0.0
+        self.rng = rng or random.Random()
+
+    def sample(self) -> float:
+        if self.mu is None:
+            return 0.0
+        return self.rng.lognormvariate(self.mu, self.sigma) if self.sigma else math.exp(self.mu)
+
+    async def wait(self) -> None:
+        delay = self.sample()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def call_tool(item: dict, name: str, arguments, *, python: bool = True) -> str:
+    """Run one tool call of the model (``arguments`` as the JSON string the client returns, or a dict)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return "error: the arguments are not JSON"
+    if not isinstance(arguments, dict):
+        return "error: the arguments must be an object"
+    if name == "lookup":
+        return lookup(item, arguments.get("key"))
+    if name == "python" and python:
+        return await asyncio.to_thread(run_python, arguments.get("code"))
+    return f"error: no tool named {name!r}"
+
+
+# ---- the episode ---------------------------------------------------------------------------------------
+async def episode(client, item: dict, *, max_turns: int = 6, python: bool = True, tool_latency_s: float = 0.0,
+                  tool_latency_p99_s: float = 0.0, max_tokens: int | None = None, seed: int | None = None) -> float:
+    """One attempt at ``item`` through ``client`` (an ``openai.AsyncOpenAI`` or the in-process client): the
+    question with the tools, the model's tool calls run and fed back, up to ``max_turns`` LLM calls. Returns 1.0
+    if the first reply without a tool call states the right answer (``The answer is N.``), else 0.0; a
+    conversation that outgrows the model's context scores 0.0 too.
+
+    Options (``agent.options``): ``python`` offers the python tool; ``tool_latency_s`` / ``tool_latency_p99_s``
+    delay each tool call by a log-normal time with that median and 99th percentile (``seed`` seeds it);
+    ``max_tokens`` lowers the reply length of each call below ``gconfig.max_new_tokens``."""
+    offered = tools(python)
+    latency = Latency(tool_latency_s, tool_latency_p99_s, random.Random(seed) if seed is not None else None)
+    messages = [{"role": "user", "content": item["question"]}]
+    extra = {"max_tokens": max_tokens} if max_tokens else {}
+    for _ in range(max_turns):
+        try:
+            reply = await client.chat.completions.create(model="policy", messages=messages, tools=offered, **extra)
+        except Exception as e:  # noqa: BLE001 - only a context overflow (HTTP 400) is the episode's own failure
+            if _status(e) == 400:
+                return 0.0
+            raise
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return lookup_reward(item["question"], message.content or "", item["answer"])
+        for call in message.tool_calls:
+            await latency.wait()
+            result = await call_tool(item, call.function.name, call.function.arguments, python=python)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    return 0.0
+
+
+def _status(error: Exception) -> int | None:
+    return getattr(error, "status", None) or getattr(error, "status_code", None)
+
+
+# ---- the tiny agent model's chat template and tokenizer -----------------------------------------------------
+CHAT_TEMPLATE = (
+    "{%- set sys = messages[0].content if messages and messages[0].role == 'system' else none -%}"
+    "{%- if tools or sys is not none -%}"
+    "{{ '<|im_start|>system\n' }}"
+    "{%- if sys is not none %}{{ sys }}{% if tools %}{{ '\n' }}{% endif %}{% endif -%}"
+    "{%- if tools %}{{ 'Tools:' }}"
+    "{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool -%}"
+    "{{ '\n' + f.name + '(' }}"
+    "{%- if f.parameters is defined and f.parameters.properties is defined -%}"
+    "{{ f.parameters.properties | list | join(', ') }}{%- endif -%}"
+    "{{ ')' }}{% if f.description is defined and f.description %}{{ ': ' + f.description }}{% endif %}"
+    "{%- endfor %}{%- endif -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message.role == 'system' and loop.first -%}"
+    "{%- elif message.role == 'assistant' -%}"
+    "{{ '<|im_start|>assistant\n' + (message.content or '') }}"
+    "{%- if message.tool_calls is defined and message.tool_calls -%}"
+    "{%- for call in message.tool_calls -%}"
+    "{%- set f = call.function if call.function is defined else call -%}"
+    "{%- if not loop.first or message.content %}{{ '\n' }}{% endif -%}"
+    "{{ '<tool_call>{\"name\": ' + (f.name | tojson) + ', \"arguments\": ' }}"
+    "{%- if f.arguments is string %}{{ f.arguments }}{% else %}{{ f.arguments | tojson }}{% endif -%}"
+    "{{ '}</tool_call>' }}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{ '<|im_end|>\n' }}"
+    "{%- else -%}"
+    "{{ '<|im_start|>' + message.role + '\n' + (message.content or '') + '<|im_end|>\n' }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif -%}"
+)
+"""ChatML with tools in hermes style: a system turn listing the tools (``name(params): description``), assistant
+tool calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (what the model writes), tool
+results as ``<|im_start|>tool`` turns; assistant turns end with ``<|im_end|>`` (the eos token)."""
+
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
+"""Single tokens of the tiny agent tokenizer, not special: decoding keeps them, so the proxy's parser sees them."""
+
+
+def tools_text(offered: list[dict]) -> str:
+    """The tool list as :data:`CHAT_TEMPLATE` writes it in the system turn."""
+    lines = ["Tools:"]
+    for t in offered:
+        f = t["function"]
+        lines.append(f"{f['name']}({', '.join(f['parameters']['properties'])}): {f['description']}")
+    return "\n".join(lines)
+
+
+def tokenizer_corpus(task: LookupTask, n_problems: int = 20000, seed: int = 1234) -> list[str]:
+    """Text the tiny agent tokenizer is trained on: the text between the special tokens of rendered reference
+    transcripts of ``task`` (imperfect ones included), role names and the tool list included."""
+    task = LookupTask(**{**task.__dict__, "direct_frac": max(task.direct_frac, 0.5)})
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_problems):
+        item = task.problem(rng)
+        lines.append("system\n" + tools_text(TOOLS))
+        lines += [f"{m['role']}\n{m['content']}" for m in item["transcript"]]
+    return lines
+
+
+def build_agent_tokenizer(task: LookupTask | None = None, vocab_size: int = 1024, n_problems: int = 20000):
+    """The tiny agent model's tokenizer: byte-level BPE (digits single tokens) trained on ``task``'s
+    transcripts, ``<tool_call>``/``</tool_call>`` as single tokens, and :data:`CHAT_TEMPLATE`."""
+    from asyncrl.data.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer(tokenizer_corpus(task or LookupTask(), n_problems), vocab_size=vocab_size)
+    tokenizer.add_tokens(TOOL_TOKENS)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
