@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("--hidden-size", type=int, default=256)
     init.add_argument("--layers", type=int, default=4)
     init.add_argument("--seed", type=int, default=0)
+    init.add_argument("--init-from", default="", help="warm start: copy the weights of this checkpoint of the same "
+                                                      "shape (e.g. builtin:tiny-sft), token rows by token string")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
@@ -164,10 +166,21 @@ def _init_model(args) -> int:
 
         tokenizer = build_tokenizer(tokenizer_corpus(ArithTask()), vocab_size=args.vocab_size or 1024)
     model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed)
+    shared = None
+    if args.init_from:
+        from asyncrl.agent.tasks.model import transplant
+        from asyncrl.models import check_model_dir, load_model, load_tokenizer
+
+        source = check_model_dir(args.init_from, "--init-from")
+        try:
+            shared = transplant(model, tokenizer, load_model(source), load_tokenizer(source))
+        except ValueError as e:
+            raise ConfigError(f"--init-from: {e}") from e
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
     n = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"out": args.out, "params": n, "vocab": len(tokenizer)}))
+    print(json.dumps({"out": args.out, "params": n, "vocab": len(tokenizer),
+                      **({"init_from": args.init_from, "shared_tokens": shared} if args.init_from else {})}))
     return 0
 
 

@@ -28,11 +28,13 @@ class TemplateError(ValueError):
 
 def normalize(messages: list[dict]) -> list[dict]:
     """Messages as the chat template should see them: ``content`` None -> "", tool-call ``arguments`` given as
-    a JSON string (what OpenAI clients send back) parsed into a dict (what templates expect), and only the
-    fields a template reads."""
+    a JSON string (what OpenAI clients send back) parsed into a dict (what templates expect), the ``developer``
+    role (OpenAI's newer name for ``system``, which the open models' templates do not know: Qwen's drop such a
+    message without a word) as ``system``, and only the fields a template reads."""
     out = []
     for m in messages:
-        msg = {"role": m["role"], "content": _text(m.get("content"))}
+        role = "system" if m["role"] == "developer" else m["role"]
+        msg = {"role": role, "content": _text(m.get("content"))}
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 msg[key] = m[key]

@@ -73,7 +73,8 @@ class Episode:
             n = len(c.messages)
             if (c.reply is not None and c.tools_key == tools_key and len(messages) > n + 1
                     and messages[:n] == c.messages and _same_message(messages[n], c.reply)):
-                bridge = self.renderer.continuation(messages[n + 1:], tools, ended_with_stop=c.finish_reason == "stop")
+                closed = bool(c.output_ids) and c.output_ids[-1] == self.renderer.stop_token_id  # not a stop string
+                bridge = self.renderer.continuation(messages[n + 1:], tools, ended_with_stop=closed)
                 return c.prompt_ids + c.output_ids + bridge, i, len(bridge)
         if self.calls:
             self.history_edits += 1

@@ -7,6 +7,7 @@ Parsers by model family (``agent.tool_parser``):
 - ``llama3_json``: the whole reply is one JSON object ``{"name": ..., "parameters": {...}}``, optionally
   after ``<|python_tag|>`` (Llama 3.1+ JSON tool calling);
 - ``none``: never a tool call.
+Either format's arguments are read under ``arguments`` or ``parameters``, whichever key the model wrote.
 A malformed call (not JSON, no name, arguments not an object) is not returned, is counted, and its text
 stays in the reply's content so the agent sees what the model wrote.
 """
@@ -28,10 +29,12 @@ class Reply:
     malformed: int = 0
 
 
-def _call(obj, args_key: str) -> dict | None:
+def _call(obj, args_key: str, other_key: str) -> dict | None:
+    """An OpenAI tool call from ``{"name": ..., args_key: {...}}``; models of both formats write either key, so
+    ``other_key`` is read when ``args_key`` is absent (never silently dropped arguments)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    args = obj.get(args_key, {})
+    args = obj[args_key] if args_key in obj else obj.get(other_key, {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
             args = json.loads(args)
@@ -48,7 +51,7 @@ def parse_hermes(text: str) -> Reply:
     last = 0
     for m in HERMES_CALL.finditer(text):
         try:
-            call = _call(json.loads(m.group(1)), "arguments")
+            call = _call(json.loads(m.group(1)), "arguments", "parameters")
         except json.JSONDecodeError:
             call = None
         kept.append(text[last:m.start()])
@@ -72,7 +75,7 @@ def parse_llama3_json(text: str) -> Reply:
     if not body.startswith("{"):
         return Reply(text)
     try:
-        call = _call(json.loads(body), "parameters")
+        call = _call(json.loads(body), "parameters", "arguments")
     except json.JSONDecodeError:
         call = None
     return Reply("", [call]) if call is not None else Reply(text, malformed=1)

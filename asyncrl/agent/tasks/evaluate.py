@@ -123,3 +123,80 @@ def _resolve(episode):
 
         return resolve_episode(episode)
     return episode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m asyncrl.agent.tasks.evaluate --model PATH``: held-out accuracy of a checkpoint on the lookup
+    task, by running its episodes greedily through the in-process proxy (LocalEngine + AgentProxy +
+    InProcessClient), as RL's evaluation would."""
+    import argparse
+    import json
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="python -m asyncrl.agent.tasks.evaluate", description=main.__doc__)
+    parser.add_argument("--model", default="builtin:tiny-agent")
+    parser.add_argument("--task", default="lookup")
+    parser.add_argument("--min-terms", type=int, default=2)
+    parser.add_argument("--max-terms", type=int, default=3)
+    parser.add_argument("--size", type=int, default=200, help="held-out problems (valid_dataset.size)")
+    parser.add_argument("--seed", type=int, default=10_000, help="held-out split seed (valid_dataset.seed)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--sample", action="store_true", help="sample at temperature 1 instead of greedy")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--show", type=int, default=0, help="print this many conversations")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from asyncrl.data import make_task
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.models import load_model, load_tokenizer
+
+    torch.set_num_threads(args.threads)
+    gen, _ = make_task(args.task, {"min_terms": args.min_terms, "max_terms": args.max_terms})
+    items = gen.split(args.seed, args.size)
+    tokenizer, model = load_tokenizer(args.model), load_model(args.model)
+    max_len = min(model.config.max_position_embeddings, 1024)
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, greedy=not args.sample,
+                            stop_token_ids=(tokenizer.eos_token_id,))
+    engine = LocalEngine(model, max_slots=64, max_len=max_len, stop_token_ids=params.stop_token_ids).start()
+    try:
+        episode_fn = _resolve(gen.episode)
+        if args.show:
+            episode_fn = _showing(episode_fn, args.show)
+        record = evaluate_agent(engine, tokenizer, items, episode_fn, params, max_len)
+    finally:
+        engine.stop()
+    print(json.dumps({"model": args.model, "n": len(items), **record}))
+    return 0
+
+
+def _showing(episode_fn, n: int):
+    """``episode_fn`` that prints the conversations of its first ``n`` items (their messages, via the client)."""
+    shown = []
+
+    async def run(client, item, **options):
+        create = client.chat.completions.create
+        last = {}
+
+        async def recording(**kwargs):
+            reply = await create(**kwargs)
+            last["messages"] = list(kwargs["messages"]) + [reply.choices[0].message.model_dump(exclude_none=True)]
+            return reply
+
+        client.chat.completions.create = recording
+        reward = await episode_fn(client, item, **options)
+        if len(shown) < n:
+            shown.append(item)
+            print(f"--- {item['question']}  facts={item['facts']} answer={item['answer']} reward={reward}")
+            for m in last.get("messages", [])[1:]:
+                calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in m.get("tool_calls", [])]
+                print(f"  {m['role']}: {m.get('content')!r} {' '.join(calls)}")
+        return reward
+
+    return run
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""The built-in agentic task (lookup): deterministic problems and tools, a perfect agent solves every problem
+and a guesser fails, SFT transcript tokens equal what the proxy sends and records, the episode evaluator,
+and the shipped tiny agent checkpoint solves some held-out problems through the in-process client."""
+
+import asyncio
+import json
+import random
+import re
+import statistics
+
+import pytest
+
+from asyncrl.agent.chat import ChatRenderer, normalize
+from asyncrl.agent.client import InProcessClient
+from asyncrl.agent.proxy import AgentProxy
+from asyncrl.agent.tasks import lookup
+from asyncrl.agent.tasks.evaluate import evaluate_agent, evaluate_episodes
+from asyncrl.agent.tasks.lookup import TOOLS, LookupTask, episode, tool_call_text
+from asyncrl.agent.tasks.transcripts import assistant_ids, transcript_ids
+from asyncrl.types import Completion, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def agent_tokenizer():
+    return lookup.build_agent_tokenizer(LookupTask(), vocab_size=512, n_problems=2000)
+
+
+class TranscriptEngine:
+    """Replies with the next scripted assistant text (its tokens + the end-of-turn token), like a model that
+    writes exactly the reference transcript; records the prompts it received."""
+
+    def __init__(self, renderer, texts):
+        self.renderer, self.texts, self.version, self.received = renderer, list(texts), 0, []
+
+    async def generate(self, prompt_ids, params):
+        self.received.append(list(prompt_ids))
+        ids = assistant_ids(self.renderer, self.texts.pop(0))
+        await asyncio.sleep(0)
+        return [Completion(list(prompt_ids), ids, [-0.5] * len(ids), [0] * len(ids), "stop")]
+
+
+def _play(tokenizer, item, texts, **options):
+    """Runs the task's episode for ``item`` against an engine that writes ``texts``; (reward, recorded episode)."""
+    renderer = ChatRenderer(tokenizer, tokenizer.eos_token_id)
+    engine = TranscriptEngine(renderer, texts)
+    params = SamplingParams(max_new_tokens=64, stop_token_ids=(tokenizer.eos_token_id,))
+    proxy = AgentProxy(renderer, params, 512, engine=engine)
+
+    async def run():
+        key = proxy.open()
+        try:
+            return await episode(InProcessClient(proxy, key), item, **options)
+        finally:
+            recorded["episode"] = proxy.close(key)
+
+    recorded = {}
+    reward = asyncio.run(run())
+    return reward, recorded["episode"]
+
+
+def _assistant_texts(item):
+    return [m["content"] for m in item["transcript"] if m["role"] == "assistant"]
+
+
+# ---- problems and tools ------------------------------------------------------------------------------------
+def test_problems_and_splits_are_deterministic():
+    task = LookupTask()
+    assert task.split(7, 30) == task.split(7, 30)
+    a, b = task.stream(3), task.stream(3)
+    assert [next(a) for _ in range(20)] == [next(b) for _ in range(20)]
+    items = task.split(10_000, 200)
+    assert len({it["question"] for it in items}) == 200
+    assert {len(it["facts"]) for it in items} == {1, 2, 3}  # one to three lookups
+    for it in items:
+        assert all(name in it["question"] for name in it["names"])
+        assert re.findall(r"\d+", it["question"]) == ([str(it["given"])] if it["given"] is not None else [])
+        assert int(it["answer"]) >= 0
+    # the transcript mixture does not change the problems
+    assert [it["question"] for it in LookupTask(direct_frac=0.5).split(10_000, 50)] == \
+        [it["question"] for it in items[:50]]
+
+
+def test_lookup_tool_is_deterministic_and_forgiving_of_spelling():
+    item = LookupTask().split(1, 1)[0]
+    key, value = next(iter(item["facts"].items()))
+    assert lookup.lookup(item, key) == str(value)
+    assert lookup.lookup(item, "  " + key.upper() + " ") == str(value)
+    assert lookup.lookup(item, key.replace(" ", "'s ", 1)) == str(value)
+    assert lookup.lookup(item, "Nobody apples").startswith("no value")
+    assert lookup.lookup(item, None).startswith("error")
+    assert asyncio.run(lookup.call_tool(item, "lookup", json.dumps({"key": key}))) == str(value)
+    assert asyncio.run(lookup.call_tool(item, "lookup", "{not json")).startswith("error")
+    assert asyncio.run(lookup.call_tool(item, "search", "{}")).startswith("error: no tool")
+    assert asyncio.run(lookup.call_tool(item, "python", '{"code": "print(1)"}', python=False)).startswith("error")
+
+
+def test_task_options_are_checked():
+    for bad in ({"ops": "+*"}, {"min_terms": 0}, {"max_terms": 1, "min_terms": 2}, {"direct_frac": 2.0},
+                {"max_operand": 1}):
+        with pytest.raises(ValueError):
+            LookupTask(**bad)
+
+
+def test_latency_is_log_normal_with_the_given_median_and_p99():
+    lat = lookup.Latency(0.1, 0.5, random.Random(0))
+    xs = sorted(lat.sample() for _ in range(20000))
+    assert statistics.median(xs) == pytest.approx(0.1, rel=0.05)
+    assert xs[int(0.99 * len(xs))] == pytest.approx(0.5, rel=0.1)
+    assert lookup.Latency().sample() == 0.0 and lookup.Latency(0.2).sample() == pytest.approx(0.2)
+
+
+def test_registered_as_builtin_lookup_with_a_disjoint_held_out_split():
+    from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
+
+    data = dataset_from_config(TaskConfig(name="lookup", min_terms=2, max_terms=3),
+                               TrainDatasetConfig(path="builtin:lookup"), ValidDatasetConfig(size=50))
+    held_out = {it["question"] for it in data.valid}
+    train = [next(data.train) for _ in range(300)]
+    assert len(data.valid) == 50 and not held_out & {it["question"] for it in train}
+    assert all("facts" in it and "id" in it for it in train)
+    assert data.reward_fn("q", "so the answer is 12.", answer="12") == 1.0
+
+
+# ---- episodes ----------------------------------------------------------------------------------------------
+def test_a_perfect_agent_solves_every_problem_and_a_guesser_fails(agent_tokenizer):
+    items = LookupTask().split(10_000, 40)
+    assert all(_play(agent_tokenizer, it, _assistant_texts(it))[0] == 1.0 for it in items)
+    guesses = [_play(agent_tokenizer, it, ["The answer is 50."])[0] for it in items]
+    assert sum(guesses) <= 2
+    # skipping a lookup and making the number up fails too
+    it = next(it for it in items if len(it["facts"]) >= 2 and it["given"] is None)
+    first_key, first = next(iter(it["facts"].items()))
+    made_up = lookup.working([first] + [v + 1 for v in list(it["facts"].values())[1:]], list(it["ops"]))
+    assert _play(agent_tokenizer, it, [tool_call_text("lookup", {"key": first_key}), made_up])[0] == 0.0
+
+
+def test_turn_limit_and_python_tool(agent_tokenizer):
+    item = LookupTask(python_frac=1.0).split(5, 20)
+    item = next(it for it in item if any("python" in t for t in _assistant_texts(it)))
+    reward, recorded = _play(agent_tokenizer, item, _assistant_texts(item))  # runs the code in the sandbox
+    assert reward == 1.0 and len(recorded.calls) == len(item["facts"]) + 2
+    key = next(iter(item["facts"]))
+    reward, recorded = _play(agent_tokenizer, item, [tool_call_text("lookup", {"key": key})] * 3, max_turns=3)
+    assert reward == 0.0 and len(recorded.calls) == 3
+
+
+def test_sft_transcript_tokens_equal_what_the_proxy_sends_and_records(agent_tokenizer):
+    renderer = ChatRenderer(agent_tokenizer, agent_tokenizer.eos_token_id)
+    for item in LookupTask(direct_frac=0.5, python_frac=0.2).split(10_000, 30):
+        ids, mask = transcript_ids(renderer, item["transcript"], TOOLS)
+        reward, recorded = _play(agent_tokenizer, item, _assistant_texts(item))
+        (sample,) = recorded.samples(reward, "concat")
+        assert sample.prompt_ids + sample.output_ids == ids
+        assert [0] * len(sample.prompt_ids) + sample.loss_mask == mask
+        assert recorded.history_edits == 0
+        for call in recorded.calls:  # each call's prompt is a prefix of the SFT sequence
+            assert ids[:len(call.prompt_ids)] == call.prompt_ids
+
+
+def test_the_template_renders_tool_calls_as_the_model_writes_them(agent_tokenizer):
+    item = LookupTask().split(3, 1)[0]
+    parsed = []
+    for m in item["transcript"]:  # the assistant turns as the proxy returns them: tool calls parsed
+        if m["role"] == "assistant":
+            reply = lookup_reply(m["content"])
+            parsed.append({"role": "assistant", "content": reply.content,
+                           **({"tool_calls": reply.tool_calls} if reply.tool_calls else {})})
+        else:
+            parsed.append(m)
+    raw = agent_tokenizer.apply_chat_template(item["transcript"], tools=TOOLS, tokenize=False)
+    assert agent_tokenizer.apply_chat_template(normalize(parsed), tools=TOOLS, tokenize=False) == raw
+    assert lookup.tools_text(TOOLS) in raw
+    assert agent_tokenizer.convert_ids_to_tokens(agent_tokenizer("<tool_call>").input_ids) == ["<tool_call>"]
+
+
+def lookup_reply(text):
+    from asyncrl.agent.tools import parse_hermes
+
+    return parse_hermes(text)
+
+
+def test_evaluate_episodes_scores_failures_as_zero(agent_tokenizer):
+    renderer = ChatRenderer(agent_tokenizer, agent_tokenizer.eos_token_id)
+    items = LookupTask().split(10_000, 6)
+
+    class Engine:
+        version = 0
+
+        async def generate(self, prompt_ids, params):
+            ids = assistant_ids(renderer, "The answer is 3.")
+            return [Completion(list(prompt_ids), ids, [0.0] * len(ids), [0] * len(ids), "stop")]
+
+    async def flaky(client, item):
+        if item is items[0]:
+            raise RuntimeError("boom")
+        reply = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
+        return 1.0 if "3" in reply.choices[0].message.content else 0.0
+
+    proxy = AgentProxy(renderer, SamplingParams(stop_token_ids=(agent_tokenizer.eos_token_id,)), 512, engine=Engine())
+    out = asyncio.run(evaluate_episodes(proxy, items, flaky))
+    assert out["eval_accuracy"] == pytest.approx(5 / 6) and out["eval_episode_failures"] == 1
+    assert out["eval_calls_mean"] == pytest.approx(5 / 6) and not proxy.episodes
+
+
+# ---- the shipped checkpoint --------------------------------------------------------------------------------
+def test_shipped_tiny_agent_solves_some_held_out_problems():
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.models import load_model, load_tokenizer
+
+    tokenizer, model = load_tokenizer("builtin:tiny-agent"), load_model("builtin:tiny-agent")
+    items = LookupTask().split(10_000, 24)
+    params = SamplingParams(max_new_tokens=64, greedy=True, stop_token_ids=(tokenizer.eos_token_id,))
+    engine = LocalEngine(model, max_slots=32, max_len=512, stop_token_ids=params.stop_token_ids).start()
+    try:
+        out = evaluate_agent(engine, tokenizer, items, "asyncrl.agent.tasks.lookup:episode", params, 512)
+    finally:
+        engine.stop()
+    assert out["eval_episode_failures"] == 0
+    assert 0 < out["eval_accuracy"] < 1 and out["eval_calls_mean"] > 1.5
