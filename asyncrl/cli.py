@@ -116,7 +116,8 @@ def _dispatch(args) -> int:
         record = sft(cfg)
     else:
         record = _eval(cfg)
-    print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (list, dict))}))
+    if record:  # trainer ranks other than 0 return nothing to show
+        print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (list, dict))}))
     return 0
 
 
@@ -155,7 +156,7 @@ def _eval(cfg) -> dict:
 def _init_model(args) -> int:
     from asyncrl.models import build_tiny_model
 
-    if args.task == "lookup":  # names split into the same pieces with or without a space before them at 512
+    if args.task == "lookup":  # at 512 tokens a made-up name is an onset and a rhyme: few tokens to copy
         from asyncrl.agent.tasks.lookup import LookupTask, build_agent_tokenizer
 
         tokenizer = build_agent_tokenizer(LookupTask(), vocab_size=args.vocab_size or 512)

@@ -14,6 +14,7 @@ from asyncrl.algo.config import ActorConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
+from asyncrl.launch.config import LAUNCHERS, ClusterConfig
 from asyncrl.metrics import StatsLoggerConfig
 from asyncrl.reward.config import RewardConfig
 from asyncrl.watchdog import WatchdogConfig
@@ -76,6 +77,11 @@ class TrainConfig:
     """Show a progress bar on the terminal."""
     report: bool = True
     """Write RUN_DIR/report.html at the end of the run (plots; needs the 'report' extra, else a warning)."""
+    launcher: str = "local"
+    """How the run's processes start: local (this machine: trainer ranks as child processes) | ray (a Ray
+    placement group; cluster.ray_address, else a local Ray)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Devices and rendezvous."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -123,6 +129,12 @@ class TrainConfig:
         if self.workflow.name == "agent":
             self.agent.validate_for_run()
         self.watchdog.validate()
+        self.cluster.validate()
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got '{self.launcher}'")
+        if self.actor.world_size > self.train_dataset.batch_size:
+            raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
+                              f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
         self.stats_logger.validate()
         if self.model.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be float32 or bfloat16, got '{self.model.dtype}'")

@@ -9,10 +9,14 @@ prompts. The parts are built by ``asyncrl.launch.assemble``; this module only ru
 from __future__ import annotations
 
 import logging
+import os
 
 from asyncrl.config import TrainConfig
 from asyncrl.data.collate import collate
-from asyncrl.launch import Parts, assemble
+from asyncrl import parallel
+from asyncrl.configlib import ConfigError
+from asyncrl.launch.build import Parts, assemble, build_rank_trainer
+from asyncrl.launch.ranks import serve_rank, spawn_ranks
 
 log = logging.getLogger(__name__)
 
@@ -20,9 +24,13 @@ log = logging.getLogger(__name__)
 def train(cfg: TrainConfig) -> dict:
     """Run RL training as configured; returns the last metrics record. A run that fails or is stopped by the
     watchdog after training at least one step leaves a checkpoint of its last weights (if they are finite)."""
+    dp, ranks = _trainer_ranks(cfg)
+    if dp is not None and dp.rank > 0:
+        serve_rank(build_rank_trainer(cfg, dp), dp)
+        return {}
     run_dir = None
     try:
-        with assemble(cfg) as parts:
+        with assemble(cfg, dp) as parts:
             run_dir = parts.run_dir
             try:
                 return run(parts)
@@ -30,8 +38,33 @@ def train(cfg: TrainConfig) -> dict:
                 _save_last(parts)
                 raise
     finally:  # after every part is closed: nothing competes with the plots, and the files are complete
+        if ranks is not None:
+            ranks.close()
         if cfg.report and run_dir is not None:
             _write_report(run_dir)
+
+
+def _trainer_ranks(cfg: TrainConfig):
+    """This process's place among the trainer ranks: (None, None) for one rank; else the process group, and the
+    other ranks' processes when this one started them (launcher=local without torchrun's environment)."""
+    world = cfg.actor.world_size
+    if world == 1:
+        return None, None
+    ranks = None
+    if "WORLD_SIZE" not in os.environ:
+        from asyncrl.engine.spawn import free_port
+
+        ranks = spawn_ranks(cfg, world, cfg.cluster.master_port or free_port())
+    elif int(os.environ["WORLD_SIZE"]) != world:
+        raise ConfigError(f"actor.backend={cfg.actor.backend} asks for {world} ranks, but WORLD_SIZE is "
+                          f"{os.environ['WORLD_SIZE']} (torchrun --nproc-per-node must match)")
+    import torch
+
+    rank = int(os.environ["RANK"])
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+                          if cfg.cluster.resolved_device() == "cuda" else "cpu")
+    timeout = cfg.rollout.batch_timeout_s + 600  # a rank waits for rank 0's next batch at most this long
+    return parallel.from_env(cfg.actor.parallel_mode, device, timeout), ranks
 
 
 def run(p: Parts) -> dict:

@@ -31,6 +31,7 @@ from asyncrl.algo.shaping import place_at_last_token, shape_rewards
 from asyncrl.critic import CRITIC_DIR, VALUE_HEAD_FILE, ValueHead, load_value_head, save_critic
 from asyncrl.logprobs import logprobs_from_logits
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
+from asyncrl.parallel import DataParallel
 from asyncrl.types import Batch
 
 
@@ -90,9 +91,17 @@ class Trainer:
         top_p: float = 1.0,
         top_k: int = 0,
         autocast_dtype: torch.dtype | None = None,
+        dp: DataParallel | None = None,
+        device: torch.device | str = "cpu",
     ):
-        self.model = model
-        self.model.train()
+        if dp is not None and critic != "none":
+            raise ValueError("several trainer ranks train the policy only: use actor.critic=none (GRPO-family "
+                             "advantages) or one rank")
+        self.device, self.dp = torch.device(device), dp
+        self.module = model.to(self.device).train()  # the model itself (its weights, config, save_pretrained)
+        if pack_sequences:
+            check_packing(model)
+        self.model = model if dp is None else dp.wrap(model)  # what runs forward and backward
         self.algo = algo or Algorithm()
         self.ref_model = ref_model
         if ref_model is not None:
@@ -122,8 +131,7 @@ class Trainer:
         self.autocast_dtype = autocast_dtype
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step
-        if pack_sequences:
-            check_packing(model)
+        self._full: dict[str, torch.Tensor] | None = None  # gathered weights of the last step (FSDP)
 
     @property
     def shared_value_head(self) -> bool:
@@ -133,7 +141,14 @@ class Trainer:
     def _autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=self.autocast_dtype)
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def _empty_loss(self, model) -> torch.Tensor:
+        """A forward pass that contributes nothing: a rank with fewer micro-batches than another runs these,
+        so that every rank makes the same collective calls (FSDP gathers weights in every forward)."""
+        with self._autocast():
+            logits = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=self.device), use_cache=False).logits
+        return logits.float().sum() * 0.0
 
     def _plan(self, lengths: list[int]) -> list[list[list[int]]]:
         """Micro-batches as lists of rows of indices into ``lengths`` (padded: one sample per row)."""
@@ -182,21 +197,28 @@ class Trainer:
     def _gather(self, batch: Batch, fn) -> torch.Tensor:
         """``fn(ids, rows) -> (len(ids), T_mb - 1)`` over every micro-batch of ``batch``, as (N, T-1)."""
         out = torch.zeros_like(batch.behav_logprobs)
-        for _, ids, rows in self._micro_batches(batch, list(range(batch.input_ids.shape[0]))):
+        for item in self._micro_batches(batch, list(range(batch.input_ids.shape[0]))):
+            if item is None:
+                self._empty_loss(self.model)
+                continue
+            _, ids, rows = item
             o = fn(ids, rows)
             out[ids, : o.shape[1]] = o
         return out
 
-    def _micro_batches(self, batch: Batch, rows: list[int]):
-        """(positions in ``rows``, global sample ids, packed rows local to them) for each micro-batch."""
-        lengths = batch.attention_mask[torch.tensor(rows)].sum(-1).tolist()
-        for mb in self._plan(lengths):
+    def _micro_batches(self, batch: Batch, rows: list[int]) -> list:
+        """(positions in ``rows``, global sample ids, packed rows local to them) for each micro-batch, then
+        ``None`` for the empty passes that bring this rank to the most micro-batches of any rank."""
+        lengths = batch.attention_mask[torch.tensor(rows, dtype=torch.long)].sum(-1).tolist()
+        plan = []
+        for mb in self._plan(lengths) if rows else []:
             flat = [i for row in mb for i in row]
             local, start = [], 0
             for row in mb:
                 local.append(list(range(start, start + len(row))))
                 start += len(row)
-            yield flat, torch.tensor([rows[i] for i in flat]), local
+            plan.append((flat, torch.tensor([rows[i] for i in flat]), local))
+        return plan + [None] * ((self.dp.max(len(plan)) if self.dp else len(plan)) - len(plan))
 
     def logprobs(self, batch: Batch, model=None) -> torch.Tensor:
         """Log-probabilities (N, T-1) of every token under ``model`` (default: the policy's current weights,
@@ -224,13 +246,11 @@ class Trainer:
         values = self.values(batch) if self.value_head is not None else None
         advantages, returns, stats = self._advantages(batch, ref, values)
 
-        n_rows = batch.input_ids.shape[0]
-        order = torch.randperm(n_rows).tolist() if self.n_minibatches > 1 else list(range(n_rows))
-        chunks = [order[i :: self.n_minibatches] for i in range(self.n_minibatches)]
+        chunks = self._minibatches(batch)
         totals: dict[str, float] = {}
         lr, done = self._lr(self.base_lr), 0
         for index, rows in enumerate(chunks):
-            if rows:
+            if rows or self.dp:  # every rank takes every minibatch's collective steps
                 self._minibatch_step(batch, rows, index, version, advantages, returns, values, prox, ref, totals)
                 done += 1
             if self.skipped_updates:  # the rest of the step would start from the same bad batch: stop here
@@ -252,6 +272,22 @@ class Trainer:
         stats["train_tokens"] = batch.n_tokens
         stats["nonfinite_skipped"] = self.skipped_updates
         return stats
+
+    def _minibatches(self, batch: Batch) -> list[list[int]]:
+        """Row indices of each of the step's ``ppo_n_minibatches`` minibatches: whole groups, dealt in a random
+        order drawn from the step number, so every trainer rank (holding some of the groups) makes the same
+        split as one process holding them all."""
+        n_rows = batch.input_ids.shape[0]
+        if self.n_minibatches == 1:
+            return [list(range(n_rows))]
+        n_groups = int(batch.group_ids.max()) + 1
+        if self.dp is not None:
+            n_groups = self.dp.max(n_groups)
+        order = torch.randperm(n_groups, generator=torch.Generator().manual_seed(self.steps_done))
+        slot = torch.empty(n_groups, dtype=torch.long)
+        slot[order] = torch.arange(n_groups) % self.n_minibatches
+        which = slot[batch.group_ids]
+        return [(which == k).nonzero().flatten().tolist() for k in range(self.n_minibatches)]
 
     def _advantages(self, batch: Batch, ref: torch.Tensor | None, values: torch.Tensor | None):
         """Shaped rewards -> (advantages (N, T-1), returns (N, T-1) or None, stats)."""
@@ -286,31 +322,53 @@ class Trainer:
         rows_t = torch.tensor(rows)
         weights = self.algo.agg_fn(batch.loss_mask[rows_t], **self.algo.agg_options)  # sums to the aggregate
         value_weights = token_mean(batch.loss_mask[rows_t])
-        plan = list(self._micro_batches(batch, rows))
+        plan = self._micro_batches(batch, rows)
         mb_loss = 0.0
-        for mb, ids, packed_rows in plan:
-            out = self._forward(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
-            L = out.target_len
-            inputs = _MicroBatch(ids, L, batch.loss_mask[ids, :L], weights[mb, :L], value_weights[mb, :L])
-            loss, stats = self._micro_batch_loss(batch, inputs, out, index, version, advantages, returns, values,
-                                                 prox, ref)
-            loss.backward()
-            mb_loss += float(loss.detach())
-            mb_tok = float(inputs.mask.sum())
-            if "value_loss" in stats:  # already this micro-batch's share of the minibatch's value loss
-                totals["_per_mb_value_loss"] = totals.get("_per_mb_value_loss", 0.0) + stats.pop("value_loss")
-            for k, v in stats.items():
-                totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else totals.get(k, 0.0) + v * mb_tok
-            totals["entropy"] = totals.get("entropy", 0.0) + float((out.entropy * inputs.mask).sum())
-            totals["_tokens"] = totals.get("_tokens", 0.0) + mb_tok
-            totals["_slots"] = totals.get("_slots", 0.0) + out.slots
-            totals["_real"] = totals.get("_real", 0.0) + float(batch.attention_mask[ids].sum())
+        for k, item in enumerate(plan):
+            with self._accumulating(last=k == len(plan) - 1):
+                if item is None:
+                    self._empty_loss(self.model).backward()
+                    continue
+                mb_loss += self._micro_batch_step(batch, item, index, version, weights, value_weights, advantages,
+                                                  returns, values, prox, ref, totals)
+        self._finish_minibatch(batch, plan, values, returns, value_weights, totals, mb_loss)
+
+    def _accumulating(self, last: bool):
+        return contextlib.nullcontext() if self.dp is None else self.dp.accumulate(self.model, last)
+
+    def _micro_batch_step(self, batch, item, index, version, weights, value_weights, advantages, returns, values,
+                          prox, ref, totals) -> float:
+        """Forward and backward of one micro-batch, its statistics added to ``totals``; returns its loss."""
+        mb, ids, packed_rows = item
+        out = self._forward(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
+        L = out.target_len
+        inputs = _MicroBatch(ids, L, batch.loss_mask[ids, :L], weights[mb, :L], value_weights[mb, :L])
+        loss, stats = self._micro_batch_loss(batch, inputs, out, index, version, advantages, returns, values, prox,
+                                             ref)
+        (loss * self._loss_scale).backward()
+        mb_tok = float(inputs.mask.sum())
+        if "value_loss" in stats:  # already this micro-batch's share of the minibatch's value loss
+            totals["_per_mb_value_loss"] = totals.get("_per_mb_value_loss", 0.0) + stats.pop("value_loss")
+        for k, v in stats.items():
+            totals[k] = max(totals.get(k, v), v) if k.endswith("_max") else totals.get(k, 0.0) + v * mb_tok
+        totals["entropy"] = totals.get("entropy", 0.0) + float((out.entropy * inputs.mask).sum())
+        totals["_tokens"] = totals.get("_tokens", 0.0) + mb_tok
+        totals["_slots"] = totals.get("_slots", 0.0) + out.slots
+        totals["_real"] = totals.get("_real", 0.0) + float(batch.attention_mask[ids].sum())
+        return float(loss.detach())
+
+    @property
+    def _loss_scale(self) -> float:
+        return 1.0 if self.dp is None else self.dp.loss_scale
+
+    def _finish_minibatch(self, batch, plan, values, returns, value_weights, totals, mb_loss: float) -> None:
+        """Clip and apply the minibatch's gradients (then the separate critic's step)."""
         totals["_per_mb_loss"] = totals.get("_per_mb_loss", 0.0) + mb_loss
         totals["_per_mb_grad_norm"] = totals.get("_per_mb_grad_norm", 0.0) + self._clip_and_step(
             self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]],
             loss_finite=math.isfinite(mb_loss))
         if self.critic_model is not None and not self.skipped_updates:
-            self._critic_step(batch, plan, values, returns, value_weights, totals)
+            self._critic_step(batch, [p for p in plan if p is not None], values, returns, value_weights, totals)
 
     def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: _Outputs, index: int, version: int,
                           advantages, returns, values, prox, ref) -> tuple[torch.Tensor, dict]:
@@ -363,13 +421,16 @@ class Trainer:
         """Clip and apply the gradients; an update whose loss or gradient norm is not finite is skipped
         (counted in ``nonfinite_skipped``), so NaN never reaches the weights or the optimizer state."""
         params = [p for p in params if p.grad is not None]
-        if not params:
+        if not params and self.dp is None:
             return 0.0
         if self.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
         else:
             norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
-        if loss_finite and math.isfinite(norm):
+        finite = loss_finite and math.isfinite(norm)
+        if self.dp is not None:
+            finite = self.dp.all(finite)  # every rank skips together, so the replicas stay equal
+        if finite:
             optimizer.step()
         else:
             optimizer.zero_grad(set_to_none=True)
@@ -378,15 +439,27 @@ class Trainer:
 
     # ---- weights -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named weights of the policy for publishing (live tensors; engines copy them)."""
-        return self.model.state_dict()
+        """HF-named weights of the policy for publishing (live tensors; engines copy them). Sharded (FSDP): the
+        full weights gathered after the last step (``gather_weights``), on rank 0."""
+        if self.dp is not None and self.dp.fsdp:
+            if self._full is None:
+                raise RuntimeError("FSDP weights are gathered by gather_weights() after each step")
+            return self._full
+        return self.module.state_dict()
+
+    def gather_weights(self) -> None:
+        """FSDP: every rank calls this after a step; rank 0 then holds the full weights (one CPU copy)."""
+        if self.dp is not None and self.dp.fsdp:
+            self._full = self.dp.full_state_dict(self.model)
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteWeights`` naming the first weight (policy, value head, critic) that holds NaN or
         inf."""
-        parts = [("policy", self.model), ("value head", self.value_head), ("critic", self.critic_model)]
-        for what, module in parts:
-            for name, p in module.named_parameters() if module is not None else ():
+        policy = self.state_dict().items()
+        parts = [("policy", policy), ("value head", self.value_head), ("critic", self.critic_model)]
+        for what, tensors in parts:
+            items = tensors.named_parameters() if isinstance(tensors, torch.nn.Module) else tensors or ()
+            for name, p in items:
                 if not torch.isfinite(p).all():
                     raise NonFiniteWeights(f"the {what} weight '{name}' holds NaN or inf values")
 
@@ -394,7 +467,7 @@ class Trainer:
         """The policy in HF format at ``path``; a critic (separate model and/or value head) in
         ``path/critic/``, which ``actor.critic_path`` loads back. Non-finite weights are refused."""
         self.check_finite()
-        self.model.save_pretrained(path)
+        self.module.save_pretrained(path, state_dict=self.state_dict())
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
         if self.value_head is not None:
@@ -403,7 +476,8 @@ class Trainer:
 
 
 def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,
-                  max_new_tokens: int | None = None, top_p: float = 1.0, top_k: int = 0) -> Trainer:
+                  max_new_tokens: int | None = None, top_p: float = 1.0, top_k: int = 0, dp=None,
+                  device: str = "cpu") -> Trainer:
     """The trainer for an ``ActorConfig``. ``model`` is the policy; a frozen reference model
     (``actor.ref_model``) and a separate critic (``actor.critic=separate``) load from ``model_path``.
     ``max_new_tokens`` (gconfig) is DAPO's L_max and Dr.GRPO's default normaliser."""
@@ -426,7 +500,7 @@ def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_d
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
         pack_sequences=cfg.pack_sequences, temperature=temperature, top_p=top_p, top_k=top_k,
-        autocast_dtype=autocast_dtype,
+        autocast_dtype=autocast_dtype, dp=dp, device=device,
     )
     if cfg.critic_path and trainer.value_head is not None:
         load_value_head(cfg.critic_path, trainer.value_head)

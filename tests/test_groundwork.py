@@ -12,7 +12,7 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.controller import run, train
-from asyncrl.launch import assemble
+from asyncrl.launch.build import assemble
 from asyncrl.metrics import read_metrics
 from asyncrl.rollout import RolloutFailures, RolloutRunner
 from asyncrl.types import Trajectory, TrajectoryGroup

@@ -11,7 +11,7 @@ import torch
 from asyncrl import cli, configlib
 from asyncrl.config import TrainConfig
 from asyncrl.controller import run, train
-from asyncrl.launch import assemble
+from asyncrl.launch.build import assemble
 from asyncrl.metrics import MetricsLogger, read_metrics
 from asyncrl.watchdog import TrainingHalted, Watchdog
 

@@ -38,10 +38,14 @@ class ActorConfig:
     """Pack samples into shared rows (first-fit-decreasing, position ids restarting per sample, attention kept
     within each sample) so that padding becomes real tokens; same loss as the padded layout to 1e-6."""
     ppo_n_minibatches: int = 1
-    """Optimizer steps per training batch; with 1, the proximal policy equals the current one (no extra
-    forward pass)."""
+    """Optimizer steps per training batch, each on a share of its groups (whole groups, dealt in a random order
+    fixed by the step number); with 1, the proximal policy equals the current one (no extra forward pass)."""
     threads: int = 1
-    """Torch threads for training."""
+    """Torch threads for training (per trainer rank)."""
+    backend: str = "ddp:d1"
+    """Trainer processes: ddp:dN (N data-parallel ranks, replicated weights, gradients all-reduced) | fsdp:dN
+    (FSDP2: weights, gradients and optimizer state sharded over N ranks). One rank per device on GPUs, one
+    process per rank on the CPU; the result does not depend on N (the loss is aggregated over all ranks)."""
 
     # ---- advantages and rewards ------------------------------------------------------------------------
     adv_estimator: str = "grpo"
@@ -152,6 +156,16 @@ class ActorConfig:
     allow_unsafe: bool = False
     """Run configurations the guardrails refuse (experts only)."""
 
+    @property
+    def world_size(self) -> int:
+        from asyncrl.launch.placement import ACTOR_KINDS, parse
+
+        return parse(self.backend, "actor.backend", ACTOR_KINDS).dp
+
+    @property
+    def parallel_mode(self) -> str:
+        return self.backend.partition(":")[0]
+
     def validate(self, max_staleness: int, n_samples: int, max_new_tokens: int | None = None) -> None:
         """Check values, then refuse configurations that silently train wrong (``allow_unsafe`` overrides)."""
         from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
@@ -179,6 +193,15 @@ class ActorConfig:
             raise ConfigError(f"actor.c_clip (dual clip) must be > 1 or null, got {self.c_clip!r}")
         if not (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0):
             raise ConfigError("actor.sapo_tau_pos and actor.sapo_tau_neg must be > 0")
+        from asyncrl.launch.placement import ACTOR_KINDS, PlacementError, parse
+
+        try:
+            parse(self.backend, "actor.backend", ACTOR_KINDS)
+        except PlacementError as e:
+            raise ConfigError(str(e)) from None
+        if self.world_size > 1 and self.critic != "none":
+            raise ConfigError(f"actor.backend={self.backend} trains the policy only; actor.critic={self.critic} "
+                              "needs one rank (actor.backend=ddp:d1) or GRPO-family advantages without a critic")
         choices = [("adv_estimator", ADVANTAGES), ("policy_loss", POLICY_LOSSES), ("loss_agg_mode", AGGREGATIONS),
                    ("kl_estimator", KL_ESTIMATORS), ("importance_sampling_level", IS_LEVELS),
                    ("behav_imp_weight_mode", MODES), ("behav_imp_weight_level", LEVELS),

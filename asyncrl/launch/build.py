@@ -1,0 +1,248 @@
+"""Assembly: a ``TrainConfig`` becomes the parts of a run, built inside one exit stack that closes each
+part, in reverse order, on every path (a failure half-way through start-up closes what was built).
+
+Everything that can refuse the configuration (the model directory, the data, the reward function, the
+engine) is checked before the run directory is created. The controller receives the built ``Parts`` and
+only runs the loop (``asyncrl.controller``). Single process, threads: the trainer (the caller's thread),
+the engine loop, the rollout event loop; evaluation runs on a second engine pinned to the trained version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from asyncrl import configlib
+from asyncrl.algo import build_group_filter
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.checkpoint import Checkpointer
+from asyncrl.config import TrainConfig
+from asyncrl.configlib import ConfigError
+from asyncrl.data.config import dataset_from_config
+from asyncrl.engine import build_engine, build_publisher
+from asyncrl.engine.local import LocalEngine
+from asyncrl.evaluate import Evaluator
+from asyncrl.launch.ranks import RankedTrainer
+from asyncrl.parallel import DataParallel
+from asyncrl.metrics import Console, MetricsLogger, StepMeter
+from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
+from asyncrl.reward import build_reward_service
+from asyncrl.rollout import RolloutRunner
+from asyncrl.timeline import Timeline
+from asyncrl.trainer import build_trainer
+from asyncrl.types import SamplingParams
+from asyncrl.watchdog import Watchdog
+from asyncrl.workflow import WorkflowContext, build_workflow
+
+MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What several parts derive from the config and the model, computed once."""
+
+    stop_token_ids: tuple[int, ...]
+    max_len: int  # prompt + completion tokens per sequence
+    dtype: torch.dtype  # generation dtype
+    autocast_dtype: torch.dtype | None  # training compute dtype (master weights stay float32)
+    sampling: SamplingParams  # rollouts
+    eval_params: SamplingParams  # held-out evaluation
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, model, tokenizer) -> "RunShape":
+        g, eos = cfg.gconfig, (tokenizer.eos_token_id,)
+        max_len = min(model.config.max_position_embeddings, MAX_CONTEXT)
+        if g.max_new_tokens >= max_len:
+            raise ConfigError(f"gconfig.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in the "
+                              f"model's context of {max_len} tokens")
+        dtype = DTYPES[cfg.model.dtype]
+        return cls(eos, max_len, dtype, None if dtype == torch.float32 else dtype,
+                   SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                                  top_p=g.top_p, top_k=g.top_k, stop_token_ids=eos),
+                   SamplingParams(max_new_tokens=g.max_new_tokens, greedy=cfg.evaluator.greedy,
+                                  temperature=g.temperature, stop_token_ids=eos))
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """The loop's settings as plain values."""
+
+    total_steps: int
+    max_time_s: float  # 0 = no limit
+    batch_timeout_s: float
+    eval_every: int  # 0 = only at the start and the end
+    save_every: int  # 0 = only at the end
+    pad_id: int
+
+    def evaluate_at(self, version: int) -> bool:
+        return bool(self.eval_every) and version % self.eval_every == 0
+
+    def save_at(self, version: int) -> bool:
+        return bool(self.save_every) and version % self.save_every == 0
+
+    def out_of_time(self, elapsed_s: float) -> bool:
+        return bool(self.max_time_s) and elapsed_s >= self.max_time_s
+
+
+@dataclass
+class Parts:
+    run_dir: Path
+    plan: LoopPlan
+    trainer: object  # asyncrl.trainer.Trainer
+    engine: object  # the rollout engine (started)
+    publisher: object  # asyncrl.publish.Publisher
+    buffer: RolloutBuffer
+    rollout: RolloutRunner
+    evaluate: Evaluator  # evaluate(version) -> metrics
+    checkpoints: Checkpointer
+    logger: MetricsLogger
+    timeline: Timeline
+    meter: StepMeter
+    watchdog: Watchdog
+
+    def start_generation(self) -> None:
+        """Rollouts begin: admission opens, the timeline samples the engine, rates count from now."""
+        self.rollout.start()
+        self.timeline.start()
+        self.meter.start()
+
+
+@contextlib.contextmanager
+def assemble(cfg: TrainConfig, dp: DataParallel | None = None) -> Iterator[Parts]:
+    """The parts of the run ``cfg`` describes (rank 0's, when ``dp`` has several ranks); each is closed when the
+    block exits, however it exits."""
+    with contextlib.ExitStack() as stack:
+        yield _build(cfg, stack, dp)
+
+
+def build_rank_trainer(cfg: TrainConfig, dp: DataParallel):
+    """Ranks 1..N-1: the policy and its optimizer, nothing of the rollout side."""
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.actor.threads)
+    model_path = check_model_dir(cfg.model.path)
+    model = load_model(model_path)
+    shape_dtype = DTYPES[cfg.model.dtype]
+    trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=cfg.gconfig.temperature,
+                            autocast_dtype=None if shape_dtype == torch.float32 else shape_dtype,
+                            max_new_tokens=cfg.gconfig.max_new_tokens, top_p=cfg.gconfig.top_p,
+                            top_k=cfg.gconfig.top_k, dp=dp, device=str(dp.device))
+    trainer.gather_weights()
+    return trainer
+
+
+def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | None) -> Parts:
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.actor.threads)
+    device = str(dp.device) if dp is not None else cfg.cluster.resolved_device()
+    model_path = check_model_dir(cfg.model.path)
+    tokenizer = load_tokenizer(model_path)  # the trainer thread's (evaluation, checkpoints)
+    rollout_tokenizer = load_tokenizer(model_path)  # the rollout thread's: fast tokenizers are not thread-safe
+    model = load_model(model_path)  # master weights in float32; model.dtype sets the compute dtype
+    shape = RunShape.of(cfg, model, tokenizer)
+    room = shape.max_len - cfg.gconfig.max_new_tokens  # prompt tokens that fit beside a full completion
+    if (cfg.train_dataset.max_prompt_tokens or 0) > room:
+        raise ConfigError(f"train_dataset.max_prompt_tokens={cfg.train_dataset.max_prompt_tokens} exceeds the "
+                          f"{room} tokens a prompt can have beside gconfig.max_new_tokens={cfg.gconfig.max_new_tokens} "
+                          f"in the engine's context of {shape.max_len}; lower it or leave it unset")
+    data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset, tokenizer=rollout_tokenizer,
+                               default_max_prompt_tokens=room)
+    reward = build_reward_service(cfg.reward, data.reward_fn)
+    stack.callback(reward.close)
+    engine = _start(stack, cfg.rollout.backend, lambda: build_engine(
+        cfg.rollout, model, model_path=model_path, dtype=shape.dtype, max_len=shape.max_len, seed=cfg.seed,
+        stop_token_ids=shape.stop_token_ids))
+    eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
+        model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
+        stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels))
+    trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=cfg.gconfig.temperature,
+                            autocast_dtype=shape.autocast_dtype, max_new_tokens=cfg.gconfig.max_new_tokens,
+                            top_p=cfg.gconfig.top_p, top_k=cfg.gconfig.top_k, dp=dp, device=device)
+    if dp is not None:  # the engines above copied the whole model before FSDP sharded it
+        trainer.gather_weights()
+        trainer = RankedTrainer(trainer, dp)
+        stack.callback(trainer.close)
+    publisher = build_publisher(cfg.rollout, [engine])
+    stack.callback(publisher.close)
+    workflow = _workflow(cfg, WorkflowContext(rollout_tokenizer, reward, shape.sampling, shape.max_len,
+                                              shape.stop_token_ids))
+    if hasattr(workflow, "close"):
+        stack.callback(workflow.close)
+
+    run_dir = _run_dir(cfg)
+    eta, batch_size = cfg.rollout.max_head_offpolicyness, cfg.train_dataset.batch_size
+    buffer = RolloutBuffer(batch_size, eta, cfg.rollout.max_concurrent_rollouts)
+    rollout = RolloutRunner(engine, buffer, workflow, data.train, cfg.rollout.request_timeout_s,
+                            accept=build_group_filter(cfg.actor),
+                            max_failures_in_a_row=cfg.rollout.max_failures_in_a_row or (eta + 2) * batch_size)
+    stack.callback(rollout.stop)
+    logger = MetricsLogger(run_dir, cfg.stats_logger, f"{cfg.experiment_name}/{cfg.trial_name}",
+                           configlib.to_dict(cfg), console=Console(cfg.progress_bar, cfg.total_train_steps))
+    stack.callback(logger.close)
+    timeline = Timeline(run_dir / "timeline.jsonl", engine.stats)
+    stack.callback(timeline.close)
+    w = cfg.watchdog
+    return Parts(
+        run_dir=run_dir,
+        plan=LoopPlan(cfg.total_train_steps, cfg.max_train_time_s, cfg.rollout.batch_timeout_s,
+                      cfg.evaluator.freq_steps, cfg.saver.freq_steps, tokenizer.pad_token_id),
+        trainer=trainer, engine=engine, publisher=publisher, buffer=buffer, rollout=rollout,
+        evaluate=_evaluator(cfg, workflow, eval_engine, trainer, tokenizer, data.valid, reward, shape),
+        checkpoints=Checkpointer(run_dir, trainer, tokenizer), logger=logger, timeline=timeline,
+        meter=StepMeter(engine.stats, [rollout.stats, reward.stats, buffer.stats, data.stats,
+                                       *([workflow.stats] if hasattr(workflow, "stats") else [])]),
+        watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
+                          w.max_nonfinite_steps),
+    )
+
+
+def _evaluator(cfg: TrainConfig, workflow, engine, trainer, tokenizer, items, reward, shape: RunShape) -> Evaluator:
+    """Held-out evaluation: the workflow's own (an agent runs its episodes) or one scored answer per item."""
+    threshold = cfg.evaluator.success_threshold
+    if hasattr(workflow, "evaluate"):
+        return Evaluator(engine, trainer.state_dict, lambda e: workflow.evaluate(
+            e, items, tokenizer, shape.eval_params, success_threshold=threshold))
+    return Evaluator.single_turn(engine, trainer.state_dict, tokenizer, items, reward.eval_fn, shape.eval_params,
+                                 threshold)
+
+
+def _workflow(cfg: TrainConfig, context: WorkflowContext):
+    """The configured workflow; a factory that refuses its kwargs is a start-up refusal."""
+    kwargs = cfg.workflow.kwargs
+    if cfg.workflow.name == "agent":  # the agent workflow is configured by its own section
+        kwargs = {**dataclasses.asdict(cfg.agent), **kwargs}
+    try:
+        return build_workflow(cfg.workflow.name, context, kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"workflow: cannot build '{cfg.workflow.name}' with workflow.kwargs="
+                          f"{cfg.workflow.kwargs}: {e}") from e
+
+
+def _start(stack: contextlib.ExitStack, backend: str, build):
+    """Build and start an engine, closed by ``stack``; a model it cannot run, or servers that do not come
+    up, are start-up refusals that name ``rollout.backend``."""
+    try:
+        engine = build()
+    except ValueError as e:  # the model's shape (decoder.DecoderShape) or the engine's arguments
+        raise ConfigError(f"rollout.backend={backend}: {e}") from e
+    stack.callback(engine.stop)
+    try:
+        engine.start()
+    except (TimeoutError, RuntimeError, OSError) as e:  # servers that did not come up
+        raise ConfigError(f"rollout.backend={backend}: the inference servers did not start: {e}") from e
+    return engine
+
+
+def _run_dir(cfg: TrainConfig) -> Path:
+    """``output_dir/experiment_name/trial_name`` with the resolved config in it."""
+    run_dir = Path(cfg.output_dir) / cfg.experiment_name / cfg.trial_name
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # e.g. a file where a directory should be
+        raise ConfigError(f"output_dir: cannot create the run directory '{run_dir}': {e.strerror or e}") from e
+    configlib.dump(cfg, run_dir / "config.yaml")
+    return run_dir

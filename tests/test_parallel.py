@@ -1,0 +1,155 @@
+"""Several trainer ranks give the update of one: DDP and FSDP2 over gloo, 2 processes, against one process on the
+whole batch, including a batch that does not split evenly; placement strings; the local launcher end to end."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from asyncrl.launch.placement import PlacementError, allocate, parse
+from asyncrl.launch.ranks import combine, split
+from asyncrl.parallel import shard_groups
+
+
+def _batch(n_groups=5, seed=0):
+    """Groups of 3 samples with different lengths and rewards (5 groups over 2 ranks: uneven)."""
+    from asyncrl.data.collate import collate
+    from asyncrl.types import Trajectory, TrajectoryGroup
+
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for k in range(n_groups):
+        trajs = []
+        for j in range(3):
+            p = torch.randint(1, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+            o = torch.randint(1, 300, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
+            trajs.append(Trajectory(p, o, [-1.5] * len(o), [0] * len(o), float((k + j) % 3)))
+        groups.append(TrajectoryGroup(trajs))
+    return collate(groups, pad_id=0)
+
+
+def _trainer(dp=None, **kw):
+    """AdamW, or SGD (``sgd=True``): AdamW's first steps turn float noise in gradients that are nearly zero
+    into updates of up to ±lr, so multi-step comparisons use SGD, whose update is the gradient itself."""
+    from asyncrl.trainer import Trainer
+    from conftest import make_model
+
+    sgd = kw.pop("sgd", False)
+    trainer = Trainer(make_model(320, seed=7), lr=1e-2, max_grad_norm=0.0, dp=dp,
+                      pack_sequences=kw.pop("pack", True), **kw)
+    if sgd:
+        trainer.optimizer = torch.optim.SGD(trainer.optimizer.param_groups[0]["params"], lr=1.0)
+    return trainer
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank, world, port, mode, kw, out):
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    from asyncrl import parallel
+
+    dp = parallel.from_env(mode, torch.device("cpu"), timeout_s=120)
+    trainer = _trainer(dp, **kw)
+    trainer.gather_weights()
+    batch = _batch()
+    shard = split(batch, world)[rank]
+    stats = trainer.step(shard)
+    trainer.gather_weights()
+    all_stats = dp.gather(stats)
+    if rank == 0:
+        out.put(({k: v.detach().numpy().copy() for k, v in trainer.state_dict().items()}, combine(all_stats)))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kw", [{}, {"ppo_n_minibatches": 2, "sgd": True}, {"pack": False, "mb_max_tokens": 24}],
+                         ids=["one-minibatch", "two-minibatches", "padded-micro-batches"])
+def test_two_ranks_give_the_update_of_one(mode, kw):
+    torch.manual_seed(0)
+    single = _trainer(**dict(kw))
+    before = {k: v.clone() for k, v in single.state_dict().items()}
+    stats = single.step(_batch())
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_rank, args=(r, 2, port, mode, kw, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    weights, parallel_stats = out.get(timeout=180)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    moved = 0.0
+    for name, w in single.state_dict().items():
+        got = torch.from_numpy(weights[name])
+        assert torch.allclose(got, w, atol=1e-5, rtol=1e-4), (name, float((got - w).abs().max()), float((w - before[name]).abs().max()))
+        moved = max(moved, float((w - before[name]).abs().max()))
+    assert moved > 1e-6  # the update was not empty
+    assert parallel_stats["loss"] == pytest.approx(stats["loss"], abs=1e-5)
+    assert parallel_stats["train_tokens"] == stats["train_tokens"]
+
+
+def test_shards_are_whole_groups_balanced_by_tokens():
+    loads = [sum([10, 1, 1, 1, 9][i] for i in s) for s in shard_groups([10, 1, 1, 1, 9], 2)]
+    assert sorted(loads) == [11, 11]
+    with pytest.raises(ValueError, match="cannot feed"):
+        shard_groups([1], 2)
+    batch = _batch()
+    shards = split(batch, 2)
+    assert sum(s.input_ids.shape[0] for s in shards) == batch.input_ids.shape[0]
+    for s in shards:
+        assert s.loss_mask.shape[1] == s.input_ids.shape[1] - 1 == s.behav_logprobs.shape[1]
+        assert int(s.attention_mask.sum(-1).max()) == s.input_ids.shape[1]  # trimmed to its own longest row
+        for g in s.group_ids.unique():  # whole groups
+            assert int((s.group_ids == g).sum()) == int((batch.group_ids == g).sum())
+
+
+@pytest.mark.parametrize("spec, key, kind, dp, tp", [
+    ("local", "rollout.backend", "local", 1, 1), ("local:d1", "rollout.backend", "local", 1, 1),
+    ("sglang:d4t2", "rollout.backend", "sglang", 4, 2), ("vllm:d2", "rollout.backend", "vllm", 2, 1),
+    ("remote", "rollout.backend", "remote", 1, 1), ("ddp:d2", "actor.backend", "ddp", 2, 1),
+    ("fsdp:d8", "actor.backend", "fsdp", 8, 1),
+])
+def test_placement_strings_parse(spec, key, kind, dp, tp):
+    kinds = ("ddp", "fsdp") if key == "actor.backend" else ("local", "asyncrl", "sglang", "vllm", "remote")
+    b = parse(spec, key, kinds)
+    assert (b.kind, b.dp, b.tp) == (kind, dp, tp)
+
+
+@pytest.mark.parametrize("rollout, actor, n, match", [
+    ("sglang:d4t2", "fsdp:d8", 8, "needs 8 device\\(s\\) and rollout.backend=sglang:d4t2 8: 16 in all"),
+    ("tgi:d2", "ddp:d1", 8, "must start with one of"),
+    ("local:d2", "ddp:d1", 8, "one engine"),
+    ("vllm:d2x", "ddp:d1", 8, "cannot read the dimensions"),
+    ("remote", "ddp:d2t2", 8, "no tensor parallelism"),
+    ("remote:d2", "ddp:d1", 8, "takes no dimensions"),
+])
+def test_impossible_allocations_are_refused_with_the_reason(rollout, actor, n, match):
+    with pytest.raises(PlacementError, match=match):
+        allocate(rollout, actor, "cuda", n)
+
+
+def test_allocation_places_trainer_first_then_servers():
+    a = allocate("sglang:d2t2", "fsdp:d4", "cuda", 8)
+    assert a.trainer_devices == ((0,), (1,), (2,), (3,)) and a.server_devices == ((4, 5), (6, 7))
+    cpu = allocate("asyncrl:d2", "ddp:d2", "cpu", 0)
+    assert cpu.world_size == 2 and cpu.server_devices == ((), ())
+
+
+def test_device_falls_back_to_cpu_without_a_gpu(monkeypatch):
+    from asyncrl.configlib import ConfigError
+    from asyncrl.launch.config import ClusterConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ClusterConfig().resolved_device() == "cpu"
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        ClusterConfig(device="cuda").resolved_device()
