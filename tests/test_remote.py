@@ -241,8 +241,8 @@ def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, toke
 
 
 @pytest.mark.parametrize("transport", ["dist"])
-def test_controller_with_local_servers_by_config_alone(tmp_path, tiny_model_dir, transport):
-    """`rollout.backend=local_servers`: the controller starts two `asyncrl serve` processes, rolls out through the
+def test_controller_with_asyncrl_servers_by_config_alone(tmp_path, tiny_model_dir, transport):
+    """`rollout.backend=asyncrl:d2`: the controller starts two `asyncrl serve` processes, rolls out through the
     remote client, pushes each version over the weight transport and stops the servers at the end."""
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
@@ -252,7 +252,7 @@ def test_controller_with_local_servers_by_config_alone(tmp_path, tiny_model_dir,
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=3",
         "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24", "valid_dataset.size=8",
         "evaluator.freq_steps=0", "rollout.max_slots=16", "actor.lr=1e-3",
-        "reward.fn=rewards_for_tests:digit_count_reward", "rollout.backend=local_servers", "rollout.n_servers=2",
+        "reward.fn=rewards_for_tests:digit_count_reward", "rollout.backend=asyncrl:d2",
         f"rollout.weight_transport={transport}", "rollout.max_head_offpolicyness=1",
     ])
     last = train(cfg)

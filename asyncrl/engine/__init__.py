@@ -1,12 +1,17 @@
 """Inference engines behind one Protocol (``base.Engine``), built from the ``rollout`` config section.
 
-- ``local``: ``LocalEngine``, the built-in engine in this process.
-- ``local_servers``: ``rollout.n_servers`` ``asyncrl serve`` processes on 127.0.0.1, driven by a
-  ``RemoteEngine`` (started by ``engine.start()``, ended by ``engine.stop()``).
+``rollout.backend`` (``asyncrl.launch.placement``):
+- ``local`` (= ``local:d1``): ``LocalEngine``, the built-in engine in this process;
+- ``asyncrl:dN``: N ``asyncrl serve`` processes on 127.0.0.1, driven by a ``RemoteEngine`` (started by
+  ``engine.start()``, ended by ``engine.stop()``);
+- ``vllm:dNtM`` / ``sglang:dNtM``: N vLLM / SGLang servers of M devices each, started the same way (their
+  interpreter is ``rollout.server_python``);
 - ``remote``: a ``RemoteEngine`` over servers already running at ``rollout.server_addrs``.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -16,32 +21,50 @@ from asyncrl.publish import DiskPublisher, DistPublisher, InProcessPublisher
 
 
 def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dtype, max_len: int, seed: int,
-                 stop_token_ids: tuple[int, ...]):
+                 stop_token_ids: tuple[int, ...], server_devices: tuple[tuple[int, ...], ...] = ()):
     """The rollout engine for ``cfg.backend`` (not started). ``model`` is the trainer's live model (for
-    in-process engines); ``model_path`` the resolved checkpoint directory it was loaded from (servers load it)."""
-    if cfg.backend == "local":
+    in-process engines); ``model_path`` the resolved checkpoint directory it was loaded from (servers load it);
+    ``server_devices`` the GPU ids of each server (none on the CPU)."""
+    backend = cfg.placement
+    if backend.kind == "local":
         return LocalEngine(model, max_slots=cfg.max_slots, max_len=max_len, dtype=dtype, seed=seed,
                            interrupt_mode=cfg.interrupt_mode, stop_token_ids=stop_token_ids, threads=cfg.threads,
                            native_kernels=cfg.native_kernels)
     from asyncrl.engine.remote import RemoteEngine
 
-    common = dict(api=cfg.server_api, interrupt_mode=cfg.interrupt_mode, request_timeout_s=cfg.request_timeout_s,
+    common = dict(api=cfg.resolved_api, interrupt_mode=cfg.interrupt_mode, request_timeout_s=cfg.request_timeout_s,
                   startup_timeout_s=cfg.server_startup_timeout_s)
-    if cfg.backend == "remote":
+    if backend.kind == "remote":
         return RemoteEngine(list(cfg.server_addrs), **common)
-    if cfg.backend == "local_servers":
-        from asyncrl.engine.spawn import asyncrl_server
+    devices = list(server_devices) or [()] * backend.dp
 
+    def launch():
+        return [_server(cfg, backend.kind, backend.tp, model_path, dtype, max_len, seed + i, devices[i])
+                for i in range(backend.dp)]
+
+    return RemoteEngine(launch=launch, **common)
+
+
+def _server(cfg: RolloutConfig, kind: str, tp: int, model_path: str, dtype: torch.dtype, max_len: int, seed: int,
+            devices: tuple[int, ...]):
+    """One server process of ``kind`` on 127.0.0.1 (not yet healthy), on ``devices`` if any."""
+    from asyncrl.engine import spawn
+
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))} if devices else {}
+    dtype_name = str(dtype).removeprefix("torch.")
+    timeout = cfg.server_startup_timeout_s
+    if kind == "asyncrl":
         args = ["--max-slots", str(cfg.max_slots), "--max-len", str(max_len), "--threads", str(cfg.threads),
-                "--dtype", str(dtype).removeprefix("torch."), "--interrupt-mode", cfg.interrupt_mode]
+                "--dtype", dtype_name, "--interrupt-mode", cfg.interrupt_mode, "--seed", str(seed)]
         args += [] if cfg.native_kernels else ["--no-native-kernels"]
-
-        def launch():
-            return [asyncrl_server(model_path, *args, "--seed", str(seed + i), wait=False,
-                                   startup_timeout_s=cfg.server_startup_timeout_s) for i in range(cfg.n_servers)]
-
-        return RemoteEngine(launch=launch, **common)
-    raise ValueError(f"unknown rollout.backend '{cfg.backend}'")
+        return spawn.asyncrl_server(model_path, *args, wait=False, startup_timeout_s=timeout, env=env)
+    if kind == "vllm":
+        return spawn.vllm_server(cfg.server_python or sys.executable, model_path, "--seed", str(seed), "--tensor-parallel-size",
+                                 str(tp), threads=cfg.threads, max_model_len=max_len, startup_timeout_s=timeout,
+                                 wait=False, env=env, dtype=dtype_name)
+    return spawn.sglang_server(cfg.server_python or sys.executable, model_path, "--random-seed", str(seed), "--tp-size", str(tp),
+                               "--context-length", str(max_len), "--dtype", dtype_name,
+                               startup_timeout_s=timeout, wait=False, env=env)
 
 
 def build_publisher(cfg: RolloutConfig, engines: list):

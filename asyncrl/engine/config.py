@@ -13,9 +13,9 @@ class RolloutConfig:
     max_concurrent_rollouts: int = 0
     """Cap on groups generating at once (0 = no cap beyond the staleness gate)."""
     backend: str = "local"
-    """Inference engine: 'local' (the built-in engine, in this process), 'local_servers' (rollout.n_servers
-    `asyncrl serve` processes started on this machine, driven over HTTP) or 'remote' (servers already
-    running at rollout.server_addrs: asyncrl serve, SGLang or vLLM)."""
+    """Inference engine and its placement: local (= local:d1, the built-in engine in the trainer's process) |
+    asyncrl:dN (N `asyncrl serve` processes) | vllm:dNtM, sglang:dNtM (N vLLM / SGLang servers of M devices
+    each; rollout.server_python runs them) | remote (servers already running at rollout.server_addrs)."""
     interrupt_mode: str = "recompute"
     """What in-flight requests do on a weight update: 'recompute' (re-prefill under the new weights and
     continue), 'abort' (end them; the engine resubmits prompt + partial output, a group's samples together) or
@@ -45,11 +45,11 @@ class RolloutConfig:
     server_addrs: list[str] = field(default_factory=list)
     """host:port (or URL) of each inference server, for backend 'remote'."""
     server_api: str = "sglang"
-    """HTTP dialect of the servers: 'sglang' (SGLang's native API, which asyncrl serve also speaks) or
-    'vllm' (vLLM >= 0.32 started with the flags in docs/engine.md)."""
-    n_servers: int = 2
-    """How many `asyncrl serve` processes backend 'local_servers' starts (each with rollout.threads torch
-    threads and rollout.max_slots slots)."""
+    """HTTP dialect of remote servers: 'sglang' (SGLang's native API, which asyncrl serve also speaks) or
+    'vllm' (vLLM >= 0.32 started with the flags in docs/engine.md). Servers asyncrl starts use their own."""
+    server_python: str = ""
+    """The Python interpreter of the environment that has vLLM or SGLang (e.g. .venv-vllm/bin/python); empty =
+    this one."""
     server_startup_timeout_s: float = 180.0
     """Servers that do not answer /health within this time stop the run at start-up."""
     weight_transport: str = "auto"
@@ -74,31 +74,36 @@ class RolloutConfig:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"rollout.{key} must be one of {list(allowed)}, got '{getattr(self, key)}'")
 
-        one_of("backend", ENGINE_BACKENDS)
+        from asyncrl.launch.placement import ROLLOUT_KINDS, PlacementError, parse
+
+        try:
+            parse(self.backend, "rollout.backend", ROLLOUT_KINDS)
+        except PlacementError as e:
+            raise ConfigError(str(e)) from None
         one_of("interrupt_mode", ("recompute", "abort", "drain"))
         one_of("server_api", ("sglang", "vllm"))
         one_of("weight_transport", WEIGHT_TRANSPORTS)
         one_of("dist_backend", ("gloo", "nccl"))
-        if self.backend == "remote" and not self.server_addrs:
+        kind = self.placement.kind
+        if kind == "remote" and not self.server_addrs:
             raise ConfigError("rollout.server_addrs is empty: backend 'remote' needs the host:port of each server")
-        if self.backend == "local_servers" and self.n_servers < 1:
-            raise ConfigError(f"rollout.n_servers must be >= 1 for backend 'local_servers', got {self.n_servers}")
-        if self.backend == "local_servers" and self.server_api != "sglang":
-            raise ConfigError("rollout.server_api must be 'sglang' for backend 'local_servers' (asyncrl serve)")
+        if kind != "remote" and self.server_addrs:
+            raise ConfigError(f"rollout.server_addrs is for backend 'remote'; backend '{self.backend}' starts its "
+                              "own servers")
         transport = self.resolved_transport
-        if transport == "inprocess" and self.backend != "local":
+        if transport == "inprocess" and kind != "local":
             raise ConfigError(f"rollout.weight_transport 'inprocess' reaches only backend 'local'; backend "
                               f"'{self.backend}' needs 'disk' or 'dist'")
-        if transport == "dist" and self.backend == "local":
+        if transport == "dist" and kind == "local":
             raise ConfigError("rollout.weight_transport 'dist' broadcasts to servers; backend 'local' uses "
                               "'inprocess' or 'disk'")
-        if transport == "dist" and self.server_api == "vllm":
+        if transport == "dist" and self.resolved_api == "vllm":
             raise ConfigError("rollout.weight_transport 'dist' speaks SGLang's weight-update API; for "
                               "rollout.server_api 'vllm' use 'disk'")
-        if self.server_api == "vllm" and self.backend != "local" and self.interrupt_mode != "abort":
+        if self.resolved_api == "vllm" and kind != "local" and self.interrupt_mode != "abort":
             raise ConfigError("rollout.interrupt_mode must be 'abort' with rollout.server_api 'vllm' (vLLM cannot "
                               "re-prefill running requests in place)")
-        if self.interrupt_mode == "drain" and self.backend != "local":
+        if self.interrupt_mode == "drain" and kind != "local":
             raise ConfigError("rollout.interrupt_mode 'drain' is implemented by the built-in engine only "
                               "(rollout.backend 'local')")
         for key in ("request_timeout_s", "batch_timeout_s", "weight_sync_timeout_s", "server_startup_timeout_s"):
@@ -110,11 +115,20 @@ class RolloutConfig:
             raise ConfigError(f"rollout.dist_bucket_mb must be >= 1, got {self.dist_bucket_mb}")
 
     @property
+    def placement(self):
+        from asyncrl.launch.placement import ROLLOUT_KINDS, parse
+
+        return parse(self.backend, "rollout.backend", ROLLOUT_KINDS)
+
+    @property
+    def resolved_api(self) -> str:
+        """The servers' HTTP dialect: asyncrl serve and SGLang speak SGLang's, vLLM its own; remote: server_api."""
+        kind = self.placement.kind
+        return self.server_api if kind == "remote" else "vllm" if kind == "vllm" else "sglang"
+
+    @property
     def resolved_transport(self) -> str:
         if self.weight_transport != "auto":
             return self.weight_transport
-        return "inprocess" if self.backend == "local" else "disk"
-
-
-ENGINE_BACKENDS = ("local", "local_servers", "remote")
+        return "inprocess" if self.placement.kind == "local" else "disk"
 WEIGHT_TRANSPORTS = ("auto", "inprocess", "disk", "dist")

@@ -1,4 +1,4 @@
-"""Starting servers as child processes: ``asyncrl serve`` (the ``local_servers`` backend, tests, benches)
+"""Starting servers as child processes: ``asyncrl serve`` (rollout.backend asyncrl:dN, tests, benches)
 or any command that serves ``/health``, on a free 127.0.0.1 port, always ended by ``close``."""
 
 from __future__ import annotations
@@ -84,18 +84,19 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
 
 
 def asyncrl_server(model: str, *args: str, port: int | None = None, startup_timeout_s: float = 120.0,
-                   log_path: str | None = None, wait: bool = True) -> ServerProcess:
+                   log_path: str | None = None, wait: bool = True, env: dict | None = None) -> ServerProcess:
     """``asyncrl serve --model MODEL ARGS`` on 127.0.0.1 (healthy when this returns, if ``wait``)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "asyncrl.server", "--model", model, "--host", "127.0.0.1", "--port",
            str(port), *args]
-    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, log_path=log_path, wait=wait)
+    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)
 
 
-VLLM_FLAGS = ("--dtype", "float32", "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--enable-scale-out")
+VLLM_FLAGS = ("--logprobs-mode", "processed_logprobs", "--enable-scale-out")
 """What the remote client needs from a vLLM (>= 0.32) server besides ``VLLM_SERVER_DEV_MODE=1``: the
-token-in/token-out ``/inference/v1/generate`` (``--enable-scale-out``), log-probs of the distribution tokens
-are sampled from (``processed_logprobs``: after temperature/top-k/top-p) and, on CPU, eager float32."""
+token-in/token-out ``/inference/v1/generate`` (``--enable-scale-out``) and log-probs of the distribution tokens
+are sampled from (``processed_logprobs``: after temperature/top-k/top-p). On the CPU also ``--enforce-eager``
+and float32."""
 
 VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false"}
@@ -105,11 +106,23 @@ VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_
 
 def vllm_server(python: str, model: str, *args: str, port: int | None = None, threads: int = 1,
                 max_model_len: int = 512, startup_timeout_s: float = 300.0, log_path: str | None = None,
-                wait: bool = True) -> ServerProcess:
-    """A vLLM OpenAI server (``python`` is the interpreter of its environment) with ``VLLM_FLAGS`` on 127.0.0.1,
-    ``threads`` CPU threads."""
+                wait: bool = True, env: dict | None = None, dtype: str = "float32") -> ServerProcess:
+    """A vLLM OpenAI server (``python`` is the interpreter of its environment) with ``VLLM_FLAGS`` on 127.0.0.1;
+    on the CPU (no ``CUDA_VISIBLE_DEVICES`` in ``env``) eager, with ``threads`` threads."""
     port = port or free_port()
+    on_gpu = bool((env or {}).get("CUDA_VISIBLE_DEVICES"))
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1", "--port",
-           str(port), "--max-model-len", str(max_model_len), *VLLM_FLAGS, *args]
-    env = {**VLLM_ENV, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+           str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *VLLM_FLAGS,
+           *([] if on_gpu else ["--enforce-eager"]), *args]
+    env = {**VLLM_ENV, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}
     return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)
+
+
+def sglang_server(python: str, model: str, *args: str, port: int | None = None, startup_timeout_s: float = 600.0,
+                  log_path: str | None = None, wait: bool = True, env: dict | None = None) -> ServerProcess:
+    """An SGLang server (``python`` is the interpreter of its environment) on 127.0.0.1 (GPU only)."""
+    port = port or free_port()
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1", "--port", str(port),
+           *args]
+    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, env={"HF_HUB_OFFLINE": "1", **(env or {})},
+                         log_path=log_path, wait=wait)
