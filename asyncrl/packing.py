@@ -107,25 +107,26 @@ def pack(input_ids: torch.Tensor, lengths: Sequence[int], rows: list[list[int]] 
     if rows is None:
         rows = first_fit_decreasing(lengths, max(lengths))
     width = max(sum(lengths[i] for i in row) for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=input_ids.dtype)
-    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    dev = input_ids.device
+    ids = torch.full((len(rows), width), pad_id, dtype=input_ids.dtype, device=dev)
+    pos = torch.zeros((len(rows), width), dtype=torch.long, device=dev)
     src_r, src_c, dst_s, dst_p = [], [], [], []
     for r, members in enumerate(rows):
         offset = 0
         for i in members:
             L = lengths[i]
             ids[r, offset : offset + L] = input_ids[i, :L]
-            pos[r, offset : offset + L] = torch.arange(L)
+            pos[r, offset : offset + L] = torch.arange(L, device=dev)
             if L > 1:  # target t of sample i (token t+1 given tokens <= t) sits at packed column offset + t
                 src_r.append(torch.full((L - 1,), r))
                 src_c.append(torch.arange(offset, offset + L - 1))
                 dst_s.append(torch.full((L - 1,), i))
                 dst_p.append(torch.arange(L - 1))
             offset += L
-        pos[r, offset:] = torch.arange(width - offset)
+        pos[r, offset:] = torch.arange(width - offset, device=dev)
 
-    def cat(parts):
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    def cat(parts):  # index tensors live where the values they index do
+        return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)).to(dev)
 
     return PackedRows(ids, pos, (cat(src_r), cat(src_c)), (cat(dst_s), cat(dst_p)), n, T - 1)
 
@@ -153,7 +154,8 @@ def check_packing(model, atol: float = 1e-4) -> None:
     logits it gives alone."""
     vocab = model.get_input_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randint(0, vocab, (5,), generator=g), torch.randint(0, vocab, (3,), generator=g)
+    dev = model.get_input_embeddings().weight.device
+    a, b = (torch.randint(0, vocab, (n,), generator=g).to(dev) for n in (5, 3))
     packed = pack(torch.stack([a, torch.cat([b, b[:2]])]), [5, 3], rows=[[0, 1]])  # one row: a then b
     together = packed_forward(model, packed).logits.float()[0, 5:8]
     alone = model(input_ids=b[None], use_cache=False).logits.float()[0]

@@ -105,17 +105,17 @@ class Trainer:
         self.algo = algo or Algorithm()
         self.ref_model = ref_model
         if ref_model is not None:
-            ref_model.eval().requires_grad_(False)
+            ref_model.to(self.device).eval().requires_grad_(False)
         params = list(model.parameters())
         self.value_head = self.critic_model = self.critic_optimizer = None
         if critic == "value_head":
-            self.value_head = ValueHead(model.config.hidden_size)
+            self.value_head = ValueHead(model.config.hidden_size).to(self.device)
             params += list(self.value_head.parameters())
         elif critic == "separate":
             if critic_model is None:
                 raise ValueError("critic='separate' needs a critic_model")
-            self.critic_model = critic_model.train()
-            self.value_head = ValueHead(critic_model.config.hidden_size)
+            self.critic_model = critic_model.to(self.device).train()
+            self.value_head = ValueHead(critic_model.config.hidden_size).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(
                 list(critic_model.parameters()) + list(self.value_head.parameters()), lr=critic_lr or lr,
                 betas=betas, weight_decay=weight_decay)
@@ -143,6 +143,10 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _dev(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """``x`` on the training device (the batch and the algorithm's tensors live on the CPU; a no-op there)."""
+        return None if x is None else x.to(self.device)
+
     def _empty_loss(self, model) -> torch.Tensor:
         """A forward pass that contributes nothing: a rank with fewer micro-batches than another runs these,
         so that every rank makes the same collective calls (FSDP gathers weights in every forward)."""
@@ -163,7 +167,7 @@ class Trainer:
         rows hold one sample each runs padded: the same layout, with a cheaper attention mask."""
         lengths = batch.attention_mask[ids].sum(-1).tolist()
         T = max(lengths)
-        input_ids = batch.input_ids[ids, :T]
+        input_ids = self._dev(batch.input_ids[ids, :T])
         kwargs = {"output_hidden_states": True} if hidden and logprobs else {}
         with self._autocast():
             if self.pack_sequences and rows is not None and any(len(row) > 1 for row in rows):
@@ -174,10 +178,10 @@ class Trainer:
                 def to_padded(x):  # (R, W-1, ...) packed targets -> (rows, T-1, ...)
                     return unpack(x, packed)
             else:
-                out = model(input_ids=input_ids, attention_mask=batch.attention_mask[ids, :T], use_cache=False,
-                            **kwargs)
+                out = model(input_ids=input_ids, attention_mask=self._dev(batch.attention_mask[ids, :T]),
+                            use_cache=False, **kwargs)
                 targets, slots = input_ids[:, 1:], input_ids.numel()
-                valid = batch.attention_mask[ids, 1:T].bool()  # targets that exist (not padding)
+                valid = self._dev(batch.attention_mask[ids, 1:T]).bool()  # targets that exist (not padding)
 
                 def to_padded(x):  # zero beyond each sample, as the packed layout leaves it
                     v = valid.reshape(valid.shape + (1,) * (x.dim() - 2))
@@ -203,7 +207,7 @@ class Trainer:
                 continue
             _, ids, rows = item
             o = fn(ids, rows)
-            out[ids, : o.shape[1]] = o
+            out[ids, : o.shape[1]] = o.to(out.device)
         return out
 
     def _micro_batches(self, batch: Batch, rows: list[int]) -> list:
@@ -342,7 +346,8 @@ class Trainer:
         mb, ids, packed_rows = item
         out = self._forward(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
         L = out.target_len
-        inputs = _MicroBatch(ids, L, batch.loss_mask[ids, :L], weights[mb, :L], value_weights[mb, :L])
+        inputs = _MicroBatch(ids, L, self._dev(batch.loss_mask[ids, :L]), self._dev(weights[mb, :L]),
+                             self._dev(value_weights[mb, :L]))
         loss, stats = self._micro_batch_loss(batch, inputs, out, index, version, advantages, returns, values, prox,
                                              ref)
         (loss * self._loss_scale).backward()
@@ -373,23 +378,23 @@ class Trainer:
     def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: _Outputs, index: int, version: int,
                           advantages, returns, values, prox, ref) -> tuple[torch.Tensor, dict]:
         """The micro-batch's share of the minibatch loss: Σ w·L (+ β·KL in the loss, + the value head's loss)."""
-        algo, ids, L, mask = self.algo, mb.ids, mb.target_len, mb.mask
-        logp, behav = out.logprobs, batch.behav_logprobs[ids, :L]
+        algo, ids, L, mask, d = self.algo, mb.ids, mb.target_len, mb.mask, self._dev
+        logp, behav = out.logprobs, d(batch.behav_logprobs[ids, :L])
         if prox is not None:
-            prox_mb = prox[ids, :L]
+            prox_mb = d(prox[ids, :L])
         elif algo.loglinear_prox and index > 0:
-            prox_mb = loglinear_prox_logprobs(behav, logp, batch.versions[ids, :L], version)
+            prox_mb = loglinear_prox_logprobs(behav, logp, d(batch.versions[ids, :L]), version)
         else:
             prox_mb = logp.detach()  # the first minibatch trains the very weights that are the proximal policy
         per_token, stats = algo.loss_fn(logprobs=logp, prox_logprobs=prox_mb, behav_logprobs=behav,
-                                        advantages=advantages[ids, :L], mask=mask, **algo.loss_options)
+                                        advantages=d(advantages[ids, :L]), mask=mask, **algo.loss_options)
         loss = (per_token * mb.weights).sum()
         if ref is not None and algo.kl_in_loss and algo.kl_ctl > 0:
-            kl = algo.kl_fn(logp, ref[ids, :L]) * mask
+            kl = algo.kl_fn(logp, d(ref[ids, :L])) * mask
             loss = loss + algo.kl_ctl * (kl * mb.weights).sum()
             stats["kl_loss"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
         if self.shared_value_head:
-            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), values[ids, :L], returns[ids, :L], mask,
+            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), d(values[ids, :L]), d(returns[ids, :L]), mask,
                                                value_eps_clip=algo.value_eps_clip)
             vloss = (vloss * mb.value_weights).sum()
             loss = loss + algo.value_loss_coef * vloss
@@ -404,10 +409,11 @@ class Trainer:
         for mb, ids, packed_rows in plan:
             out = self._forward(self.critic_model, batch, ids, packed_rows, logprobs=False, hidden=True)
             L = out.target_len
-            mask = batch.loss_mask[ids, :L]
-            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), values[ids, :L], returns[ids, :L], mask,
-                                               value_eps_clip=self.algo.value_eps_clip)
-            vloss = (vloss * value_weights[mb, :L]).sum()
+            d = self._dev
+            mask = d(batch.loss_mask[ids, :L])
+            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), d(values[ids, :L]), d(returns[ids, :L]),
+                                               mask, value_eps_clip=self.algo.value_eps_clip)
+            vloss = (vloss * d(value_weights[mb, :L])).sum()
             vloss.backward()
             total += float(vloss.detach())
             clip_frac += vstats["value_clip_frac"] * float(mask.sum())
