@@ -48,6 +48,8 @@ class RolloutBuffer:
         self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
         self.rejected = 0
         self._running: dict[int, Ticket] = {}
+        self._items: dict[int, dict] = {}  # the item each running ticket is rolling out (for checkpoints)
+        self.drawn = 0  # items drawn from the prompt stream
         self._ready: dict[int, tuple[Ticket, TrajectoryGroup]] = {}
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -72,12 +74,40 @@ class RolloutBuffer:
             self._running[ticket.seq] = ticket
             return ticket
 
+    def started(self, ticket: Ticket, item: dict) -> None:
+        """``ticket`` is rolling out ``item``, the next one drawn from the prompt stream."""
+        with self._cv:
+            self.drawn += 1
+            if ticket.seq in self._running:
+                self._items[ticket.seq] = item
+
+    def snapshot(self) -> dict:
+        """A consistent view for a checkpoint: the ready groups with their admission versions, the items being
+        rolled out, and the counters."""
+        with self._cv:
+            ready = [(t.version, g) for t, g in sorted(self._ready.values(), key=lambda tg: tg[0].seq)]
+            inflight = [self._items[seq] for seq in sorted(self._items)]
+            return {"ready": ready, "inflight": inflight, "drawn": self.drawn, "rejected": self.rejected,
+                    "accepted": self.accepted}
+
+    def restore(self, version: int, ready: list, accepted: int, rejected: int, drawn: int) -> None:
+        """After a resume at ``version``: the groups that were ready (trained first, oldest admission first) and
+        the counters; the items that were being rolled out are admitted again like new ones."""
+        with self._cv:
+            self.version, self.accepted, self.rejected, self.drawn = version, accepted, rejected, drawn
+            for admit_version, group in ready:
+                ticket = Ticket(next(self._seq), admit_version)
+                self._ready[ticket.seq] = (ticket, group)
+            self._cv.notify_all()
+        self._changed()
+
     def finish(self, ticket: Ticket, group: TrajectoryGroup | None) -> None:
         """A rollout ended: ``group`` is accepted, or ``None`` (rejected or failed). A ticket already
         finished is ignored, so releasing one twice is harmless."""
         with self._cv:
             if self._running.pop(ticket.seq, None) is None:
                 return
+            self._items.pop(ticket.seq, None)
             if group is None:
                 self.rejected += 1
             else:

@@ -1,20 +1,167 @@
-"""Checkpoints of a run: ``RUN_DIR/checkpoints/stepN/`` in Hugging Face format (plus the critic), and
-``checkpoints/latest`` naming the newest."""
+"""Checkpoints of a run, complete and atomic: ``RUN_DIR/checkpoints/stepN/`` and ``checkpoints/latest``.
+
+``stepN/`` is a Hugging Face checkpoint (the policy and its tokenizer; ``critic/`` beside them), loadable with
+``AutoModelForCausalLM``, plus what a resumed run needs to go on as if nothing happened:
+
+- ``trainer.pt``: the optimizer and schedule state, the RNG states (Python, NumPy, torch);
+- ``run.json``: the version, the data position (items drawn from the prompt stream), the admission counters,
+  the elapsed training time;
+- ``rollouts.pt``: the groups that were finished but not yet trained (tokens, log-probs, per-token versions,
+  rewards, admission versions) and the items still being rolled out (re-issued on resume; their partial
+  tokens are dropped).
+
+A checkpoint is written into a temporary directory beside the others, every file fsynced, then renamed to
+``stepN`` and ``latest`` is replaced last (write + fsync + rename): a kill at any byte leaves the previous
+checkpoint or the new one, never a half one that is loaded. The last ``keep`` checkpoints are kept.
+"""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+import torch
+
+RUN_STATE = "run.json"
+TRAINER_STATE = "trainer.pt"
+ROLLOUTS = "rollouts.pt"
+LATEST = "latest"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that could not be written (the previous one stays valid) or read."""
+
+
+@dataclass
+class RunState:
+    """What the loop, the buffer and the rollout side need to continue."""
+
+    version: int
+    drawn: int = 0  # items taken from the prompt stream so far
+    accepted: int = 0  # groups accepted (trained + waiting), for the staleness gate
+    rejected: int = 0
+    elapsed_s: float = 0.0  # training time before this checkpoint
+    timeline_s: float = 0.0  # the timeline's clock at this checkpoint
+    ready: list = field(default_factory=list)  # [(admit version, TrajectoryGroup)] finished, not trained
+    inflight: list = field(default_factory=list)  # items being rolled out (re-issued on resume)
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, trainer, tokenizer):
+    def __init__(self, run_dir: Path, trainer, tokenizer, keep: int = 3):
         self.dir, self.trainer, self.tokenizer = Path(run_dir) / "checkpoints", trainer, tokenizer
+        self.keep = max(1, keep)
         self.last: int | None = None  # the version saved last
 
-    def save(self, version: int) -> Path:
-        """Write the weights of ``version`` (refused if any is NaN or inf) and point ``latest`` at them."""
-        path = self.dir / f"step{version}"
-        self.trainer.save(str(path), self.tokenizer)
-        (self.dir / "latest").write_text(path.name + "\n")
+    def save(self, version: int, state: RunState | None = None) -> Path:
+        """Write the checkpoint of ``version`` atomically and point ``latest`` at it. Non-finite weights and a
+        full disk are refused with ``CheckpointError``/``NonFiniteWeights``; the previous checkpoint stays."""
+        self.trainer.check_finite()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        final = self.dir / f"step{version}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step{version}-", dir=self.dir))
+        try:
+            self.trainer.save(str(tmp), self.tokenizer)
+            if state is not None:
+                torch.save(training_state(self.trainer), tmp / TRAINER_STATE)
+                torch.save({"ready": state.ready, "inflight": state.inflight}, tmp / ROLLOUTS)
+                _write_json(tmp / RUN_STATE, {k: getattr(state, k) for k in
+                                              ("version", "drawn", "accepted", "rejected", "elapsed_s",
+                                                                            "timeline_s")})
+            _fsync_tree(tmp)
+            if final.exists():  # the same version again (e.g. saved at the end of a resumed run)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.dir)
+            _write_json(self.dir / LATEST, None, text=final.name + "\n")
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            raise CheckpointError(f"writing the checkpoint of version {version} in {self.dir} failed: {why}; "
+                                  f"the previous checkpoint ({read_latest(self.dir) or 'none'}) stays valid") from e
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self.last = version
-        return path
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        steps = sorted((p for p in self.dir.glob("step[0-9]*") if p.is_dir()), key=lambda p: int(p.name[4:]))
+        for old in steps[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.dir.glob(".tmp-step*"):  # left by a run killed while saving
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def training_state(trainer) -> dict:
+    """The optimizer and the RNGs, for an exact resume."""
+    return {"trainer": trainer.training_state(), "rng": {
+        "python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+
+
+def restore_training_state(trainer, path: Path) -> None:
+    state = torch.load(path / TRAINER_STATE, weights_only=False)
+    trainer.load_training_state(state["trainer"])
+    rng = state["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def read_latest(checkpoints: Path) -> str | None:
+    try:
+        name = (Path(checkpoints) / LATEST).read_text().strip()
+    except OSError:
+        return None
+    return name if name and (Path(checkpoints) / name / RUN_STATE).is_file() else None
+
+
+def load_run_state(path: Path) -> RunState:
+    """The run state of checkpoint ``path`` (a directory written by ``Checkpointer.save``)."""
+    try:
+        meta = json.loads((path / RUN_STATE).read_text())
+        rollouts = torch.load(path / ROLLOUTS, weights_only=False)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read ({e})") from e
+    return RunState(**meta, ready=rollouts["ready"], inflight=rollouts["inflight"])
+
+
+# ---- durable writes -----------------------------------------------------------------------------------------
+def _write_json(path: Path, obj, text: str | None = None) -> None:
+    """``path`` replaced atomically: written beside it, fsynced, renamed."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text if text is not None else json.dumps(obj))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

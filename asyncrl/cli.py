@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _quiet_loading()
+    from asyncrl.checkpoint import CheckpointError
+    from asyncrl.launch.signals import StopRequested
     from asyncrl.rollout import RolloutFailures
     from asyncrl.watchdog import TrainingHalted
 
@@ -70,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except (TrainingHalted, RolloutFailures) as e:
+    except StopRequested as e:
+        print(f"asyncrl {args.command}: {e}; the run can go on: run the same command again", file=sys.stderr)
+        return e.exit_code
+    except (TrainingHalted, RolloutFailures, CheckpointError) as e:
         print(f"asyncrl {args.command}: stopped: {e}", file=sys.stderr)
         return 1
 

@@ -56,7 +56,21 @@ class EvaluatorConfig:
 @dataclass
 class SaverConfig:
     freq_steps: int = 0
-    """Save an HF checkpoint every N steps (0 = only at the end)."""
+    """Save a checkpoint every N steps (0 = by time, and at the end). A checkpoint is a Hugging Face model
+    directory plus everything a resumed run needs (optimizer, RNGs, data position, untrained rollouts)."""
+    freq_seconds: float = 600.0
+    """Also save when this much training time has passed since the last save (0 = not by time)."""
+    keep_last: int = 3
+    """Checkpoints kept in RUN_DIR/checkpoints (older ones are removed once a newer one is complete)."""
+    on_error: str = "stop"
+    """When a checkpoint cannot be written (disk full): stop (the run ends with one line; the previous
+    checkpoint stays valid) | continue (warn and train on)."""
+
+    def validate(self) -> None:
+        if self.freq_steps < 0 or not self.freq_seconds >= 0 or self.keep_last < 1:
+            raise ConfigError("saver.freq_steps and saver.freq_seconds must be >= 0 and saver.keep_last >= 1")
+        if self.on_error not in ("stop", "continue"):
+            raise ConfigError(f"saver.on_error must be stop or continue, got '{self.on_error}'")
 
 
 @dataclass
@@ -77,6 +91,10 @@ class TrainConfig:
     """Show a progress bar on the terminal."""
     report: bool = True
     """Write RUN_DIR/report.html at the end of the run (plots; needs the 'report' extra, else a warning)."""
+    resume: str = "auto"
+    """auto: `asyncrl train` on a run directory with a checkpoint continues from it if the configuration matches
+    (keys that only change how the run is watched, stopped or placed may differ; other differences are refused
+    with the keys listed) | fresh: start over (an earlier run in the directory is moved aside, not deleted)."""
     launcher: str = "local"
     """How the run's processes start: local (this machine: trainer ranks as child processes) | ray (a Ray
     placement group; cluster.ray_address, else a local Ray)."""
@@ -130,6 +148,7 @@ class TrainConfig:
             self.agent.validate_for_run()
         self.watchdog.validate()
         self.cluster.validate()
+        self.saver.validate()
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got '{self.launcher}'")
         if self.actor.world_size > self.train_dataset.batch_size:

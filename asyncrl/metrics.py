@@ -79,16 +79,18 @@ class StepMeter:
     def __init__(self, engine_stats: Callable, counters: list[Callable[[], dict]]):
         self.engine_stats, self.counters = engine_stats, counters
         self.start()
+        self.last_save = 0.0  # elapsed time of the last checkpoint
 
-    def start(self) -> None:
-        """Rates and elapsed time count from now (call when generation starts)."""
-        self.t_start = self.last = time.perf_counter()
+    def start(self, elapsed_s: float = 0.0) -> None:
+        """Rates count from now, elapsed time from ``elapsed_s`` (the training time before a resume)."""
+        self.last = time.perf_counter()
+        self.t_start = self.last - elapsed_s
         self.last_engine = self.engine_stats()
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t_start
 
-    def record(self, version: int, batch: Batch, train: dict, sync_s: float, wait_s: float) -> dict:
+    def record(self, version: int, groups: list, batch: Batch, train: dict, sync_s: float, wait_s: float) -> dict:
         now, engine = time.perf_counter(), self.engine_stats()
         dt = max(now - self.last, 1e-9)
         record = {
@@ -102,6 +104,7 @@ class StepMeter:
         for counters in self.counters:
             record.update(counters())
         record.update(train)
+        record["trained_items"] = [item for g in groups for item in [g.item_id] * len(g.trajectories)]
         self.last, self.last_engine = now, engine
         return record
 
@@ -140,6 +143,7 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.console = console
         self._file = self.path.open("a")
+        self._ledger = (Path(run_dir) / "ledger.jsonl").open("a")
         self._tb = self._wandb = None
         if cfg.tensorboard:
             try:
@@ -156,6 +160,14 @@ class MetricsLogger:
                                      config=config or {})
 
     def log(self, record: dict) -> None:
+        """One step's record to every sink; its ``trained_items`` (the prompt id of every trained sample) go to
+        ``ledger.jsonl`` instead, with the step and version they were trained at."""
+        record = dict(record)
+        items = record.pop("trained_items", None)
+        if items is not None:
+            self._ledger.write(json.dumps({"step": record["step"], "version": record["version"] - 1,
+                                           "items": items}) + "\n")
+            self._ledger.flush()
         self._file.write(json.dumps({k: _encode(v) for k, v in record.items()}) + "\n")
         self._file.flush()
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -174,6 +186,7 @@ class MetricsLogger:
         if self._file.closed:
             return
         self._file.close()
+        self._ledger.close()
         if self.console is not None:
             self.console.close()
         if self._tb is not None:

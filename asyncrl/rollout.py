@@ -125,7 +125,9 @@ class RolloutRunner:
     def _next_item(self, ticket: Ticket) -> dict | None:
         """The next item, or None when the stream ended or failed (the ticket is released either way)."""
         try:
-            return next(self.items)
+            item = next(self.items)
+            self.buffer.started(ticket, item)
+            return item
         except StopIteration:  # datasets are endless (epochs); a stream that ends is a bug to report
             self.buffer.fail(RuntimeError("the prompt stream ended; admission stopped"))
         except Exception as e:  # noqa: BLE001 - handed to the trainer thread with its traceback

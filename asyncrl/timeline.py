@@ -28,12 +28,13 @@ class _Span:
 
 
 class Timeline:
-    def __init__(self, path: str | Path, engine_stats: Callable[[], "EngineStats"], period_s: float = 0.25):
+    def __init__(self, path: str | Path, engine_stats: Callable[[], "EngineStats"], period_s: float = 0.25,
+                 start_s: float = 0.0):
         self._file = Path(path).open("a")
         self._lock = threading.Lock()
         self._engine_stats = engine_stats
         self._period = period_s
-        self._t0 = time.perf_counter()
+        self._t0 = time.perf_counter() - start_s  # a resumed run's timeline continues its clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -458,6 +458,35 @@ class Trainer:
         if self.dp is not None and self.dp.fsdp:
             self._full = self.dp.full_state_dict(self.model)
 
+    def training_state(self) -> dict:
+        """What an exact resume needs beyond the weights: the optimizers' state, the step count and the value
+        head. Under FSDP every rank must call this (the optimizer state is gathered to rank 0)."""
+        if self.dp is not None and self.dp.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            optim = self.optimizer.state_dict()
+        return {"optimizer": optim, "steps_done": self.steps_done,
+                "critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict(),
+                "value_head": None if self.value_head is None else self.value_head.state_dict()}
+
+    def load_training_state(self, state: dict) -> None:
+        """Restore ``training_state()`` (under FSDP on every rank; rank 0's full state is scattered)."""
+        if self.dp is not None and self.dp.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = state["steps_done"]
+        if state.get("critic_optimizer") is not None and self.critic_optimizer is not None:
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if state.get("value_head") is not None and self.value_head is not None:
+            self.value_head.load_state_dict(state["value_head"])
+
     def check_finite(self) -> None:
         """Raise ``NonFiniteWeights`` naming the first weight (policy, value head, critic) that holds NaN or
         inf."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -20,14 +22,16 @@ import torch
 from asyncrl import configlib
 from asyncrl.algo import build_group_filter
 from asyncrl.buffer import RolloutBuffer
-from asyncrl.checkpoint import Checkpointer
+from asyncrl.checkpoint import CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
 from asyncrl.engine import build_engine, build_publisher
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import Evaluator
+from asyncrl.critic import CRITIC_DIR
 from asyncrl.launch.ranks import RankedTrainer
+from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
 from asyncrl.parallel import DataParallel
 from asyncrl.metrics import Console, MetricsLogger, StepMeter
 from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
@@ -38,6 +42,8 @@ from asyncrl.trainer import build_trainer
 from asyncrl.types import SamplingParams
 from asyncrl.watchdog import Watchdog
 from asyncrl.workflow import WorkflowContext, build_workflow
+
+log = logging.getLogger(__name__)
 
 MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)
 
@@ -76,14 +82,17 @@ class LoopPlan:
     max_time_s: float  # 0 = no limit
     batch_timeout_s: float
     eval_every: int  # 0 = only at the start and the end
-    save_every: int  # 0 = only at the end
+    save_every: int  # 0 = by time, and at the end
+    save_every_s: float  # 0 = not by time
+    stop_if_unsaved: bool  # a checkpoint that cannot be written stops the run
     pad_id: int
 
     def evaluate_at(self, version: int) -> bool:
         return bool(self.eval_every) and version % self.eval_every == 0
 
-    def save_at(self, version: int) -> bool:
-        return bool(self.save_every) and version % self.save_every == 0
+    def save_at(self, version: int, since_last_save_s: float) -> bool:
+        return (bool(self.save_every) and version % self.save_every == 0) or \
+            (bool(self.save_every_s) and since_last_save_s >= self.save_every_s)
 
     def out_of_time(self, elapsed_s: float) -> bool:
         return bool(self.max_time_s) and elapsed_s >= self.max_time_s
@@ -104,42 +113,61 @@ class Parts:
     timeline: Timeline
     meter: StepMeter
     watchdog: Watchdog
+    start: RunState  # where the run starts (version 0, or a checkpoint's)
 
     def start_generation(self) -> None:
         """Rollouts begin: admission opens, the timeline samples the engine, rates count from now."""
         self.rollout.start()
         self.timeline.start()
-        self.meter.start()
+        self.meter.start(self.start.elapsed_s)
+
+    def save(self, version: int) -> None:
+        """A complete checkpoint of ``version``: the weights, the trainer's state and the rollout side's."""
+        snap = self.buffer.snapshot()
+        state = RunState(version, snap["drawn"], snap["accepted"], snap["rejected"], self.meter.elapsed(),
+                         self.timeline.now(), snap["ready"], snap["inflight"])
+        try:
+            self.checkpoints.save(version, state)
+        except CheckpointError:
+            if self.plan.stop_if_unsaved:
+                raise
+            log.warning("no checkpoint of version %d (saver.on_error=continue)", version, exc_info=True)
+        self.meter.last_save = self.meter.elapsed()
 
 
 @contextlib.contextmanager
-def assemble(cfg: TrainConfig, dp: DataParallel | None = None) -> Iterator[Parts]:
-    """The parts of the run ``cfg`` describes (rank 0's, when ``dp`` has several ranks); each is closed when the
-    block exits, however it exits."""
+def assemble(cfg: TrainConfig, dp: DataParallel | None = None, resume: Path | None = None) -> Iterator[Parts]:
+    """The parts of the run ``cfg`` describes (rank 0's, when ``dp`` has several ranks), continuing from the
+    checkpoint ``resume`` if given; each is closed when the block exits, however it exits."""
     with contextlib.ExitStack() as stack:
-        yield _build(cfg, stack, dp)
+        yield _build(cfg, stack, dp, resume)
 
 
-def build_rank_trainer(cfg: TrainConfig, dp: DataParallel):
+def build_rank_trainer(cfg: TrainConfig, dp: DataParallel, resume: Path | None = None):
     """Ranks 1..N-1: the policy and its optimizer, nothing of the rollout side."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.actor.threads)
-    model_path = check_model_dir(cfg.model.path)
+    model_path = str(resume) if resume else check_model_dir(cfg.model.path)
     model = load_model(model_path)
     shape_dtype = DTYPES[cfg.model.dtype]
     trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=None if shape_dtype == torch.float32 else shape_dtype,
                             max_new_tokens=cfg.gconfig.max_new_tokens, top_p=cfg.gconfig.top_p,
                             top_k=cfg.gconfig.top_k, dp=dp, device=str(dp.device))
+    if resume is not None:
+        restore_training_state(trainer, resume)
     trainer.gather_weights()
     return trainer
 
 
-def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | None) -> Parts:
+def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | None, resume: Path | None) -> Parts:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.actor.threads)
     device = str(dp.device) if dp is not None else cfg.cluster.resolved_device()
-    model_path = check_model_dir(cfg.model.path)
+    model_path = str(resume) if resume else check_model_dir(cfg.model.path)
+    start = load_run_state(resume) if resume else RunState(version=0)
+    if resume and cfg.actor.critic != "none":  # the critic comes back from the checkpoint too
+        cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, critic_path=str(resume / CRITIC_DIR)))
     tokenizer = load_tokenizer(model_path)  # the trainer thread's (evaluation, checkpoints)
     rollout_tokenizer = load_tokenizer(model_path)  # the rollout thread's: fast tokenizers are not thread-safe
     model = load_model(model_path)  # master weights in float32; model.dtype sets the compute dtype
@@ -158,10 +186,13 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         stop_token_ids=shape.stop_token_ids))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
-        stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels))
+        stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels,
+        device=device))
     trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=shape.autocast_dtype, max_new_tokens=cfg.gconfig.max_new_tokens,
                             top_p=cfg.gconfig.top_p, top_k=cfg.gconfig.top_k, dp=dp, device=device)
+    if resume is not None:
+        restore_training_state(trainer, resume)
     if dp is not None:  # the engines above copied the whole model before FSDP sharded it
         trainer.gather_weights()
         trainer = RankedTrainer(trainer, dp)
@@ -173,26 +204,31 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     if hasattr(workflow, "close"):
         stack.callback(workflow.close)
 
-    run_dir = _run_dir(cfg)
+    run_dir = _run_dir(cfg, start)
     eta, batch_size = cfg.rollout.max_head_offpolicyness, cfg.train_dataset.batch_size
     buffer = RolloutBuffer(batch_size, eta, cfg.rollout.max_concurrent_rollouts)
-    rollout = RolloutRunner(engine, buffer, workflow, data.train, cfg.rollout.request_timeout_s,
+    # a resumed run: the groups that were ready, then the items that were in flight, then the stream goes on
+    buffer.restore(start.version, start.ready, start.accepted, start.rejected, start.drawn - len(start.inflight))
+    items = itertools.chain(start.inflight, itertools.islice(data.train, start.drawn, None))
+    rollout = RolloutRunner(engine, buffer, workflow, items, cfg.rollout.request_timeout_s,
                             accept=build_group_filter(cfg.actor),
                             max_failures_in_a_row=cfg.rollout.max_failures_in_a_row or (eta + 2) * batch_size)
     stack.callback(rollout.stop)
     logger = MetricsLogger(run_dir, cfg.stats_logger, f"{cfg.experiment_name}/{cfg.trial_name}",
                            configlib.to_dict(cfg), console=Console(cfg.progress_bar, cfg.total_train_steps))
     stack.callback(logger.close)
-    timeline = Timeline(run_dir / "timeline.jsonl", engine.stats)
+    timeline = Timeline(run_dir / "timeline.jsonl", engine.stats, start_s=start.timeline_s)
     stack.callback(timeline.close)
     w = cfg.watchdog
     return Parts(
         run_dir=run_dir,
         plan=LoopPlan(cfg.total_train_steps, cfg.max_train_time_s, cfg.rollout.batch_timeout_s,
-                      cfg.evaluator.freq_steps, cfg.saver.freq_steps, tokenizer.pad_token_id),
+                      cfg.evaluator.freq_steps, cfg.saver.freq_steps, cfg.saver.freq_seconds,
+                      cfg.saver.on_error == "stop", tokenizer.pad_token_id),
+        start=start,
         trainer=trainer, engine=engine, publisher=publisher, buffer=buffer, rollout=rollout,
         evaluate=_evaluator(cfg, workflow, eval_engine, trainer, tokenizer, data.valid, reward, shape),
-        checkpoints=Checkpointer(run_dir, trainer, tokenizer), logger=logger, timeline=timeline,
+        checkpoints=Checkpointer(run_dir, trainer, tokenizer, cfg.saver.keep_last), logger=logger, timeline=timeline,
         meter=StepMeter(engine.stats, [rollout.stats, reward.stats, buffer.stats, data.stats,
                                        *([workflow.stats] if hasattr(workflow, "stats") else [])]),
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
@@ -237,10 +273,15 @@ def _start(stack: contextlib.ExitStack, backend: str, build):
     return engine
 
 
-def _run_dir(cfg: TrainConfig) -> Path:
-    """``output_dir/experiment_name/trial_name`` with the resolved config in it."""
-    run_dir = Path(cfg.output_dir) / cfg.experiment_name / cfg.trial_name
+def _run_dir(cfg: TrainConfig, start: RunState) -> Path:
+    """``output_dir/experiment_name/trial_name`` with the resolved config in it: a resumed run's files cut back
+    to its checkpoint, else an earlier run moved aside."""
+    run_dir = run_dir_of(cfg)
     try:
+        if start.version:
+            truncate_run_files(run_dir, start.version, start.timeline_s)
+        else:
+            start_fresh(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # e.g. a file where a directory should be
         raise ConfigError(f"output_dir: cannot create the run directory '{run_dir}': {e.strerror or e}") from e

@@ -82,10 +82,16 @@ class RankedTrainer:
 
     def step(self, batch: Batch, version: int = 0) -> dict:
         shards = split(batch, self.dp.world)
-        mine = self.dp.scatter([(shard, version) for shard in shards])
-        stats = combine(self.dp.gather(self.trainer.step(mine[0], version)))
+        _, mine, _ = self.dp.scatter([("step", shard, version) for shard in shards])
+        stats = combine(self.dp.gather(self.trainer.step(mine, version)))
         self.trainer.gather_weights()
         return stats
+
+    def training_state(self) -> dict:
+        """The optimizer state (FSDP: gathered from every rank, which is told to take part)."""
+        if self.dp.fsdp:
+            self.dp.scatter([("state", None, None)] * self.dp.world)
+        return self.trainer.training_state()
 
     def state_dict(self):
         return self.trainer.state_dict()
@@ -107,7 +113,10 @@ def serve_rank(trainer, dp: DataParallel) -> None:
         message = dp.scatter(None)
         if message is None:
             return
-        shard, version = message
+        kind, shard, version = message
+        if kind == "state":
+            trainer.training_state()
+            continue
         dp.gather(trainer.step(shard, version))
         trainer.gather_weights()
 
@@ -131,7 +140,7 @@ class LocalRanks:
         return [p.returncode for p in self.procs if p.poll() not in (None, 0)]
 
 
-def spawn_ranks(cfg, world: int, port: int) -> LocalRanks:
+def spawn_ranks(cfg, world: int, port: int, resume=None) -> LocalRanks:
     """Start ranks 1..world-1 running ``asyncrl train`` with this run's resolved config, and make this process
     rank 0 (the environment torchrun would set). They die with this process (parent-death signal)."""
     from asyncrl import configlib
@@ -139,7 +148,8 @@ def spawn_ranks(cfg, world: int, port: int) -> LocalRanks:
     fd, path = tempfile.mkstemp(prefix="asyncrl-rank-config-", suffix=".yaml")
     os.close(fd)
     configlib.dump(replace(cfg, progress_bar=False), path)
-    env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "ASYNCRL_RESUME": str(resume or "")}
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port)})
     procs = [subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", "--config", path],
