@@ -144,6 +144,7 @@ class MetricsLogger:
         self.console = console
         self._file = self.path.open("a")
         self._ledger = (Path(run_dir) / "ledger.jsonl").open("a")
+        self.last_step: int | None = None  # the step of the last record written
         self._tb = self._wandb = None
         if cfg.tensorboard:
             try:
@@ -170,6 +171,7 @@ class MetricsLogger:
             self._ledger.flush()
         self._file.write(json.dumps({k: _encode(v) for k, v in record.items()}) + "\n")
         self._file.flush()
+        self.last_step = record.get("step")
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         step = int(record.get("step", 0))
         if self._tb is not None:

@@ -1,0 +1,174 @@
+"""Runs that are killed at any moment and resumed: nothing lost, nothing trained twice, no half checkpoint,
+each step logged once; graceful stops by signal; a full disk while saving."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "trainer.pt", "run.json", "rollouts.pt")
+
+
+def _dataset(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    train, valid = tmp_path / "prompts.jsonl", tmp_path / "valid.jsonl"
+    train.write_text("".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n"
+                             for i in range(n)))
+    valid.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
+                             for i in range(100, 104)))
+    return train, valid
+
+
+def _args(tmp_path, model, train, valid, steps, *extra):
+    return [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={model}", f"output_dir={tmp_path / 'out'}",
+            f"train_dataset.path={train}", f"valid_dataset.path={valid}", "train_dataset.type=qa",
+            "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", f"total_train_steps={steps}",
+            "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "rollout.max_slots=8",
+            "rollout.max_head_offpolicyness=1", "saver.freq_steps=1", "evaluator.freq_steps=4", "max_train_time_s=0",
+            "progress_bar=false", "report=false", *extra]
+
+
+def _env():
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}"}
+
+
+def _complete(checkpoint: Path) -> bool:
+    return all((checkpoint / f).is_file() and (checkpoint / f).stat().st_size > 0 for f in CHECKPOINT_FILES)
+
+
+def _latest(run: Path) -> Path | None:
+    latest = run / "checkpoints" / "latest"
+    return run / "checkpoints" / latest.read_text().strip() if latest.exists() else None
+
+
+@pytest.mark.slow
+def test_killed_at_any_moment_and_resumed_every_prompt_is_trained_once(tmp_path, tiny_model_dir):
+    n_prompts, steps = 24, 12  # one epoch: 12 steps of 2 prompts
+    train, valid = _dataset(tmp_path, n_prompts)
+    args = _args(tmp_path, tiny_model_dir, train, valid, steps)
+    run = tmp_path / "out" / "asyncrl" / "default"
+    rng, kills, moments, finished = random.Random(3), 0, [], False
+    for attempt in range(60):
+        started = time.monotonic()
+        proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        delay = rng.uniform(3.0, 9.0) if kills < 12 else 600.0
+        try:
+            rc = proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            kills += 1
+            latest = _latest(run)
+            moments.append((round(time.monotonic() - started, 1), latest.name if latest else None))
+            assert latest is None or _complete(latest), f"latest names a half-written checkpoint {latest}"
+            continue
+        assert rc == 0, proc.stderr.read()[-3000:]
+        finished = True
+        break
+    assert finished and kills >= 10, (kills, moments)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == list(range(steps + 1)), [r["step"] for r in metrics]
+    trained = [item for line in (run / "ledger.jsonl").read_text().splitlines() for item in json.loads(line)["items"]]
+    first_epoch = sorted(i for i in trained if i < n_prompts)
+    assert first_epoch == sorted(list(range(n_prompts)) * 2), (moments, first_epoch)  # 2 samples per prompt, once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_model_dir, sig):
+    train, valid = _dataset(tmp_path, 200)
+    args = _args(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
+                 "rollout.backend=asyncrl:d1", "rollout.max_slots=8")
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    run = tmp_path / "out" / "asyncrl" / "default"
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    children = _descendants(proc.pid)
+    assert children  # the engine server and the reward worker
+    proc.send_signal(sig)
+    rc = proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert rc == 128 + sig, err[-2000:]
+    assert f"stopped by {signal.Signals(sig).name}" in err
+    latest = _latest(run)
+    assert latest is not None and _complete(latest)
+    time.sleep(1.0)
+    assert not [p for p in children if _alive(p)], "processes of the run outlived it"
+    resumed = subprocess.run(args + ["total_train_steps=" + str(int(latest.name[4:]) + 1)], env=_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == int(latest.name[4:]) + 1
+
+
+def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(tmp_path, tiny_model_dir,
+                                                                                   monkeypatch, capsys):
+    import errno
+
+    from asyncrl import cli
+    from asyncrl.trainer import Trainer
+
+    train, valid = _dataset(tmp_path, 40)
+    args = _args(tmp_path, tiny_model_dir, train, valid, 4)[3:]
+    save = Trainer.save
+
+    def fills_the_disk(self, path, tokenizer=None):
+        if self.steps_done == 3:
+            (Path(path) / "config.json").write_text("{")  # half written when the disk filled up
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return save(self, path, tokenizer)
+
+    monkeypatch.setattr(Trainer, "save", fills_the_disk)
+    code = cli.main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "the disk is full" in err[0] and "step2" in err[0], err
+    run = tmp_path / "out" / "asyncrl" / "default"
+    assert _latest(run).name == "step2" and _complete(_latest(run))
+    assert not list((run / "checkpoints").glob("step3")) and not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_model_dir, capsys):
+    from asyncrl import cli
+
+    train, valid = _dataset(tmp_path, 20)
+    args = _args(tmp_path, tiny_model_dir, train, valid, 2)[3:]
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    assert cli.main(args + ["actor.lr=1e-3"]) == 2
+    err = capsys.readouterr().err
+    assert "actor.lr" in err and "resume=fresh" in err
+    assert cli.main(args + ["total_train_steps=3", "evaluator.freq_steps=1"]) == 0  # settable keys may change
+    run = tmp_path / "out" / "asyncrl" / "default"
+    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    assert cli.main(args + ["actor.lr=1e-3", "resume=fresh"]) == 0
+    assert len(list((tmp_path / "out" / "asyncrl").glob("default.replaced-*"))) == 1
+    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    pairs = list(zip(map(int, out[::2]), map(int, out[1::2])))
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in pairs if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
