@@ -310,7 +310,7 @@ class RemoteEngine:
         timeout = timeout or self.request_timeout_s
         with self.updating(update.version, timeout) as addrs:
             self._call_all(addrs, self.api.load_from_disk(update.path, update.version), timeout,
-                           f"loading version {update.version} from {update.path}")
+                           f"loading version {update.version} from {update.path}", survive=update.version)
 
     # ---- weight updates ------------------------------------------------------------------------------------
     def live_addrs(self) -> list[str]:
@@ -324,11 +324,7 @@ class RemoteEngine:
         (a server may hold part of it)."""
         if self._failed_update:
             raise WeightSyncError(self._failed_update)
-        now = time.monotonic()
-        for s in self._servers:
-            if s.retired is None and not s.live(now):
-                s.retired = f"missed the update to version {version}"
-                log.error("server %s is down during the update to version %d: retired", s.url, version)
+        self._retire_unreachable(version)
         addrs = self.live_addrs()
         if not addrs:
             raise WeightSyncError(f"no live server to update to version {version}")
@@ -336,7 +332,8 @@ class RemoteEngine:
         try:
             if abort:
                 self._gate.close()
-                self._call_all(addrs, self.api.pause(keep=False), timeout, f"pausing for version {version}")
+                addrs = self._call_all(addrs, self.api.pause(keep=False), timeout, f"pausing for version {version}",
+                                       survive=version)
             yield addrs
         except BaseException as e:
             self._failed_update = f"weight update to version {version} failed: {type(e).__name__}: {e}"
@@ -344,8 +341,30 @@ class RemoteEngine:
             raise
         self._version = version
         if abort:
-            self._call_all(addrs, self.api.resume(), timeout, f"resuming after version {version}")
+            self._call_all(self.live_addrs(), self.api.resume(), timeout, f"resuming after version {version}",
+                           survive=version)
             self._gate.open()
+
+    def _retire_unreachable(self, version: int) -> None:
+        """Before an update: a server that does not answer ``/health`` now is retired for good (it would miss
+        this version and serve stale weights), however long ago it died."""
+        import httpx
+
+        def healthy(server: _Server) -> bool:
+            try:
+                return self._sync.get(server.url + "/health", timeout=self.connect_timeout_s).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        candidates = [s for s in self._servers if s.retired is None]
+        for server, ok in zip(candidates, self._pool.map(healthy, candidates)):
+            if not ok:
+                self._retire(server, f"did not answer /health before the update to version {version}")
+
+    def _retire(self, server: _Server, why: str) -> None:
+        if server.retired is None:
+            server.retired = why
+            log.error("server %s %s: retired; %d server(s) left", server.url, why, len(self.live_addrs()))
 
     def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None,
              params: dict | None = None) -> dict:
@@ -362,25 +381,39 @@ class RemoteEngine:
             raise ServerError(f"{url}{path}: {type(e).__name__}: {e}") from e
         return _checked(r, url + path)
 
-    def _call_all(self, addrs: list[str], calls: list[Call], timeout: float, what: str) -> None:
-        """Run ``calls`` (in order) on every server at once; raise ``WeightSyncError`` naming ``what`` if any
-        server fails."""
+    def _call_all(self, addrs: list[str], calls: list[Call], timeout: float, what: str,
+                  survive: int | None = None) -> list[str]:
+        """Run ``calls`` (in order) on every server at once; return the servers that succeeded. A failure raises
+        ``WeightSyncError`` naming ``what``, except with ``survive`` (the version being installed): a server
+        that cannot be reached (connection lost, timeout: it died) is then retired and the others go on, as
+        long as one is left; a server that answered with an error still fails the update."""
         if not calls or not addrs:
-            return
+            return list(addrs)
 
         def run(url: str) -> None:
             for c in calls:
                 self.post(url, c.path, c.json, timeout, c.params)
 
         futures = {url: self._pool.submit(run, url) for url in addrs}
-        errors = []
+        errors, done = [], []
         for url, f in futures.items():
             try:
                 f.result(timeout=timeout)
+                done.append(url)
+            except ServerError as e:
+                if survive is None or isinstance(e, RequestFailed):
+                    errors.append(f"{url}: {e}")
+                else:
+                    self._retire(self._by_url(url), f"was lost while {what}")
             except Exception as e:  # noqa: BLE001 - collected and raised together
                 errors.append(f"{url}: {e}")
-        if errors:
-            raise WeightSyncError(f"{what} failed on {len(errors)} of {len(addrs)} servers: " + "; ".join(errors))
+        if errors or not done:
+            raise WeightSyncError(f"{what} failed on {len(errors) or len(addrs)} of {len(addrs)} servers: "
+                                  + "; ".join(errors or ["every server was lost"]))
+        return done
+
+    def _by_url(self, url: str) -> _Server:
+        return next(s for s in self._servers if s.url == url)
 
     # ---- generation ------------------------------------------------------------------------------------------
     def _pick(self, exclude: set[str]) -> _Server | None:
