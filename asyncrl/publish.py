@@ -104,11 +104,39 @@ class DiskPublisher:
             shutil.rmtree(self.weight_dir, ignore_errors=True)
 
 
+TEMP_PREFIX = "asyncrl-weights-"
+
+
 def _temporary_weight_dir(state_dict: dict, copies: int) -> Path:
+    """A private directory for the weight versions, named after this process so that the next run can remove
+    it if this one is killed before it can (``sweep_stale_weight_dirs``)."""
+    sweep_stale_weight_dirs()
     size = sum(t.numel() * t.element_size() for t in state_dict.values())
     shm = Path("/dev/shm")
     base = str(shm) if shm.is_dir() and shutil.disk_usage(shm).free > copies * size + (1 << 30) else None
-    return Path(tempfile.mkdtemp(prefix="asyncrl-weights-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-", dir=base))
+
+
+def sweep_stale_weight_dirs() -> list[Path]:
+    """Remove the temporary weight directories of runs whose process is gone (killed runs); returns them."""
+    removed = []
+    for base in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
+        for d in base.glob(f"{TEMP_PREFIX}*") if base.is_dir() else ():
+            pid = d.name[len(TEMP_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _deliver(engine, update: WeightUpdate, timeout: float) -> None:

@@ -148,3 +148,26 @@ def test_destroy_never_waits_for_a_join_and_an_abandoned_join_installs_nothing(m
     assert joined and "abandoned" in joined[0]
     with pytest.raises(ValueError, match="no weight update group"):
         receiver.receive(["a"], ["float32"], [[1]], None, None)
+
+
+def test_temporary_weight_dirs_go_with_their_run_and_stale_ones_are_swept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from asyncrl.publish import TEMP_PREFIX, DiskPublisher, sweep_stale_weight_dirs
+
+    class Engine:
+        def update_weights(self, update, timeout=None):
+            self.path = update.path
+
+    pub = DiskPublisher([Engine()])
+    pub.publish({"w": torch.zeros(3)}, 1)
+    mine = pub.weight_dir
+    assert mine.name.startswith(f"{TEMP_PREFIX}{os.getpid()}-") and mine.exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = mine.parent / f"{TEMP_PREFIX}{int(dead.stdout)}-killedrun"
+    stale.mkdir()
+    assert stale in sweep_stale_weight_dirs() and not stale.exists() and mine.exists()  # a live run's stays
+    pub.close()
+    assert not mine.exists()
