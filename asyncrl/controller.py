@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+from pathlib import Path
 
 from asyncrl.config import TrainConfig
 from asyncrl.data.collate import collate
@@ -17,6 +19,8 @@ from asyncrl import parallel
 from asyncrl.configlib import ConfigError
 from asyncrl.launch.build import Parts, assemble, build_rank_trainer
 from asyncrl.launch.ranks import serve_rank, spawn_ranks
+from asyncrl.launch.resume import resume_point
+from asyncrl.launch.signals import GracefulStop
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +28,23 @@ log = logging.getLogger(__name__)
 def train(cfg: TrainConfig) -> dict:
     """Run RL training as configured; returns the last metrics record. A run that fails or is stopped by the
     watchdog after training at least one step leaves a checkpoint of its last weights (if they are finite)."""
-    dp, ranks = _trainer_ranks(cfg)
+    if cfg.launcher == "ray" and "ASYNCRL_RAY_RANK" not in os.environ:  # the driver; the ranks it starts have it
+        from asyncrl.launch import ray as ray_launcher
+
+        return ray_launcher.run(cfg)
+    resume = _resume_point(cfg)
+    dp, ranks = _trainer_ranks(cfg, resume)
     if dp is not None and dp.rank > 0:
-        serve_rank(build_rank_trainer(cfg, dp), dp)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: rank 0 stops this one
+        serve_rank(build_rank_trainer(cfg, dp, resume), dp)
         return {}
     run_dir = None
     try:
-        with assemble(cfg, dp) as parts:
-            run_dir = parts.run_dir
+        with GracefulStop() as stop, assemble(cfg, dp, resume) as parts:
+            run_dir, stop.buffer = parts.run_dir, parts.buffer
             try:
                 return run(parts)
-            except Exception:
+            except Exception:  # a failure, the watchdog or a signal (StopRequested): keep what was trained
                 _save_last(parts)
                 raise
     finally:  # after every part is closed: nothing competes with the plots, and the files are complete
@@ -44,7 +54,18 @@ def train(cfg: TrainConfig) -> dict:
             _write_report(run_dir)
 
 
-def _trainer_ranks(cfg: TrainConfig):
+def _resume_point(cfg: TrainConfig):
+    """The checkpoint this run continues from, if any. Ranks started by this process learn it from the
+    environment (``ASYNCRL_RESUME``), so that all ranks load the same one."""
+    if "ASYNCRL_RESUME" in os.environ:
+        return Path(os.environ["ASYNCRL_RESUME"]) if os.environ["ASYNCRL_RESUME"] else None
+    point = resume_point(cfg)
+    if point is not None:
+        log.info("resuming from %s", point)
+    return point
+
+
+def _trainer_ranks(cfg: TrainConfig, resume):
     """This process's place among the trainer ranks: (None, None) for one rank; else the process group, and the
     other ranks' processes when this one started them (launcher=local without torchrun's environment)."""
     world = cfg.actor.world_size
@@ -54,7 +75,7 @@ def _trainer_ranks(cfg: TrainConfig):
     if "WORLD_SIZE" not in os.environ:
         from asyncrl.engine.spawn import free_port
 
-        ranks = spawn_ranks(cfg, world, cfg.cluster.master_port or free_port())
+        ranks = spawn_ranks(cfg, world, cfg.cluster.master_port or free_port(), resume)
     elif int(os.environ["WORLD_SIZE"]) != world:
         raise ConfigError(f"actor.backend={cfg.actor.backend} asks for {world} ranks, but WORLD_SIZE is "
                           f"{os.environ['WORLD_SIZE']} (torchrun --nproc-per-node must match)")
@@ -69,12 +90,13 @@ def _trainer_ranks(cfg: TrainConfig):
 
 def run(p: Parts) -> dict:
     """The loop: one batch, one optimizer step, one new version per iteration."""
-    plan, tl = p.plan, p.timeline
-    with tl.span("eval", 0):
-        record = {"step": 0, "version": 0, **p.evaluate(0)}
-    p.logger.log(record)
+    plan, tl, record = p.plan, p.timeline, {}
+    if p.start.version == 0:
+        with tl.span("eval", 0):
+            record = {"step": 0, "version": 0, **p.evaluate(0)}
+        p.logger.log(record)
     p.start_generation()
-    for step in range(plan.total_steps):
+    for step in range(p.start.version, plan.total_steps):
         with tl.span("wait", step) as waited:
             groups = p.buffer.take(plan.batch_timeout_s)  # raises the rollout side's failure at once
         batch = collate(groups, plan.pad_id)
@@ -84,30 +106,31 @@ def run(p: Parts) -> dict:
         with tl.span("sync", step):
             sync_s = p.publisher.publish(p.trainer.state_dict(), version)
         p.buffer.set_version(version)  # the staleness gate opens for B more groups
-        record = p.meter.record(version, batch, stats, sync_s, waited.seconds)
+        record = p.meter.record(version, groups, batch, stats, sync_s, waited.seconds)
         final = version == plan.total_steps or plan.out_of_time(p.meter.elapsed())
         if final or plan.evaluate_at(version):
             with tl.span("eval", version):
                 record.update(p.evaluate(version))
-        if final or plan.save_at(version):
+        p.logger.log(record)  # before the checkpoint: a resume cuts the logs back to it, never leaves a hole
+        if final or plan.save_at(version, p.meter.elapsed() - p.meter.last_save):
             with tl.span("save", version):
-                p.checkpoints.save(version)
-        p.logger.log(record)
+                p.save(version)
         p.watchdog.check(record)
         if final:
             break
-    log.info("trained %d steps in %.0f s", record["version"], p.meter.elapsed())
+    log.info("trained up to version %s in %.0f s", record.get("version"), p.meter.elapsed())
     return record
 
 
 def _save_last(parts: Parts) -> None:
-    """A checkpoint of the weights the run stops with, unless that version is saved already (refused, and
-    said, if the weights are not finite)."""
+    """A checkpoint of the weights the run stops with, if they are those of the last step logged and not saved
+    already (refused, and said, if they are not finite)."""
     version = parts.trainer.steps_done
-    if version == 0 or parts.checkpoints.last == version:
+    if version == 0 or parts.checkpoints.last == version or parts.logger.last_step != version:
         return
     try:
-        log.info("the run stops: checkpoint of version %d in %s", version, parts.checkpoints.save(version))
+        parts.save(version)
+        log.info("the run stops: checkpoint of version %d saved", version)
     except Exception as e:  # noqa: BLE001 - the reason the run stopped matters more
         log.error("the run stops: no checkpoint of version %d: %s", version, e)
 

@@ -237,7 +237,10 @@ def test_max_train_time_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_pat
     assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step1").is_dir()
 
 
-def test_a_failed_run_keeps_a_checkpoint_of_its_last_step(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_failed_run_keeps_no_checkpoint_its_logs_do_not_reach(tmp_path, tiny_model_dir, monkeypatch):
+    """Step 3 is trained but fails before it is logged: a checkpoint of it would resume past a step the logs
+    and the ledger lack, so none is written (a failure after the log keeps one: test_run_hardening)."""
+    from asyncrl.metrics import read_metrics
     from asyncrl.publish import InProcessPublisher
 
     publish = InProcessPublisher.publish
@@ -250,4 +253,6 @@ def test_a_failed_run_keeps_a_checkpoint_of_its_last_step(tmp_path, tiny_model_d
     monkeypatch.setattr(InProcessPublisher, "publish", flaky)
     with pytest.raises(RuntimeError, match="publish failed"):
         train(_cfg(tmp_path, tiny_model_dir, "total_train_steps=5"))
-    assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step3").is_dir()
+    run_dir = tmp_path / "asyncrl" / "default"
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert not (run_dir / "checkpoints" / "step3").exists()
