@@ -360,3 +360,99 @@ def test_inverse_cdf_draws_in_proportion_at_a_large_vocabulary():
     assert (freq[top] - probs[top] / probs.sum()).abs().max() < 0.006  # 4 standard deviations
     edges, _ = inverse_cdf(weights[:3], torch.tensor([[0.0], [1 - 1e-12], [0.999999]]))
     assert (probs[edges] > 0).all()
+
+
+def _run_with_an_update(engine, new_model, prompts, params):
+    """Generate ``prompts`` in the calling thread with a weight update (re-prefill) after 3 steps."""
+    futures = [engine.submit(p, s) for p, s in zip(prompts, params)]
+    for _ in range(3):
+        engine.step()
+    engine.update_weights(WeightUpdate(1, state_dict=new_model.state_dict()))
+    engine.run_until_idle()
+    return [[(c.output_ids, c.logprobs, c.versions, c.finish_reason) for c in f.result()] for f in futures]
+
+
+MIXED_PARAMS = [SamplingParams(n=2, max_new_tokens=9, temperature=0.8),  # sampled
+                SamplingParams(max_new_tokens=7, greedy=True),  # greedy beside sampled rows
+                SamplingParams(n=2, max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=20),  # filtered
+                SamplingParams(max_new_tokens=5, temperature=1.2)]
+
+
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
+def test_an_explicit_cpu_device_changes_nothing(native_kernels):
+    """``device=torch.device("cpu")`` (and "cpu") builds the same engine as the default: every tensor on the CPU,
+    the same tokens, log-probs and versions bit for bit, through prefill, continuous batching, greedy, sampled
+    and top-k/top-p rows and a weight update with re-prefill."""
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    prompts = _prompts(4, seed=7)
+    runs = []
+    for device in (None, torch.device("cpu"), "cpu"):
+        engine = LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=native_kernels,
+                             **({} if device is None else {"device": device}))
+        assert engine.device == torch.device("cpu") and engine.generator.device == torch.device("cpu")
+        d = engine.decoder
+        assert (d.kernels is not None) == native_kernels
+        tensors = [d.kv_cache, d.rotation, d.head_scale, d.logits, *dataclasses.asdict(d.w).values()]
+        assert all(t.device.type == "cpu" for t in tensors if isinstance(t, torch.Tensor))
+        runs.append(_run_with_an_update(engine, new, prompts, MIXED_PARAMS))
+        assert {v for group in runs[-1] for c in group for v in c[2]} == {0, 1}  # the update landed mid-run
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_the_torch_path_makes_every_tensor_on_the_engines_device():
+    """Device plumbing checked without a GPU. Under ``torch.set_default_device("meta")`` any tensor that the
+    engine makes without naming a device lands on "meta", and the first op that meets it beside the engine's
+    CPU tensors fails (a value read from it fails too). The engine on an explicit CPU device must run the whole
+    torch path (the one a GPU takes: prefill, decode, the sampler with its generator and scratch, top-k/top-p,
+    a weight update with re-prefill, slot compaction) exactly as outside the trap."""
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    prompts = _prompts(4, seed=7)
+    want = _run_with_an_update(LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=False),
+                               new, prompts, MIXED_PARAMS)
+    with torch.device("meta"):
+        assert torch.empty(1).device.type == "meta"  # the trap is set
+        engine = LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=False,
+                             device=torch.device("cpu"))
+        got = _run_with_an_update(engine, new, prompts, MIXED_PARAMS)
+    assert got == want
+
+
+def test_row_params_on_a_device_keep_their_flags_on_the_host():
+    from asyncrl.engine.sampling import RowParams
+
+    rows = RowParams.of(MIXED_PARAMS, torch.device("cpu"))
+    assert rows.greedy.tolist() == [False, True, False, False] and rows.top_k.tolist() == [0, 0, 20, 0]
+    assert (rows.filtered, rows.all_greedy, rows.any_greedy) == (True, False, True)
+    greedy = RowParams.of([SamplingParams(greedy=True, top_p=0.5)])  # greedy rows ignore top-p
+    assert (greedy.filtered, greedy.all_greedy, greedy.any_greedy) == (False, True, True)
+
+
+def test_decoder_and_sampler_run_on_another_device():
+    """The decoder and the sampler on a device other than the CPU, checked here with "meta" (shapes, no data):
+    every tensor is made there, the native kernels (CPU code) are off, and prefill, decode, a weight update
+    from a host state dict and each kind of sampling run without a host tensor meeting a device one (which
+    raises "Tensor on device cpu is not on the expected device meta")."""
+    from asyncrl.engine.decoder import Decoder
+    from asyncrl.engine.sampling import RowParams, sample_rows
+
+    d = Decoder(make_model(VOCAB), 4, 40, device="meta")
+    assert d.kernels is None and not d.packed and d.device == torch.device("meta")
+    tensors = [d.kv_cache, d.rotation, d.head_scale, d.logits, d.w.embed, d.w.norm, d.w.lm_head]
+    tensors += [t for layer in d.w.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    assert all(t.device.type == "meta" for t in tensors)
+    lengths, zeros = torch.tensor([5, 9, 1, 7]), torch.zeros(4, dtype=torch.long)
+    logits = d.forward(torch.randint(0, VOCAB, (4, 9)), 0, zeros, lengths)  # prefill, padded
+    assert logits.device.type == "meta" and logits.shape == (4, VOCAB)
+    d.install(d.prepare(make_model(VOCAB, seed=1).state_dict()))
+    assert all(t.device.type == "meta" for layer in d.w.layers for t in (layer.wqkv, layer.wd))
+    d.copy_slot(0, range(1, 3), 5)
+    logits = d.forward(torch.randint(0, VOCAB, (4, 1)), 0, lengths, torch.ones(4, dtype=torch.long))  # decode
+    large = torch.empty(4, 9000, device="meta")  # above 4096 entries the sampler's inverse CDF has two levels
+    for logits in (logits, large):
+        scratch = torch.empty(logits.shape, device="meta")
+        for params in ([SamplingParams(greedy=True)] * 4, [SamplingParams(temperature=0.7)] * 4,
+                       [SamplingParams(greedy=True), SamplingParams(top_p=0.9, top_k=5)] * 2):
+            rows = RowParams.of(params, "meta")
+            assert rows.temperature.device.type == rows.greedy.device.type == "meta"
+            tokens, logprobs = sample_rows(logits.clone(), rows, None, scratch)
+            assert tokens.device.type == logprobs.device.type == "meta" and tokens.shape == (4,)

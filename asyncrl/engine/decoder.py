@@ -16,6 +16,14 @@ positions (rotations, the additive mask, the write index) computed once per forw
 residual adds fused into the output projections (``addmm``); grouped-query attention as two batched matmuls
 over only the used cache length, the softmax along the contiguous key axis (no repeated K/V, no transposed
 copies).
+
+Device: ``Decoder(..., device=)`` (default the CPU) puts the weights, the KV cache, the rotary table and every
+buffer there, and every forward makes its tensors there. ``forward`` takes its token and position tensors on
+either side; positions read on the host (the used cache length) are read from host tensors, so a step on a GPU
+queues its kernels without waiting for them, and the caller's read of the sampled tokens is the step's one
+synchronisation. The native kernels (kernels.c) are CPU code: on another device the torch path runs. Weights
+are copied from wherever the state dict lives straight into the decoder's device (a GPU trainer's tensors
+never pass through host memory).
 """
 
 from __future__ import annotations
@@ -120,15 +128,17 @@ class _Plan:
     t_used: int
 
 
-def pair_order(head_dim: int) -> torch.Tensor:
+def pair_order(head_dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """HF rotates dimension i with i + D/2; listing them as (0, D/2, 1, D/2 + 1, ...) makes each rotated pair
     two adjacent numbers, i.e. one complex number."""
     half = head_dim // 2
-    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(-1)
+    ar = torch.arange(half, device=device)
+    return torch.stack([ar, ar + half], dim=1).reshape(-1)
 
 
 def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: torch.dtype,
-                    reuse: Weights | None = None, packed: bool = False) -> Weights:
+                    reuse: Weights | None = None, packed: bool = False,
+                    device: torch.device | str = "cpu") -> Weights:
     """Convert HF-named tensors into the engine layout; ``sd`` is not kept. With ``reuse`` (a weight set no
     longer served) its tensors are overwritten instead of allocating: writing into memory that is already
     mapped is several times faster than a fresh allocation of a large model. Raises KeyError naming the first
@@ -137,22 +147,40 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
     in-process).
 
     A weight matrix (out, in) is stored transposed, (in, out) for ``x @ W``, or with ``packed`` in panels of 16
-    output columns, (ceil(out / 16), in, 16), for the native GEMM (kernels.c)."""
+    output columns, (ceil(out / 16), in, 16), for the native GEMM (kernels.c).
+
+    The result lives on ``device``; each tensor of ``sd`` is copied there from its own device (device to
+    device when they are the same: nothing goes through host memory). The finiteness of tensors on an
+    accelerator is checked with one read of all their flags at the end instead of one wait per tensor (nothing
+    is swapped in before this function returns, so the refusal comes in time all the same)."""
+    device = torch.device(device)
+    unchecked: list[tuple[str, torch.Tensor]] = []  # (name, all-finite flag on its device), read at the end
 
     def get(name: str) -> torch.Tensor:
         if name not in sd:
             raise KeyError(f"weight '{name}' missing from the update")
         t = sd[name].detach()
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            # a NaN or inf weight makes every later token garbage (or fails sampling): refuse it whole
-            raise ValueError(f"weight '{name}' has non-finite values (NaN or inf)")
+        if t.is_floating_point():
+            if t.device.type != "cpu":
+                unchecked.append((name, torch.isfinite(t).all()))
+            elif not bool(torch.isfinite(t).all()):
+                # a NaN or inf weight makes every later token garbage (or fails sampling): refuse it whole
+                raise ValueError(f"weight '{name}' has non-finite values (NaN or inf)")
         return t
 
     s = shape
-    order = pair_order(s.head_dim)
+    orders: dict[torch.device, torch.Tensor] = {}
+
+    def order_on(x: torch.Tensor) -> torch.Tensor:  # the pair order as an index on ``x``'s device
+        if x.device not in orders:
+            orders[x.device] = pair_order(s.head_dim, x.device)
+        return orders[x.device]
 
     def pairs(x: torch.Tensor) -> torch.Tensor:  # rows of a q/k projection (or its bias) in pair order
-        return x.reshape(-1, s.head_dim, *x.shape[1:])[:, order].reshape(x.shape)
+        return x.reshape(-1, s.head_dim, *x.shape[1:])[:, order_on(x)].reshape(x.shape)
+
+    def pairs_1d(x: torch.Tensor) -> torch.Tensor:  # a per-head vector (Qwen3's q/k norm) in pair order
+        return x[order_on(x)]
 
     embed_src = get("model.embed_tokens.weight")
     if tuple(embed_src.shape) != (s.vocab, s.hidden):
@@ -170,8 +198,12 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
             out_shape = (-(-rows // PANEL), parts[0].shape[1], PANEL) if packed else (parts[0].shape[1], rows)
         if old is not None and tuple(old.shape) == out_shape:
             dst = old
-        else:  # zeros: the padding columns of a packed matrix's last panel stay 0
-            dst = torch.zeros(out_shape, dtype=dtype) if matrix and packed else torch.empty(out_shape, dtype=dtype)
+        elif matrix and packed:  # zeros: the padding columns of a packed matrix's last panel stay 0
+            dst = torch.zeros(out_shape, dtype=dtype, device=device)
+        else:
+            dst = torch.empty(out_shape, dtype=dtype, device=device)
+        # blocks of rows: on the CPU a transposed copy ~1.5x faster; on an accelerator one copy kernel per part
+        block = 256 if device.type == "cpu" else None
         at = 0
         for p in parts:
             n = p.shape[0]
@@ -180,8 +212,9 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
             elif packed:
                 _put_panels(dst.transpose(1, 2), p, at)
             else:
-                for b in range(0, n, 256):  # blocks of rows: a transposed copy ~1.5x faster
-                    dst[:, at + b : at + min(b + 256, n)].copy_(p[b : b + 256].t())
+                step = block or n
+                for b in range(0, n, step):
+                    dst[:, at + b : at + min(b + step, n)].copy_(p[b : b + step].t())
             at += n
         return dst
 
@@ -203,12 +236,21 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
             wd=put(old and old.wd, [get(p + "mlp.down_proj.weight")], matrix=True),
             ln1=put(old and old.ln1, [get(p + "input_layernorm.weight")]),
             ln2=put(old and old.ln2, [get(p + "post_attention_layernorm.weight")]),
-            qn=put(old and old.qn, [get(p + "self_attn.q_norm.weight")[order]]) if s.qk_norm else None,
-            kn=put(old and old.kn, [get(p + "self_attn.k_norm.weight")[order]]) if s.qk_norm else None,
+            qn=put(old and old.qn, [pairs_1d(get(p + "self_attn.q_norm.weight"))]) if s.qk_norm else None,
+            kn=put(old and old.kn, [pairs_1d(get(p + "self_attn.k_norm.weight"))]) if s.qk_norm else None,
         ))
-    return Weights(embed=put(reuse and reuse.embed, [embed_src]),
-                   norm=put(reuse and reuse.norm, [get("model.norm.weight")]),
-                   lm_head=put(reuse and reuse.lm_head, [head_src], matrix=True), layers=layers)
+    weights = Weights(embed=put(reuse and reuse.embed, [embed_src]),
+                      norm=put(reuse and reuse.norm, [get("model.norm.weight")]),
+                      lm_head=put(reuse and reuse.lm_head, [head_src], matrix=True), layers=layers)
+    bad: set[str] = set()
+    for dev in {flag.device for _, flag in unchecked}:  # one read of the flags of each source device
+        names = [name for name, flag in unchecked if flag.device == dev]
+        finite = torch.stack([flag for _, flag in unchecked if flag.device == dev]).tolist()
+        bad.update(name for name, ok in zip(names, finite) if not ok)
+    for name, _ in unchecked:  # the first in the order of the checks above
+        if name in bad:
+            raise ValueError(f"weight '{name}' has non-finite values (NaN or inf)")
+    return weights
 
 
 def _put_panels(panels: torch.Tensor, part: torch.Tensor, at: int) -> None:
@@ -227,46 +269,63 @@ def _put_panels(panels: torch.Tensor, part: torch.Tensor, at: int) -> None:
             r += m
 
 
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a ``torch.device`` (default the CPU); ``cuda`` without an index is the current CUDA device,
+    so that comparisons with the devices of tensors hold."""
+    dev = torch.device("cpu" if device is None else device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
 class Decoder:
-    """Engine-side weights and KV cache for one model; not thread-safe (the engine loop owns it)."""
+    """Engine-side weights and KV cache for one model, on one device (default the CPU); not thread-safe (the
+    engine loop owns it)."""
 
     def __init__(self, hf_model, slots: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 native_kernels: bool = True):
+                 native_kernels: bool = True, device: torch.device | str | None = None):
         self.shape = s = DecoderShape.from_hf_config(hf_model.config)
         if s.head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head_dim, got {s.head_dim}")
         self.dtype, self.slots, self.max_len = dtype, slots, max_len
-        if emulated_dtype(dtype):
+        self.device = dev = resolve_device(device)
+        self.on_cpu = dev.type == "cpu"
+        if self.on_cpu and emulated_dtype(dtype):
             log.warning("dtype %s has no native support on this CPU (%s, no AVX512/AMX half precision): its "
                         "matmuls are emulated and generation is many times slower than in float32; use "
                         "dtype float32 here", str(dtype).replace("torch.", ""), torch.backends.cpu.get_cpu_capability())
         rotary = hf_model.model.rotary_emb
-        angles = torch.outer(torch.arange(max_len + 1, dtype=torch.float32), rotary.inv_freq.detach().float())
+        # the table is computed on the host in float32 (the same numbers on every device), then moved
+        cpu = torch.device("cpu")
+        inv_freq = rotary.inv_freq.detach().float().to(cpu)
+        angles = torch.outer(torch.arange(max_len + 1, dtype=torch.float32, device=cpu), inv_freq)
         scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self.rotation = torch.polar(torch.full_like(angles, scale), angles)  # (max_len + 1, D/2) complex64
+        self.rotation = torch.polar(torch.full_like(angles, scale), angles).to(dev)  # (max_len + 1, D/2) complex64
         # q's rotation also applies the 1/sqrt(D) score scale; k's does not (cached keys stay unscaled)
-        self.head_scale = torch.tensor([s.head_dim**-0.5] * s.n_heads + [1.0] * s.n_kv_heads)
+        self.head_scale = torch.tensor([s.head_dim**-0.5] * s.n_heads + [1.0] * s.n_kv_heads, device=dev)
         self.cache_len = max_len + 1  # position max_len is scratch for padding
         # keys, then values: (L, 2, slots, kv_heads, cache_len, D). The K (or V) block of a range of slots then
         # merges its slot and head dims without a copy, so attention reads the cache in place
-        self.kv_cache = torch.zeros((s.n_layers, 2, slots, s.n_kv_heads, self.cache_len, s.head_dim), dtype=dtype)
-        # float32: the matrix products run in native kernels on packed weights, and decode steps run attention
-        # (with the rotary embedding and the cache write), RMSNorm and the SiLU gate in native kernels too
-        # (native.py), when a C compiler is available
+        self.kv_cache = torch.zeros((s.n_layers, 2, slots, s.n_kv_heads, self.cache_len, s.head_dim), dtype=dtype,
+                                    device=dev)
+        # float32 on the CPU: the matrix products run in native kernels on packed weights, and decode steps run
+        # attention (with the rotary embedding and the cache write), RMSNorm and the SiLU gate in native kernels
+        # too (native.py), when a C compiler is available. The kernels are CPU code: never on another device
         fits = s.head_dim % 8 == 0 and s.hidden % 8 == 0  # the kernels work in vectors of 8 floats
-        self.kernels = native.load() if native_kernels and fits and dtype == torch.float32 else None
+        use_native = native_kernels and fits and dtype == torch.float32 and self.on_cpu
+        self.kernels = native.load() if use_native else None
         self.packed = self.kernels is not None
         if self.kernels is not None:
             self._rotation_f = torch.view_as_real(self.rotation).contiguous()  # (max_len + 1, D/2, 2)
-            self._h = torch.empty(slots, s.hidden)
-            self._att = torch.empty(slots, s.n_heads * s.head_dim)
-            self._act = torch.empty(slots, s.intermediate)
-            self._scores = torch.empty(slots * s.n_heads, self.cache_len)  # attention weights of a decode step
-        self.w = prepare_weights(hf_model.state_dict(), s, dtype, packed=self.packed)
+            self._h = torch.empty(slots, s.hidden, device=dev)
+            self._att = torch.empty(slots, s.n_heads * s.head_dim, device=dev)
+            self._act = torch.empty(slots, s.intermediate, device=dev)
+            self._scores = torch.empty(slots * s.n_heads, self.cache_len, device=dev)  # a decode step's weights
+        self.w = prepare_weights(hf_model.state_dict(), s, dtype, packed=self.packed, device=dev)
         self._spare: Weights | None = None  # the weight set retired by the last install, reused by prepare
         # float32 logits of up to ``slots`` rows, reused by every forward: a fresh (S, V) tensor per token costs
         # page faults that, at a 152k vocabulary, take longer than the arithmetic on it
-        self.logits = torch.empty(slots, s.vocab, dtype=torch.float32)
+        self.logits = torch.empty(slots, s.vocab, dtype=torch.float32, device=dev)
 
     # ---- weights -------------------------------------------------------------------------------------
     def prepare(self, sd: dict[str, torch.Tensor]) -> Weights:
@@ -274,7 +333,7 @@ class Decoder:
         buffering), so repeated updates do not allocate. Not thread-safe: one ``prepare`` at a time."""
         spare, self._spare = self._spare, None
         try:
-            return prepare_weights(sd, self.shape, self.dtype, reuse=spare, packed=self.packed)
+            return prepare_weights(sd, self.shape, self.dtype, reuse=spare, packed=self.packed, device=self.device)
         except Exception:
             self._spare = None  # its tensors may be half-written: never reuse them as a complete set
             raise
@@ -291,18 +350,20 @@ class Decoder:
             self.kv_cache[:, :, dsts.start : dsts.stop, :, :length] = self.kv_cache[:, :, src : src + 1, :, :length]
 
     # ---- forward -------------------------------------------------------------------------------------
-    def _plan(self, first_slot: int, start: torch.Tensor, lengths: torch.Tensor, C: int) -> _Plan:
-        S, nk = start.shape[0], self.shape.n_kv_heads
-        steps = torch.arange(C)
+    def _plan(self, first_slot: int, start: torch.Tensor, lengths: torch.Tensor, C: int, t_used: int) -> _Plan:
+        """The plan for ``start``/``lengths`` on the decoder's device; ``t_used`` = max(start + lengths)."""
+        S, nk, dev = start.shape[0], self.shape.n_kv_heads, self.device
+        steps = torch.arange(C, device=dev)
         pos = start[:, None] + steps[None, :]  # (S, C)
-        t_used = int((start + lengths).max())
-        mask = torch.zeros(S, 1, 1, C, t_used, dtype=self.dtype)
-        mask.masked_fill_((torch.arange(t_used)[None, None, :] > pos[:, :, None])[:, None, None], float("-inf"))
+        mask = torch.zeros(S, 1, 1, C, t_used, dtype=self.dtype, device=dev)
+        mask.masked_fill_((torch.arange(t_used, device=dev)[None, None, :] > pos[:, :, None])[:, None, None],
+                          float("-inf"))
         # padding rows write into the scratch column, so no write ever clobbers a cached position
         wpos = torch.where(steps[None, :] < lengths[:, None], pos, self.max_len)  # (S, C)
         # row of (kv, slot, head) in the flattened cache, for the 2 nk heads of each slot: keys, then values
-        kv_idx, head = torch.arange(2 * nk) // nk, torch.arange(2 * nk) % nk
-        slot = torch.arange(first_slot, first_slot + S)[:, None]
+        heads = torch.arange(2 * nk, device=dev)
+        kv_idx, head = heads // nk, heads % nk
+        slot = torch.arange(first_slot, first_slot + S, device=dev)[:, None]
         base = ((kv_idx * self.slots + slot) * nk + head) * self.cache_len  # (S, 2 nk)
         rot = self.rotation[wpos][:, :, None, :] * self.head_scale[:, None]  # (S, C, nq + nk, D/2)
         return _Plan(rot=rot, write=(base[:, :, None] + wpos[:, None, :]).reshape(-1), mask=mask,
@@ -312,21 +373,41 @@ class Decoder:
     def forward(self, tokens: torch.Tensor, first_slot: int, start: torch.Tensor, lengths: torch.Tensor):
         """Append ``tokens`` (S, C), right-padded to ``lengths`` (S,), to slots ``first_slot .. + S`` whose
         caches already hold ``start`` (S,) positions. Returns the float32 logits (S, V) of each row's last token,
-        in a buffer that the next ``forward`` overwrites."""
+        on the decoder's device, in a buffer that the next ``forward`` overwrites.
+
+        The three tensors may be on the host or on the decoder's device; on the host (the engine's case) the
+        used cache length is read there and they travel to the device in one copy, so the call does not wait
+        for the device."""
         S, C = tokens.shape
         if C == 1 and self.kernels is not None and int(lengths.min()) == 1:
             return self._decode_native(tokens, first_slot, start)
-        plan = self._plan(first_slot, start, lengths, C)
+        t_used = int((start + lengths).max())  # on the host: no wait (a device tensor: one read)
+        if not self.on_cpu:
+            tokens, start, lengths = self._to_device(tokens, start, lengths)
+        plan = self._plan(first_slot, start, lengths, C, t_used)
         w = self.w
         x = w.embed[tokens.reshape(-1)]  # (S C, H): the residual stream stays 2-D through the layers
         for i, layer in enumerate(w.layers):
             x = self._layer(x, layer, self.kv_cache[i], plan, S, C)
         x = x.view(S, C, -1)
-        last = self._rms(x[:, 0] if C == 1 else x[torch.arange(S), (lengths - 1).clamp(min=0)], w.norm)  # (S, H)
+        if C == 1:
+            last = x[:, 0]
+        else:
+            last = x[torch.arange(S, device=x.device), (lengths - 1).clamp(min=0)]
+        last = self._rms(last, w.norm)  # (S, H)
         logits = self.logits[:S]
         if w.lm_head.dtype == torch.float32:
             return self._linear(last, w.lm_head, self.shape.vocab, out=logits)
         return logits.copy_(last @ w.lm_head)
+
+    def _to_device(self, tokens: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor):
+        """``tokens``, ``start`` and ``lengths`` on the decoder's device: host tensors in one asynchronous copy."""
+        if tokens.device == start.device == lengths.device == self.device:
+            return tokens, start, lengths
+        S, C = tokens.shape
+        host = torch.cat([tokens.reshape(-1).long().cpu(), start.long().cpu(), lengths.long().cpu()])
+        both = host.to(self.device, non_blocking=True)
+        return both[: S * C].view(S, C), both[S * C : S * C + S], both[S * C + S :]
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, n: int, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -337,7 +418,7 @@ class Decoder:
             if residual is not None:
                 return self.kernels.gemm(x, w, residual, accumulate=True)
             if out is None:
-                out = torch.empty(x.shape[0], n, dtype=x.dtype)
+                out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
             return self.kernels.gemm(x, w, out, bias)
         if residual is not None:
             return torch.addmm(residual, x, w)

@@ -13,12 +13,22 @@ once), so its callers only ever see finished samples.
 
 The loop runs in its own thread (``start``), or in the caller's thread (``generate_batch`` and
 ``run_until_idle``, for tests and tools).
+
+``device`` (default the CPU) holds the weights, the KV cache, the sampler's buffers and its generator; per
+step the engine copies the step's token ids and positions to it in one asynchronous copy and reads the
+sampled tokens and log-probs back once. On a device other than the CPU the native kernels are off (they are
+CPU code) and weight updates are copied from wherever their tensors are straight into the device. On a CUDA
+device the engine queues its work on a stream of its own: its read per step waits for its own kernels only,
+never for those of a trainer sharing the GPU (which run beside them). ``update_weights`` finishes the copies
+on the caller's stream before handing the weights over, and the set it writes into was retired at a token
+boundary, after the engine's last read, so no kernel of the engine can still be reading it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 from concurrent.futures import Future
@@ -27,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrl.engine.base import EngineStats, continue_all
-from asyncrl.engine.decoder import Decoder, Weights
+from asyncrl.engine.decoder import Decoder, Weights, resolve_device
 from asyncrl.engine.sampling import RowParams, sample_rows
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
@@ -35,6 +45,8 @@ INTERRUPT_MODES = ("recompute", "abort", "drain")
 
 MAX_VERSION = 2**63 - 1
 """Weight versions are int64 wherever they are stored (tensors of per-token versions, safetensors metadata)."""
+
+_CPU = torch.device("cpu")  # where the loop builds its per-step token ids and positions
 
 NO_STOP_TOKENS = (-1,)
 """``SamplingParams.stop_token_ids`` that no token matches: a sample runs to ``max_new_tokens`` (an empty tuple
@@ -96,17 +108,22 @@ class LocalEngine:
         threads: int | None = None,
         tokenizer=None,
         native_kernels: bool = True,
+        device: torch.device | str | None = None,
     ):
         if interrupt_mode not in INTERRUPT_MODES:
             raise ValueError(f"interrupt_mode must be one of {INTERRUPT_MODES}, got '{interrupt_mode}'")
-        self.decoder = Decoder(model, max_slots, max_len, dtype, native_kernels)
+        self.device = resolve_device(device)
+        self.decoder = Decoder(model, max_slots, max_len, dtype, native_kernels, device=self.device)
         self.max_slots, self.max_len = max_slots, max_len
         self.interrupt_mode = interrupt_mode
         self.default_stop = tuple(stop_token_ids)
         self.recompute_chunk = recompute_chunk
         self.threads = threads  # torch threads of the engine thread
         self.tokenizer = tokenizer  # only needed for stop strings
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self._stream is not None:  # the weights and the cache were just written on the caller's stream
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
         self._version = version
         self._waiting: collections.deque[_Request] = collections.deque()
         self._active: list[_Seq] = []
@@ -194,6 +211,8 @@ class LocalEngine:
             except Exception as e:
                 e.add_note(f"while preparing the weights of version {update.version} (the old weights keep serving)")
                 raise
+            if self._stream is not None:  # the copies ran on this thread's stream: done before the hand-over
+                torch.cuda.current_stream(self.device).synchronize()
             if self._thread is None:
                 while self.interrupt_mode == "drain" and self._active:
                     self.step(admit=False)
@@ -283,9 +302,17 @@ class LocalEngine:
         return self._paused
 
     # ---- the loop ------------------------------------------------------------------------------------
+    def _on_stream(self):
+        """The engine's CUDA stream as the current one (nothing elsewhere)."""
+        return contextlib.nullcontext() if self._stream is None else torch.cuda.stream(self._stream)
+
     def _loop(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)
+        with self._on_stream():
+            self._run_loop()
+
+    def _run_loop(self) -> None:
         while True:
             with self._cv:
                 while not (self._stopped or self._update or self._abort) and (
@@ -325,16 +352,20 @@ class LocalEngine:
     @torch.inference_mode()
     def step(self, admit: bool = True) -> None:
         """One token boundary: admit waiting requests, then decode one token for every running sequence."""
+        with self._on_stream():
+            self._step(admit)
+
+    def _step(self, admit: bool) -> None:
         t0 = time.perf_counter()
         if admit:
             self._admit()
         if self._active:
-            seqs = self._active
-            tokens = torch.tensor([s.tokens[-1] for s in seqs])[:, None]
-            start = torch.tensor([s.cached for s in seqs])
-            logits = self.decoder.forward(tokens, 0, start, torch.ones(len(seqs), dtype=torch.long))
+            seqs, cpu = self._active, _CPU  # token ids and positions on the host (the decoder moves them)
+            tokens = torch.tensor([s.tokens[-1] for s in seqs], device=cpu)[:, None]
+            start = torch.tensor([s.cached for s in seqs], device=cpu)
+            logits = self.decoder.forward(tokens, 0, start, torch.ones(len(seqs), dtype=torch.long, device=cpu))
             if self._rows is None:
-                self._rows = RowParams.of([s.req.params for s in seqs])
+                self._rows = RowParams.of([s.req.params for s in seqs], self.device)
             self._sample_into(seqs, logits, self._rows)
             self._retire()
         self._count(busy_s=time.perf_counter() - t0)
@@ -349,12 +380,12 @@ class LocalEngine:
                 new.append(req)
         if not new:
             return
-        base = len(self._active)
-        lengths = torch.tensor([len(r.prompt_ids) for r in new])
-        tokens = torch.zeros(len(new), int(lengths.max()), dtype=torch.long)
+        base, cpu = len(self._active), _CPU
+        lengths = torch.tensor([len(r.prompt_ids) for r in new], device=cpu)
+        tokens = torch.zeros(len(new), int(lengths.max()), dtype=torch.long, device=cpu)
         for i, r in enumerate(new):
-            tokens[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids)
-        logits = self.decoder.forward(tokens, base, torch.zeros(len(new), dtype=torch.long), lengths)
+            tokens[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids, device=cpu)
+        logits = self.decoder.forward(tokens, base, torch.zeros(len(new), dtype=torch.long, device=cpu), lengths)
         # one prefill row per prompt sits in slots base..base+len(new); copies for the other samples follow
         seqs: list[_Seq] = [_Seq(r, 0, list(r.prompt_ids)) for r in new]
         rows = list(range(len(new)))
@@ -365,16 +396,24 @@ class LocalEngine:
             rows += [i] * (r.params.n - 1)
         self._active.extend(seqs)
         self._rows = None
-        self._sample_into(seqs, logits[torch.tensor(rows)], RowParams.of([s.req.params for s in seqs]))
+        index = torch.tensor(rows, device=cpu)
+        if index.device != logits.device:
+            index = index.to(logits.device, non_blocking=True)
+        self._sample_into(seqs, logits[index], RowParams.of([s.req.params for s in seqs], self.device))
         self._retire()
 
     def _sample_into(self, seqs: list[_Seq], logits: torch.Tensor, rows: RowParams) -> None:
         kernels = self.decoder.kernels
         if self._scratch is None and (kernels is not None or not rows.all_greedy):
-            self._scratch = torch.empty(self.max_slots, self.decoder.shape.vocab)
+            self._scratch = torch.empty(self.max_slots, self.decoder.shape.vocab, device=self.device)
         tokens, logprobs = sample_rows(logits, rows, self.generator, self._scratch, kernels)
+        if self.decoder.on_cpu:
+            tokens, logprobs = tokens.tolist(), logprobs.tolist()
+        else:  # the step's one read from the device: ids (exact in float64 below 2**53) and log-probs together
+            both = torch.stack([tokens.double(), logprobs.double()]).tolist()
+            tokens, logprobs = [int(t) for t in both[0]], both[1]
         version = self._version
-        for s, t, lp in zip(seqs, tokens.tolist(), logprobs.tolist()):
+        for s, t, lp in zip(seqs, tokens, logprobs):
             s.tokens.append(t)
             s.output_ids.append(t)
             s.logprobs.append(lp)
@@ -420,23 +459,28 @@ class LocalEngine:
         """After new weights: re-prefill every running sequence under them, or abort them."""
         if not self._active:
             return
+        with self._on_stream():
+            self._interrupt_on_stream()
+
+    def _interrupt_on_stream(self) -> None:
         self._count(interruptions=1)
         if self.interrupt_mode == "abort":
             self._abort_running()
             return
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), _CPU
         for a in range(0, len(self._active), self.recompute_chunk):
             chunk = self._active[a : a + self.recompute_chunk]
-            lengths = torch.tensor([s.cached for s in chunk])
-            tokens = torch.zeros(len(chunk), int(lengths.max()), dtype=torch.long)
+            lengths = torch.tensor([s.cached for s in chunk], device=cpu)
+            tokens = torch.zeros(len(chunk), int(lengths.max()), dtype=torch.long, device=cpu)
             for i, s in enumerate(chunk):
-                tokens[i, : s.cached] = torch.tensor(s.tokens[:-1])
-            self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long), lengths)
+                tokens[i, : s.cached] = torch.tensor(s.tokens[:-1], device=cpu)
+            self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long, device=cpu), lengths)
         self._count(busy_s=time.perf_counter() - t0)
 
     def _abort_running(self) -> None:
-        for i in range(len(self._active) - 1, -1, -1):
-            self._finish(i, "abort")
+        with self._on_stream():  # finishing compacts the slots (cache copies)
+            for i in range(len(self._active) - 1, -1, -1):
+                self._finish(i, "abort")
 
     def _fail_all(self, error: Exception) -> None:
         with self._cv:

@@ -3,6 +3,10 @@
 Sampling uses the inverse CDF (cumsum + searchsorted), which on CPU is far cheaper than
 ``torch.multinomial`` for large vocabularies (../shared/reference/env.md). The behaviour log-probability of
 each token is exact under the distribution it was drawn from (after temperature, top-k and top-p).
+
+Every tensor is made on the device of the logits (or of ``RowParams.of(..., device=)``), with the generator
+of that device, and nothing here reads a value back to the host: on a GPU a sampling step queues its kernels
+and the caller's one read of the sampled tokens is the step's only synchronisation.
 """
 
 from __future__ import annotations
@@ -22,25 +26,34 @@ class RowParams:
     greedy: torch.Tensor  # (S,) bool
     all_greedy: bool
     filtered: bool  # any row uses top-p or top-k
+    any_greedy: bool | None = None  # known on the host (None: read from ``greedy`` when needed)
 
     @classmethod
-    def of(cls, params: list) -> "RowParams":
-        """From a list of ``SamplingParams`` (one per row)."""
-        greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
-        top_p = torch.tensor([1.0 if p.greedy else p.top_p for p in params], dtype=torch.float32)
-        top_k = torch.tensor([0 if p.greedy else p.top_k for p in params], dtype=torch.long)
-        return cls(
-            temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32),
-            top_p=top_p, top_k=top_k, greedy=greedy, all_greedy=bool(greedy.all()),
-            filtered=bool(((top_p < 1) | (top_k > 0)).any()),
+    def of(cls, params: list, device: torch.device | str | None = None) -> "RowParams":
+        """From a list of ``SamplingParams`` (one per row); the tensors on ``device`` (default: the CPU). The
+        flags are computed on the host, so using them never waits for the device."""
+        greedy = [bool(p.greedy) for p in params]
+        cpu = torch.device("cpu")
+        host = dict(  # built on the host, then one asynchronous copy each to the device
+            temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32,
+                                     device=cpu),
+            top_p=torch.tensor([1.0 if p.greedy else p.top_p for p in params], dtype=torch.float32, device=cpu),
+            top_k=torch.tensor([0 if p.greedy else p.top_k for p in params], dtype=torch.long, device=cpu),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=cpu),
         )
+        filtered = bool(((host["top_p"] < 1) | (host["top_k"] > 0)).any())
+        dev = cpu if device is None else torch.device(device)
+        if dev != cpu:
+            host = {k: v.to(dev, non_blocking=True) for k, v in host.items()}
+        return cls(**host, all_greedy=all(greedy), filtered=filtered, any_greedy=any(greedy))
 
 
 def filter_logits(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     """Set logits outside each row's top-k / top-p nucleus to -inf. ``top_k`` 0 means off."""
-    V = logits.shape[-1]
+    V, dev = logits.shape[-1], logits.device
+    top_p, top_k = top_p.to(dev), top_k.to(dev)  # no-ops where they already are (the engine's case)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(V).expand_as(sorted_logits)
+    rank = torch.arange(V, device=dev).expand_as(sorted_logits)
     k = torch.where(top_k > 0, top_k, V).clamp(max=V)
     drop = rank >= k[:, None]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
@@ -56,12 +69,15 @@ def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator |
 
     Greedy rows take the argmax and report its log-probability under the unscaled model distribution.
     ``logits`` may be overwritten; ``scratch``, a float32 buffer of at least (S, V), saves an allocation.
-    With ``kernels`` (native.py) and no top-k/top-p, one native pass per row does the same computation from the
-    same uniform draws.
+    With ``kernels`` (native.py, CPU tensors only) and no top-k/top-p, one native pass per row does the same
+    computation from the same uniform draws. On another device every tensor is made there, and ``generator``
+    must be that device's (``torch.Generator(device=...)``).
     """
     logits = logits.float()
+    dev = logits.device
     if kernels is not None and not p.filtered and scratch is not None and logits.is_contiguous():
-        u = torch.zeros(len(logits)) if p.all_greedy else torch.rand(len(logits), generator=generator)
+        u = (torch.zeros(len(logits), device=dev) if p.all_greedy
+             else torch.rand(len(logits), generator=generator, device=dev))
         return kernels.sample(logits, p.temperature, p.greedy, u, scratch)
     if p.all_greedy:
         tokens = logits.argmax(dim=-1)
@@ -71,8 +87,8 @@ def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator |
         scaled = filter_logits(scaled, p.top_p, p.top_k)
     peak = scaled.amax(dim=-1, keepdim=True)  # (S, 1)
     weights = torch.sub(scaled, peak, out=scratch[: len(scaled)] if scratch is not None else None).exp_()
-    tokens, total = inverse_cdf(weights, torch.rand(len(scaled), 1, generator=generator))
-    if p.greedy.any():
+    tokens, total = inverse_cdf(weights, torch.rand(len(scaled), 1, generator=generator, device=dev))
+    if p.any_greedy if p.any_greedy is not None else bool(p.greedy.any()):
         tokens = torch.where(p.greedy, scaled.argmax(dim=-1), tokens)
     return tokens, (scaled.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)
 
@@ -100,7 +116,7 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, t
     total = cum[:, -1:]
     target = u * total
     block = _first_above(cum, target, sums > 0)[:, None]  # (S, 1)
-    wanted = block * BLOCK + torch.arange(BLOCK)  # (S, BLOCK); the last block may run past V
+    wanted = block * BLOCK + torch.arange(BLOCK, device=weights.device)  # (S, BLOCK); the last block may run past V
     inner = weights.gather(-1, wanted.clamp(max=V - 1)).masked_fill_(wanted >= V, 0.0)
     inner_cdf = inner.cumsum(dim=-1)
     frac = (target - cum.gather(-1, block) + sums.gather(-1, block)) / sums.gather(-1, block)  # within the block
@@ -112,7 +128,7 @@ def _first_above(cdf: torch.Tensor, target: torch.Tensor, positive: torch.Tensor
     """Per row, the first index whose ``cdf`` exceeds ``target`` (S, 1), never past the last index of positive
     weight (a target that rounding put at or above the row total)."""
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    last = (positive * torch.arange(1, cdf.shape[-1] + 1)).argmax(dim=-1)
+    last = (positive * torch.arange(1, cdf.shape[-1] + 1, device=cdf.device)).argmax(dim=-1)
     return torch.minimum(idx, last)
 
 
@@ -128,5 +144,5 @@ def sample(
     top_p = torch.where(greedy, 1.0, top_p)
     top_k = torch.where(greedy, 0, top_k)
     params = RowParams(torch.where(greedy, 1.0, temperature), top_p, top_k, greedy, bool(greedy.all()),
-                       bool(((top_p < 1) | (top_k > 0)).any()))
+                       bool(((top_p < 1) | (top_k > 0)).any()), bool(greedy.any()))
     return sample_rows(logits.clone(), params, generator)
