@@ -46,8 +46,9 @@ def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dty
 
 
 def _server(cfg: RolloutConfig, kind: str, tp: int, model_path: str, dtype: torch.dtype, max_len: int, seed: int,
-            devices: tuple[int, ...]):
-    """One server process of ``kind`` on 127.0.0.1 (not yet healthy), on ``devices`` if any."""
+            devices: tuple[int, ...], host: str = "127.0.0.1", port: int | None = None):
+    """One server process of ``kind`` bound to ``host`` (not yet healthy), on ``devices`` if any (the Ray
+    launcher binds its servers to their node's address, on ports it chose)."""
     from asyncrl.engine import spawn
 
     env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices))} if devices else {}
@@ -57,14 +58,15 @@ def _server(cfg: RolloutConfig, kind: str, tp: int, model_path: str, dtype: torc
         args = ["--max-slots", str(cfg.max_slots), "--max-len", str(max_len), "--threads", str(cfg.threads),
                 "--dtype", dtype_name, "--interrupt-mode", cfg.interrupt_mode, "--seed", str(seed)]
         args += [] if cfg.native_kernels else ["--no-native-kernels"]
-        return spawn.asyncrl_server(model_path, *args, wait=False, startup_timeout_s=timeout, env=env)
+        return spawn.asyncrl_server(model_path, *args, wait=False, startup_timeout_s=timeout, env=env, host=host,
+                                    port=port)
     if kind == "vllm":
         return spawn.vllm_server(cfg.server_python or sys.executable, model_path, "--seed", str(seed), "--tensor-parallel-size",
                                  str(tp), threads=cfg.threads, max_model_len=max_len, startup_timeout_s=timeout,
-                                 wait=False, env=env, dtype=dtype_name)
+                                 wait=False, env=env, dtype=dtype_name, host=host, port=port)
     return spawn.sglang_server(cfg.server_python or sys.executable, model_path, "--random-seed", str(seed), "--tp-size", str(tp),
                                "--context-length", str(max_len), "--dtype", dtype_name,
-                               startup_timeout_s=timeout, wait=False, env=env)
+                               startup_timeout_s=timeout, wait=False, env=env, host=host, port=port)
 
 
 def build_publisher(cfg: RolloutConfig, engines: list):

@@ -84,12 +84,12 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
 
 
 def asyncrl_server(model: str, *args: str, port: int | None = None, startup_timeout_s: float = 120.0,
-                   log_path: str | None = None, wait: bool = True, env: dict | None = None) -> ServerProcess:
-    """``asyncrl serve --model MODEL ARGS`` on 127.0.0.1 (healthy when this returns, if ``wait``)."""
+                   log_path: str | None = None, wait: bool = True, env: dict | None = None,
+                   host: str = "127.0.0.1") -> ServerProcess:
+    """``asyncrl serve --model MODEL ARGS`` on ``host`` (healthy when this returns, if ``wait``)."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "asyncrl.server", "--model", model, "--host", "127.0.0.1", "--port",
-           str(port), *args]
-    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)
+    cmd = [sys.executable, "-m", "asyncrl.server", "--model", model, "--host", host, "--port", str(port), *args]
+    return ServerProcess(cmd, f"http://{host}:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)
 
 
 VLLM_FLAGS = ("--logprobs-mode", "processed_logprobs", "--enable-scale-out")
@@ -106,23 +106,24 @@ VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_
 
 def vllm_server(python: str, model: str, *args: str, port: int | None = None, threads: int = 1,
                 max_model_len: int = 512, startup_timeout_s: float = 300.0, log_path: str | None = None,
-                wait: bool = True, env: dict | None = None, dtype: str = "float32") -> ServerProcess:
-    """A vLLM OpenAI server (``python`` is the interpreter of its environment) with ``VLLM_FLAGS`` on 127.0.0.1;
+                wait: bool = True, env: dict | None = None, dtype: str = "float32",
+                host: str = "127.0.0.1") -> ServerProcess:
+    """A vLLM OpenAI server (``python`` is the interpreter of its environment) with ``VLLM_FLAGS`` on ``host``;
     on the CPU (no ``CUDA_VISIBLE_DEVICES`` in ``env``) eager, with ``threads`` threads."""
     port = port or free_port()
     on_gpu = bool((env or {}).get("CUDA_VISIBLE_DEVICES"))
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1", "--port",
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port",
            str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *VLLM_FLAGS,
            *([] if on_gpu else ["--enforce-eager"]), *args]
     env = {**VLLM_ENV, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}
-    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)
+    return ServerProcess(cmd, f"http://{host}:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)
 
 
 def sglang_server(python: str, model: str, *args: str, port: int | None = None, startup_timeout_s: float = 600.0,
-                  log_path: str | None = None, wait: bool = True, env: dict | None = None) -> ServerProcess:
-    """An SGLang server (``python`` is the interpreter of its environment) on 127.0.0.1 (GPU only)."""
+                  log_path: str | None = None, wait: bool = True, env: dict | None = None,
+                  host: str = "127.0.0.1") -> ServerProcess:
+    """An SGLang server (``python`` is the interpreter of its environment) on ``host`` (GPU only)."""
     port = port or free_port()
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", "127.0.0.1", "--port", str(port),
-           *args]
-    return ServerProcess(cmd, f"http://127.0.0.1:{port}", startup_timeout_s, env={"HF_HUB_OFFLINE": "1", **(env or {})},
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port), *args]
+    return ServerProcess(cmd, f"http://{host}:{port}", startup_timeout_s, env={"HF_HUB_OFFLINE": "1", **(env or {})},
                          log_path=log_path, wait=wait)
