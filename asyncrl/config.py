@@ -151,9 +151,6 @@ class TrainConfig:
         self.saver.validate()
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got '{self.launcher}'")
-        if self.actor.world_size > self.train_dataset.batch_size:
-            raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
-                              f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
         self.stats_logger.validate()
         if self.model.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be float32 or bfloat16, got '{self.model.dtype}'")
@@ -162,6 +159,9 @@ class TrainConfig:
                               f"({self.rollout.max_slots}): one group must fit in the engine at once")
         self.actor.validate(max_staleness=self.rollout.max_head_offpolicyness, n_samples=self.gconfig.n_samples,
                             max_new_tokens=self.gconfig.max_new_tokens)
+        if self.actor.world_size > self.train_dataset.batch_size:
+            raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
+                              f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
 
 
 @dataclass

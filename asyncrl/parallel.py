@@ -21,6 +21,15 @@ import torch
 import torch.distributed as dist
 
 MODES = ("ddp", "fsdp")
+_cpu_group = None  # the gloo group of CPU-tensor collectives where the default group is NCCL (None: default)
+
+
+def all_reduce_cpu(*xs: torch.Tensor) -> None:
+    """Sum CPU tensors in place over the trainer ranks (a no-op in one process). The loss's statistics live on
+    the CPU whatever the device, and NCCL takes CUDA tensors only: they go through the gloo group."""
+    if dist.is_available() and dist.is_initialized():
+        for x in xs:
+            dist.all_reduce(x, group=_cpu_group)
 
 
 @dataclass
@@ -113,6 +122,8 @@ def from_env(mode: str, device: torch.device, timeout_s: float = 1800.0) -> Data
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
     control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) if backend != "gloo" else None
+    global _cpu_group
+    _cpu_group = control
     return DataParallel(mode, rank, world, device, control)
 
 

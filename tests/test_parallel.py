@@ -1,8 +1,10 @@
 """Several trainer ranks give the update of one: DDP and FSDP2 over gloo, 2 processes, against one process on the
-whole batch, including a batch that does not split evenly; placement strings; the local launcher end to end."""
+whole batch, including a batch that does not split evenly; placement strings and allocations; the local
+launcher end to end (two ranks, then a resume)."""
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +155,72 @@ def test_device_falls_back_to_cpu_without_a_gpu(monkeypatch):
     assert ClusterConfig().resolved_device() == "cpu"
     with pytest.raises(ConfigError, match="no CUDA device"):
         ClusterConfig(device="cuda").resolved_device()
+
+
+def test_a_run_refuses_an_allocation_its_gpus_cannot_hold_and_pins_servers(monkeypatch):
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.configlib import ConfigError
+    from asyncrl.launch.build import _allocation
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    cfg = configlib.load(TrainConfig, None, ["actor.backend=ddp:d2", "rollout.backend=asyncrl:d3"])
+    with pytest.raises(ConfigError, match="needs 2 device.* 3: 5 in all, but this machine has 4 cuda"):
+        _allocation(cfg, "cuda:0")
+    ok = configlib.load(TrainConfig, None, ["actor.backend=ddp:d2", "rollout.backend=asyncrl:d2"])
+    assert _allocation(ok, "cuda:0").server_devices == ((2,), (3,))
+    assert _allocation(cfg, "cpu").server_devices == ((), (), ())  # CPU: process counts only
+
+
+def test_servers_on_gpus_are_started_on_them(monkeypatch):
+    """The server command a GPU placement produces: asyncrl serve --device cuda under its CUDA_VISIBLE_DEVICES,
+    vLLM without --enforce-eager; on the CPU neither (nothing is started: the commands are read)."""
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.engine import _server, spawn
+
+    made = []
+    monkeypatch.setattr(spawn, "ServerProcess", lambda cmd, url, timeout, env=None, **kw: made.append((cmd, env)))
+    cfg = configlib.load(TrainConfig, None, ["rollout.interrupt_mode=abort"]).rollout
+    _server(cfg, "asyncrl", 1, "m", torch.float32, 64, 0, (2,))
+    _server(cfg, "asyncrl", 1, "m", torch.float32, 64, 0, ())
+    _server(cfg, "vllm", 1, "m", torch.float32, 64, 0, (), on_gpu=True)  # the Ray launcher's: GPUs set by Ray
+    _server(cfg, "vllm", 1, "m", torch.float32, 64, 0, ())
+    (gpu, gpu_env), (cpu, _), (vllm_gpu, _), (vllm_cpu, _) = made
+    assert gpu[gpu.index("--device") + 1] == "cuda" and gpu_env["CUDA_VISIBLE_DEVICES"] == "2"
+    assert "--device" not in cpu
+    assert "--enforce-eager" not in vllm_gpu and "--enforce-eager" in vllm_cpu
+
+
+def test_a_bad_backend_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", "actor.backend=ddp:d2t2"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("asyncrl train: error: actor.backend: 'ddp:d2t2'")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ddp:d2", "fsdp:d2"])
+def test_the_local_launcher_runs_two_ranks_end_to_end(tmp_path, tiny_model_dir, backend):
+    """`asyncrl train actor.backend=...:d2` starts the second rank itself; the versions advance, both ranks
+    exit, and a resume of the finished run with more steps continues from its checkpoint on both ranks."""
+    import subprocess
+    import sys
+
+    from asyncrl.metrics import read_metrics
+
+    args = [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}",
+            "progress_bar=false", "report=false", f"actor.backend={backend}", "train_dataset.batch_size=2",
+            "gconfig.n_samples=4", "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
+            "rollout.max_slots=16", "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    for steps in (2, 4):
+        done = subprocess.run(args + [f"total_train_steps={steps}"], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "asyncrl" / "default"
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
+    assert "resuming from" in done.stderr and (run_dir / "checkpoints" / "step4").is_dir()

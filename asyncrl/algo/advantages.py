@@ -15,13 +15,11 @@ computed in float64; batch statistics are summed over data-parallel ranks when t
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from asyncrl.parallel import all_reduce_cpu
 
 
-def _all_reduce(*xs: torch.Tensor) -> None:
-    if dist.is_available() and dist.is_initialized():
-        for x in xs:
-            dist.all_reduce(x)
+_all_reduce = all_reduce_cpu
 
 
 def group_stats(x: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

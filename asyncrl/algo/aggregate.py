@@ -18,13 +18,13 @@ all-zero weights (loss 0, never NaN).
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
+
+from asyncrl.parallel import all_reduce_cpu
 
 
 def _global_sum(x: torch.Tensor) -> float:
-    x = x.detach().double().clone()
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(x)
+    x = x.detach().double().cpu().clone()
+    all_reduce_cpu(x)
     return float(x)
 
 

@@ -103,6 +103,9 @@ class RolloutConfig:
         if self.resolved_api == "vllm" and kind != "local" and self.interrupt_mode != "abort":
             raise ConfigError("rollout.interrupt_mode must be 'abort' with rollout.server_api 'vllm' (vLLM cannot "
                               "re-prefill running requests in place)")
+        if kind == "sglang" and self.interrupt_mode != "abort":
+            raise ConfigError("rollout.interrupt_mode must be 'abort' with rollout.backend sglang (asyncrl does not "
+                              "drive SGLang's in-place pause; aborted samples are continued under the new weights)")
         if self.interrupt_mode == "drain" and kind != "local":
             raise ConfigError("rollout.interrupt_mode 'drain' is implemented by the built-in engine only "
                               "(rollout.backend 'local')")

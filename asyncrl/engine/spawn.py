@@ -11,8 +11,24 @@ import sys
 import time
 
 
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` that has the child sent ``sig`` when the thread that started it ends (its process
+    killed, even by SIGKILL): what a run starts does not outlive it. Linux only; elsewhere nothing."""
+
+    def tie() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    return tie
+
+
 class ServerProcess:
-    """A server in a child process; ``close`` always ends it (terminate, then kill)."""
+    """A server in a child process; ``close`` always ends it (terminate, then kill), and so does the end of
+    the thread that made it (start servers from a thread that lives as long as they should: the main one)."""
 
     def __init__(self, cmd: list[str], url: str, startup_timeout_s: float = 120.0, env: dict | None = None,
                  log_path: str | None = None, wait: bool = True):
@@ -20,7 +36,7 @@ class ServerProcess:
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         # a session of its own, so that close/kill reach the server's own children too (vLLM's engine core)
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=die_with_parent())
         if wait:
             self.wait_healthy()
 
@@ -107,11 +123,11 @@ VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_
 def vllm_server(python: str, model: str, *args: str, port: int | None = None, threads: int = 1,
                 max_model_len: int = 512, startup_timeout_s: float = 300.0, log_path: str | None = None,
                 wait: bool = True, env: dict | None = None, dtype: str = "float32",
-                host: str = "127.0.0.1") -> ServerProcess:
+                host: str = "127.0.0.1", on_gpu: bool | None = None) -> ServerProcess:
     """A vLLM OpenAI server (``python`` is the interpreter of its environment) with ``VLLM_FLAGS`` on ``host``;
-    on the CPU (no ``CUDA_VISIBLE_DEVICES`` in ``env``) eager, with ``threads`` threads."""
+    on the CPU (``on_gpu`` False; None: whether ``env`` names GPUs) eager, with ``threads`` threads."""
     port = port or free_port()
-    on_gpu = bool((env or {}).get("CUDA_VISIBLE_DEVICES"))
+    on_gpu = bool((env or {}).get("CUDA_VISIBLE_DEVICES")) if on_gpu is None else on_gpu
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port",
            str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *VLLM_FLAGS,
            *([] if on_gpu else ["--enforce-eager"]), *args]

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -30,6 +31,7 @@ from asyncrl.engine import build_engine, build_publisher
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import Evaluator
 from asyncrl.critic import CRITIC_DIR
+from asyncrl.launch.placement import Allocation, PlacementError, allocate
 from asyncrl.launch.ranks import RankedTrainer
 from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
 from asyncrl.parallel import DataParallel
@@ -160,10 +162,24 @@ def build_rank_trainer(cfg: TrainConfig, dp: DataParallel, resume: Path | None =
     return trainer
 
 
+def _allocation(cfg: TrainConfig, device: str) -> Allocation:
+    """Which GPUs the servers this process starts get (after the trainer ranks'); refused at start-up if the
+    machine has too few. Ranks started by the Ray launcher see only their own GPU and start no servers."""
+    kind = torch.device(device).type
+    if "ASYNCRL_RAY_RANK" in os.environ:
+        kind = "cpu"  # nothing to place here: Ray placed every process
+    try:
+        return allocate(cfg.rollout.backend, cfg.actor.backend, kind,
+                        torch.cuda.device_count() if kind == "cuda" else 0)
+    except PlacementError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | None, resume: Path | None) -> Parts:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.actor.threads)
     device = str(dp.device) if dp is not None else cfg.cluster.resolved_device()
+    allocation = _allocation(cfg, device)
     model_path = str(resume) if resume else check_model_dir(cfg.model.path)
     start = load_run_state(resume) if resume else RunState(version=0)
     if resume and cfg.actor.critic != "none":  # the critic comes back from the checkpoint too
@@ -183,7 +199,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     stack.callback(reward.close)
     engine = _start(stack, cfg.rollout.backend, lambda: build_engine(
         cfg.rollout, model, model_path=model_path, dtype=shape.dtype, max_len=shape.max_len, seed=cfg.seed,
-        stop_token_ids=shape.stop_token_ids))
+        stop_token_ids=shape.stop_token_ids, server_devices=allocation.server_devices, device=device))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
         stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels,

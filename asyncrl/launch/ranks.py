@@ -13,7 +13,6 @@ the same command instead.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from dataclasses import fields, replace
 
 import torch
 
+from asyncrl.engine.spawn import die_with_parent
 from asyncrl.parallel import DataParallel, shard_groups
 from asyncrl.types import Batch
 
@@ -153,15 +153,7 @@ def spawn_ranks(cfg, world: int, port: int, resume=None) -> LocalRanks:
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port)})
     procs = [subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", "--config", path],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, preexec_fn=_die_with_parent)
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, preexec_fn=die_with_parent())
              for r in range(1, world)]
     return LocalRanks(procs, path)
 
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass

@@ -48,9 +48,9 @@ FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS
 """The driver's values of these reach the trainer processes (a cluster's workers have the raylet's environment)."""
 SERVER_KINDS = ("asyncrl", "vllm", "sglang")
 POLL_S = 2.0  # how often the driver asks the ranks whether they have exited
-RANK_0_STOP = ((signal.SIGINT, 30.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0))
-"""How rank 0 is stopped: SIGINT ends its run at the next step boundary with a checkpoint (launch.signals); a
-second signal ends it at once."""
+RANK_0_STOP = ((signal.SIGINT, 600.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0))
+"""How rank 0 is stopped: SIGINT ends its run at the next step boundary with a checkpoint (launch.signals; the
+step in hand and the save may take minutes on a large model); a second signal ends it at once."""
 RANK_STOP = ((None, 10.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0))
 """The other ranks (they ignore SIGINT) end when rank 0 tells them to; else SIGTERM."""
 STOP_TIMEOUT_S = sum(t for _, t in RANK_0_STOP) + 20
@@ -209,7 +209,7 @@ class _Launch:
         urls = [f"http://{ip}:{port}" for ip, port in server_nodes]
         rollout = cfg.rollout.placement
         server_refs = [s.start_server.remote(cfg.rollout, rollout.kind, rollout.tp, self.model_path, cfg.model.dtype,
-                                             self._max_len(), cfg.seed + i, port)
+                                             self._max_len(), cfg.seed + i, port, device == "cuda")
                        for i, (s, (_, port)) in enumerate(zip(self.servers, server_nodes))]
         env = {**self._rank_env(master_addr, cfg.cluster.master_port or free_port), "ASYNCRL_RESUME": self.resume}
         self._get([h.start_rank.remote(self._rank_config(urls if r == 0 else None, master_addr),
@@ -356,8 +356,9 @@ class _Process:
         return ray.util.get_node_ip_address(), free_port()
 
     def start_server(self, rollout, kind: str, tp: int, model_path: str, dtype: str, max_len: int, seed: int,
-                     port: int) -> str:
-        """Start the server bound to this node's address and ``port``; its URL once it answers /health."""
+                     port: int, on_gpu: bool = False) -> str:
+        """Start the server bound to this node's address and ``port`` (on the GPUs Ray gave this actor if
+        ``on_gpu``); its URL once it answers /health."""
         import ray
 
         from asyncrl.engine import _server
@@ -365,7 +366,7 @@ class _Process:
 
         # the GPUs are the ones Ray gave this actor (CUDA_VISIBLE_DEVICES, inherited by the server)
         self.server = _server(rollout, kind, tp, model_path, DTYPES[dtype], max_len, seed, (),
-                              host=ray.util.get_node_ip_address(), port=port)
+                              host=ray.util.get_node_ip_address(), port=port, on_gpu=on_gpu)
         self.server.wait_healthy()
         return self.server.url
 
@@ -436,14 +437,11 @@ class _Process:
 def _child_of_actor() -> None:
     """In the child before exec: SIGINT unblocked and default (Ray's workers block it; a rank stops gracefully on
     it) and death with the actor's thread."""
+    from asyncrl.engine.spawn import die_with_parent
+
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent(signal.SIGKILL)()
 
 
 # ---- Slurm ---------------------------------------------------------------------------------------------------

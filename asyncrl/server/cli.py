@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prompt + output tokens per sequence (default: the model's, at most 2048)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    p.add_argument("--device", default="cpu", help="where the weights and the KV cache live: cpu | cuda | cuda:N")
     p.add_argument("--interrupt-mode", default="recompute", choices=["recompute", "abort"],
                    help="in-flight requests on a weight update: re-prefill and continue, or end with 'abort'")
     p.add_argument("--no-native-kernels", dest="native_kernels", action="store_false",
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         state = load_state(args.model, max_slots=args.max_slots, max_len=args.max_len, dtype=args.dtype,
                            threads=args.threads, interrupt_mode=args.interrupt_mode, seed=args.seed,
                            name=args.served_model_name, version=args.weight_version,
-                           native_kernels=args.native_kernels, update_timeout_s=args.update_timeout,
+                           native_kernels=args.native_kernels, device=args.device, update_timeout_s=args.update_timeout,
                            group_timeout_s=args.group_timeout, max_request_bytes=args.max_request_bytes)
     except StartupError as e:
         sock.close()

@@ -191,7 +191,8 @@ def version_arg(value: str | int | None) -> int | None:
 def load_state(model: str, *, max_slots: int = 64, max_len: int | None = None, dtype: str = "float32",
                threads: int = 1, interrupt_mode: str = "recompute", seed: int = 0, name: str | None = None,
                version: int = 0, native_kernels: bool = True, update_timeout_s: float = UPDATE_TIMEOUT_S,
-               group_timeout_s: float = GROUP_TIMEOUT_S, max_request_bytes: int = MAX_REQUEST_BYTES) -> ServerState:
+               group_timeout_s: float = GROUP_TIMEOUT_S, max_request_bytes: int = MAX_REQUEST_BYTES,
+               device: str = "cpu") -> ServerState:
     """Load a checkpoint into a started ``LocalEngine`` and wrap it for serving. Raises ``StartupError`` (one
     line naming what to fix) for a bad path or checkpoint, or a KV cache this machine cannot hold, before
     allocating anything large."""
@@ -212,7 +213,8 @@ def load_state(model: str, *, max_slots: int = 64, max_len: int | None = None, d
         tokenizer = _load_tokenizer_if_any(path)
         engine = LocalEngine(hf, max_slots=max_slots, max_len=max_len, dtype=DTYPES[dtype], seed=seed,
                              interrupt_mode=interrupt_mode, stop_token_ids=_eos_ids(hf, tokenizer), threads=threads,
-                             tokenizer=tokenizer, version=version, native_kernels=native_kernels)
+                             tokenizer=tokenizer, version=version, native_kernels=native_kernels,
+                             device=device)
     except Exception as e:  # noqa: BLE001 - any failure to load is a refusal to start, said in one line
         raise StartupError(f"cannot load the checkpoint in '{path}': {type(e).__name__}: {e}") from e
     del hf
