@@ -78,13 +78,14 @@ class StepMeter:
 
     def __init__(self, engine_stats: Callable, counters: list[Callable[[], dict]]):
         self.engine_stats, self.counters = engine_stats, counters
-        self.start()
         self.last_save = 0.0  # elapsed time of the last checkpoint
+        self.start()
 
     def start(self, elapsed_s: float = 0.0) -> None:
         """Rates count from now, elapsed time from ``elapsed_s`` (the training time before a resume)."""
         self.last = time.perf_counter()
         self.t_start = self.last - elapsed_s
+        self.last_save = elapsed_s  # a resumed run was saved when it stopped
         self.last_engine = self.engine_stats()
 
     def elapsed(self) -> float:

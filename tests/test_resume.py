@@ -110,6 +110,29 @@ def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_m
     assert steps == sorted(set(steps)) and steps[-1] == int(latest.name[4:]) + 1
 
 
+@pytest.mark.slow
+def test_what_a_run_started_dies_with_it_even_by_sigkill(tmp_path, tiny_model_dir):
+    """The engine server (its own session, so no group signal reaches it) and the reward worker end when the
+    trainer is SIGKILLed: parent-death signal and the worker's closed pipe."""
+    train, valid = _dataset(tmp_path, 200)
+    args = _args(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
+                 "rollout.backend=asyncrl:d1", "rollout.max_slots=8")
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = tmp_path / "out" / "asyncrl" / "default"
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    children = _descendants(proc.pid)
+    assert len(children) >= 2, children  # the engine server and the reward worker
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while [p for p in children if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in children if _alive(p)], "processes of a SIGKILLed run outlived it"
+
+
 def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(tmp_path, tiny_model_dir,
                                                                                    monkeypatch, capsys):
     import errno
@@ -146,6 +169,8 @@ def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_mo
     assert cli.main(args + ["actor.lr=1e-3"]) == 2
     err = capsys.readouterr().err
     assert "actor.lr" in err and "resume=fresh" in err
+    assert cli.main(args + ["actor.backend=fsdp:d2"]) == 2  # the optimizer state of DDP does not load into FSDP
+    assert "actor.backend (ddp or fsdp)" in capsys.readouterr().err
     assert cli.main(args + ["total_train_steps=3", "evaluator.freq_steps=1"]) == 0  # settable keys may change
     run = tmp_path / "out" / "asyncrl" / "default"
     assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]

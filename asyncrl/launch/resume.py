@@ -78,7 +78,13 @@ def _differences(saved: Path, current: dict) -> list[tuple[str, object, object]]
                           "to start over") from e
     a, b = _flat(old), _flat(current)
     keys = sorted(set(a) | set(b))
-    return [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k) and not k.startswith(SETTABLE)]
+    found = [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k) and not k.startswith(SETTABLE)]
+    # the number of ranks may change, the kind may not: DDP's optimizer state is saved by parameter index,
+    # FSDP's as a full state dict by parameter name
+    kinds = [str(c.get("actor.backend", "ddp")).partition(":")[0] for c in (a, b)]
+    if kinds[0] != kinds[1]:
+        found.append(("actor.backend (ddp or fsdp)", a.get("actor.backend"), b.get("actor.backend")))
+    return found
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
