@@ -224,3 +224,20 @@ def test_the_local_launcher_runs_two_ranks_end_to_end(tmp_path, tiny_model_dir, 
     run_dir = tmp_path / "asyncrl" / "default"
     assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
     assert "resuming from" in done.stderr and (run_dir / "checkpoints" / "step4").is_dir()
+
+
+def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in_engine():
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.configlib import ConfigError
+    from asyncrl.launch.build import context_len
+
+    def rollout(*extra):
+        return configlib.load(TrainConfig, None, ["rollout.interrupt_mode=abort", *extra]).rollout
+
+    assert context_len(rollout(), 32768) == 1024 and context_len(rollout(), 512) == 512
+    assert context_len(rollout("rollout.backend=vllm:d1"), 32768) == 32768
+    assert context_len(rollout("rollout.backend=remote", "rollout.server_addrs=[h:1]",
+                               "rollout.max_context=8192"), 32768) == 8192
+    with pytest.raises(ConfigError, match="rollout.max_context=9000 exceeds the model's max_position_embeddings"):
+        context_len(rollout("rollout.max_context=9000"), 4096)

@@ -24,6 +24,10 @@ class RolloutConfig:
     ablations). vLLM and SGLang servers need 'abort'."""
     max_slots: int = 64
     """Sequences the built-in engine (or each local server) decodes at once (KV-cache slots)."""
+    max_context: int = 0
+    """Prompt + completion tokens per sequence, at most the model's max_position_embeddings. 0: the model's
+    own for vLLM and SGLang servers, at most 1024 for the built-in engine (local, asyncrl:dN, and remote, which
+    is often asyncrl serve)."""
     threads: int = 1
     """Torch threads for generation (the trainer gets actor.threads; keep the sum <= cores)."""
     native_kernels: bool = True
@@ -74,6 +78,8 @@ class RolloutConfig:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"rollout.{key} must be one of {list(allowed)}, got '{getattr(self, key)}'")
 
+        if self.max_context < 0:
+            raise ConfigError(f"rollout.max_context must be 0 (the default) or positive, got {self.max_context}")
         from asyncrl.launch.placement import ROLLOUT_KINDS, PlacementError, parse
 
         try:

@@ -312,9 +312,9 @@ class _Launch:
         """The engines' context, as ``launch.build.RunShape`` computes it."""
         from transformers import AutoConfig
 
-        from asyncrl.launch.build import MAX_CONTEXT
+        from asyncrl.launch.build import context_len
 
-        return min(AutoConfig.from_pretrained(self.model_path).max_position_embeddings, MAX_CONTEXT)
+        return context_len(self.cfg.rollout, AutoConfig.from_pretrained(self.model_path).max_position_embeddings)
 
     def _run_dir(self) -> str:
         return str(Path(self.cfg.output_dir) / self.cfg.experiment_name / self.cfg.trial_name)
