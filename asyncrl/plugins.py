@@ -5,7 +5,17 @@ Import strings live in config files only; this is the one place that turns them 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
+
+
+def _with_working_directory() -> None:
+    """Modules in the working directory import as under ``python -m`` (the ``asyncrl`` script alone would not
+    see them): it is appended to ``sys.path``, after everything installed."""
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.append(cwd)
 
 
 def load_object(spec: str) -> Any:
@@ -14,6 +24,7 @@ def load_object(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"'{spec}' must look like package.module:name")
+    _with_working_directory()
     try:
         obj = importlib.import_module(module_name)
     except ImportError as e:

@@ -1,0 +1,34 @@
+"""The lookup task's agent written with the OpenAI Agents SDK (``pip install 'asyncrl[agents]'``, PyPI
+``openai-agents``): an ``Agent`` with a ``function_tool``, run by ``Runner``; the only asyncrl-specific line
+is that its model is the chat-completions model over the client asyncrl hands in (the recording proxy, with
+the episode's key)::
+
+    asyncrl train --config examples/agent_lookup.yaml agent.episode=examples.agents.agents_sdk_lookup:episode \\
+        agent.client=openai
+"""
+
+from __future__ import annotations
+
+from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+from agents.exceptions import AgentsException
+
+from asyncrl.agent.tasks.lookup import extract_answer, lookup
+
+set_tracing_disabled(True)  # no traces sent anywhere
+
+
+async def episode(client, item: dict, max_turns: int = 6) -> float:
+    @function_tool
+    def lookup_number(key: str) -> str:
+        """The number stored under a key, such as 'apples of Name'."""
+        return lookup(item, key)
+
+    lookup_number.name = "lookup"  # the name the tiny agent model was fine-tuned to call
+    agent = Agent(name="lookup", instructions=None, tools=[lookup_number],
+                  model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+                  model_settings=ModelSettings())
+    try:
+        result = await Runner.run(agent, item["question"], max_turns=max_turns)
+    except AgentsException:  # out of turns, or a reply the SDK cannot use: the episode failed
+        return 0.0
+    return float(extract_answer(str(result.final_output)) == item["answer"])
