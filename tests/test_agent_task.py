@@ -85,7 +85,8 @@ def test_lookup_tool_is_deterministic_and_forgiving_of_spelling():
     key, value = next(iter(item["facts"].items()))
     assert lookup.lookup(item, key) == str(value)
     assert lookup.lookup(item, "  " + key.upper() + " ") == str(value)
-    assert lookup.lookup(item, key.replace(" ", "'s ", 1)) == str(value)
+    thing, name = key.split(" of ")
+    assert lookup.lookup(item, f"{name}'s {thing}") == lookup.lookup(item, f"{name} {thing}") == str(value)
     assert lookup.lookup(item, "Nobody apples").startswith("no value")
     assert lookup.lookup(item, None).startswith("error")
     assert asyncio.run(lookup.call_tool(item, "lookup", json.dumps({"key": key}))) == str(value)
@@ -130,7 +131,8 @@ def test_a_perfect_agent_solves_every_problem_and_a_guesser_fails(agent_tokenize
     # skipping a lookup and making the number up fails too
     it = next(it for it in items if len(it["facts"]) >= 2 and it["given"] is None)
     first_key, first = next(iter(it["facts"].items()))
-    made_up = lookup.working([first] + [v + 1 for v in list(it["facts"].values())[1:]], list(it["ops"]))
+    values = list(it["facts"].values())
+    made_up = lookup.working([first, values[1] + 1] + values[2:], list(it["ops"]))
     assert _play(agent_tokenizer, it, [tool_call_text("lookup", {"key": first_key}), made_up])[0] == 0.0
 
 
@@ -200,20 +202,3 @@ def test_evaluate_episodes_scores_failures_as_zero(agent_tokenizer):
     out = asyncio.run(evaluate_episodes(proxy, items, flaky))
     assert out["eval_accuracy"] == pytest.approx(5 / 6) and out["eval_episode_failures"] == 1
     assert out["eval_calls_mean"] == pytest.approx(5 / 6) and not proxy.episodes
-
-
-# ---- the shipped checkpoint --------------------------------------------------------------------------------
-def test_shipped_tiny_agent_solves_some_held_out_problems():
-    from asyncrl.engine.local import LocalEngine
-    from asyncrl.models import load_model, load_tokenizer
-
-    tokenizer, model = load_tokenizer("builtin:tiny-agent"), load_model("builtin:tiny-agent")
-    items = LookupTask().split(10_000, 24)
-    params = SamplingParams(max_new_tokens=64, greedy=True, stop_token_ids=(tokenizer.eos_token_id,))
-    engine = LocalEngine(model, max_slots=32, max_len=512, stop_token_ids=params.stop_token_ids).start()
-    try:
-        out = evaluate_agent(engine, tokenizer, items, "asyncrl.agent.tasks.lookup:episode", params, 512)
-    finally:
-        engine.stop()
-    assert out["eval_episode_failures"] == 0
-    assert 0 < out["eval_accuracy"] < 1 and out["eval_calls_mean"] > 1.5

@@ -1,8 +1,8 @@
 """The built-in agentic task ``lookup``: questions about made-up entities whose numbers only a tool knows.
 
-A problem names a thing and two or three made-up entities, e.g. ``How many apples do Zorb and Quil have
-together?``; the numbers are drawn per problem and kept in the item (``item["facts"]``: ``{"Zorb apples":
-37, "Quil apples": 15}``), so no model can know them: it has to call ``lookup`` once per entity, then
+A problem names a thing and two or three made-up entities, e.g. ``How many apples do Zob and Quil have
+together?``; the numbers are drawn per problem and kept in the item (``item["facts"]``: ``{"apples of Zob":
+37, "apples of Quil": 15}``), so no model can know them: it has to call ``lookup`` once per entity, then
 combine the results (``37 + 15 = 52`` / ``The answer is 52.``; reward 1 if the final answer is right). Some
 problems add or take away a number given in the question. A ``python`` tool runs code in the reward sandbox
 (:mod:`asyncrl.reward.sandbox`); no problem needs it, and the reference transcripts use it rarely
@@ -38,13 +38,13 @@ OPS = "+-"
 
 ONSETS = ("B", "D", "F", "G", "J", "K", "L", "M", "N", "P", "R", "S", "T", "V", "Z", "Qu")
 VOWELS = ("a", "e", "i", "o", "u")
-CODAS = ("b", "d", "g", "k", "l", "m", "n", "p", "r", "s", "t", "x", "z", "rb", "rn", "sk")
-NAMES = tuple(o + v + c for o in ONSETS for v in VOWELS for c in CODAS)  # 1280 made-up names: Zorb, Quil, Dax
+CODAS = ("b", "l", "n", "x")
+NAMES = tuple(o + v + c for o in ONSETS for v in VOWELS for c in CODAS)  # 320 made-up names: Zob, Quil, Dax
 THINGS = ("apples", "coins", "books", "shells", "stamps", "marbles", "cards", "pens", "keys", "cups", "hats",
           "rings")
 
 LOOKUP_TOOL = {"type": "function", "function": {
-    "name": "lookup", "description": "The number stored under a key: a name and a thing.",
+    "name": "lookup", "description": "The number stored under a key, such as 'apples of Name'.",
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
 PYTHON_TOOL = {"type": "function", "function": {
     "name": "python", "description": "Run Python code; returns what it prints.",
@@ -110,7 +110,7 @@ class LookupTask:
             values.append(rng.randint(1, min(total, self.max_operand) if op == "-" else self.max_operand))
             ops.append(op)
         answer = values_total(values, ops)
-        facts = {f"{name} {thing}": v for name, v in zip(names, values)}
+        facts = {f"{thing} of {name}": v for name, v in zip(names, values)}
         question = _question(names, thing, ops, values[-1] if given else None)
         item = {"question": question, "answer": str(answer), "facts": facts, "thing": thing, "names": names,
                 "ops": "".join(ops), "given": values[-1] if given else None}
@@ -250,7 +250,11 @@ def lookup_reward(prompt: str, completion: str, answer: str, **_) -> float:
 
 # ---- tools ---------------------------------------------------------------------------------------------
 def normalize_key(key: str) -> str:
-    return " ".join(str(key).replace("'s ", " ").split()).casefold()
+    """Case and spacing ignored; ``Zob's apples`` and ``Zob apples`` read as ``apples of Zob``."""
+    words = str(key).replace("'s ", " ").casefold().split()
+    if len(words) == 2:
+        words = [words[1], "of", words[0]]
+    return " ".join(words)
 
 
 def lookup(item: dict, key) -> str:
