@@ -27,6 +27,9 @@ class SamplingParams:
     greedy: bool = False
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()
+    seed: int | None = None
+    """With a seed, sample i's random draws depend only on (seed, i, token position) in the built-in engine:
+    the same prompt, weights and seed give the same tokens, however the engine batches or interrupts them."""
 
     def __post_init__(self):
         if self.n < 1:

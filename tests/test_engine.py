@@ -456,3 +456,31 @@ def test_decoder_and_sampler_run_on_another_device():
             assert rows.temperature.device.type == rows.greedy.device.type == "meta"
             tokens, logprobs = sample_rows(logits.clone(), rows, None, scratch)
             assert tokens.device.type == logprobs.device.type == "meta" and tokens.shape == (4,)
+
+
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
+def test_a_seeded_request_samples_the_same_tokens_however_it_is_batched_or_interrupted(native_kernels):
+    """Counter-based draws (SamplingParams.seed): alone, beside other requests, with a different engine seed,
+    and re-prefilled mid-way by a weight update to the same weights, a seeded request gets the same tokens;
+    its samples differ from one another and from another seed's."""
+    model = make_model(VOCAB)
+    prompt, others = _prompts(1, seed=3)[0], _prompts(5, seed=4)
+    params = SamplingParams(n=3, max_new_tokens=12, temperature=1.0, seed=1234)
+
+    def engine(seed):
+        return LocalEngine(model, max_slots=16, max_len=64, seed=seed, native_kernels=native_kernels)
+
+    alone = [c.output_ids for c in engine(0).generate_batch([prompt], params)[0]]
+    crowded = engine(7)
+    busy = [crowded.submit(p, SamplingParams(n=2, max_new_tokens=12)) for p in others[:3]]
+    target = crowded.submit(prompt, params)
+    for p in others[3:]:
+        busy.append(crowded.submit(p, SamplingParams(max_new_tokens=12)))
+    for _ in range(5):
+        crowded.step()
+    crowded.update_weights(WeightUpdate(1, state_dict=model.state_dict()))  # recompute, same weights
+    crowded.run_until_idle()
+    assert [c.output_ids for c in target.result()] == alone
+    assert len({tuple(ids) for ids in alone}) == 3  # the n samples are not copies of one another
+    other = [c.output_ids for c in engine(0).generate_batch([prompt], dataclasses.replace(params, seed=99))[0]]
+    assert other != alone

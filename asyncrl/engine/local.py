@@ -38,7 +38,7 @@ import torch
 
 from asyncrl.engine.base import EngineStats, continue_all
 from asyncrl.engine.decoder import Decoder, Weights, resolve_device
-from asyncrl.engine.sampling import RowParams, sample_rows
+from asyncrl.engine.sampling import RowParams, counter_uniforms, derive_seed, sample_rows
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
 INTERRUPT_MODES = ("recompute", "abort", "drain")
@@ -406,7 +406,8 @@ class LocalEngine:
         kernels = self.decoder.kernels
         if self._scratch is None and (kernels is not None or not rows.all_greedy):
             self._scratch = torch.empty(self.max_slots, self.decoder.shape.vocab, device=self.device)
-        tokens, logprobs = sample_rows(logits, rows, self.generator, self._scratch, kernels)
+        u = self._uniforms(seqs, rows)
+        tokens, logprobs = sample_rows(logits, rows, self.generator, self._scratch, kernels, u)
         if self.decoder.on_cpu:
             tokens, logprobs = tokens.tolist(), logprobs.tolist()
         else:  # the step's one read from the device: ids (exact in float64 below 2**53) and log-probs together
@@ -419,6 +420,18 @@ class LocalEngine:
             s.logprobs.append(lp)
             s.versions.append(version)
         self._count(tokens=len(seqs))
+
+    def _uniforms(self, seqs: list[_Seq], rows: RowParams) -> torch.Tensor | None:
+        """Counter-based draws when some request has a seed (``SamplingParams.seed``): a seeded sample's draw
+        depends on its seed, its index among the request's samples and the token's position only; unseeded
+        rows draw from the engine's generator. None when no request is seeded (the generator alone)."""
+        if rows.all_greedy or all(s.req.params.seed is None for s in seqs):
+            return None
+        drawn = torch.rand(len(seqs), generator=self.generator, device=self.device).cpu().tolist()
+        seeds = [derive_seed(s.req.params.seed, s.index) if s.req.params.seed is not None else None for s in seqs]
+        counted = counter_uniforms([sd or 0 for sd in seeds], [len(s.tokens) for s in seqs]).tolist()
+        return torch.tensor([c if sd is not None else d for sd, c, d in zip(seeds, counted, drawn)],
+                            dtype=torch.float32)
 
     def _retire(self) -> None:
         """Finish sequences that hit a stop token or string or their length limit; keep slots contiguous."""

@@ -60,6 +60,8 @@ class SGLangAPI:
               "top_p": p.top_p, "top_k": p.top_k or -1, **_stop_tokens(p)}
         if p.stop:
             sp["stop"] = list(p.stop)
+        if p.seed is not None:
+            sp["sampling_seed"] = p.seed
         return {"input_ids": ids, "sampling_params": sp, "return_logprob": True}
 
     def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:
@@ -100,6 +102,8 @@ class VLLMAPI:
               "top_p": p.top_p, "top_k": p.top_k, "logprobs": 0, **_stop_tokens(p)}
         if p.stop:
             sp["stop"] = list(p.stop)
+        if p.seed is not None:
+            sp["seed"] = p.seed
         return {"token_ids": ids, "sampling_params": sp}
 
     def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:

@@ -63,22 +63,50 @@ def filter_logits(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
+MASK64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash of ``x`` (Python ints, exact)."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def derive_seed(seed: int, *keys: int) -> int:
+    """A seed for a part of the work named by ``keys`` (an item id, a sample index), from a run's ``seed``."""
+    for k in keys:
+        seed = mix64((seed & MASK64) ^ mix64(k & MASK64))
+    return seed & ((1 << 63) - 1)
+
+
+def counter_uniforms(seeds: list[int], positions: list[int]) -> torch.Tensor:
+    """One uniform in [0, 1) per row that depends only on the row's seed and the position of the token being
+    sampled (a counter-based generator): the same sample gets the same draws whatever else the engine is
+    decoding beside it and however often it is interrupted, so a seeded run can be replayed exactly."""
+    return torch.tensor([(mix64(s ^ mix64(p)) >> 11) * 2.0**-53 for s, p in zip(seeds, positions)],
+                        dtype=torch.float32).clamp_(max=1 - 2**-24)
+
+
 def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator | None = None,
-                scratch: torch.Tensor | None = None, kernels=None):
+                scratch: torch.Tensor | None = None, kernels=None, u: torch.Tensor | None = None):
     """Sample one token per row of ``logits`` (S, V); return (tokens (S,), log-probabilities (S,)).
 
     Greedy rows take the argmax and report its log-probability under the unscaled model distribution.
     ``logits`` may be overwritten; ``scratch``, a float32 buffer of at least (S, V), saves an allocation.
     With ``kernels`` (native.py, CPU tensors only) and no top-k/top-p, one native pass per row does the same
     computation from the same uniform draws. On another device every tensor is made there, and ``generator``
-    must be that device's (``torch.Generator(device=...)``).
+    must be that device's (``torch.Generator(device=...)``). ``u``, one uniform per row, replaces the
+    generator's draws (``counter_uniforms``).
     """
     logits = logits.float()
     dev = logits.device
     if kernels is not None and not p.filtered and scratch is not None and logits.is_contiguous():
-        u = (torch.zeros(len(logits), device=dev) if p.all_greedy
-             else torch.rand(len(logits), generator=generator, device=dev))
-        return kernels.sample(logits, p.temperature, p.greedy, u, scratch)
+        if u is None:
+            u = (torch.zeros(len(logits), device=dev) if p.all_greedy
+                 else torch.rand(len(logits), generator=generator, device=dev))
+        return kernels.sample(logits, p.temperature, p.greedy, u.to(dev), scratch)
     if p.all_greedy:
         tokens = logits.argmax(dim=-1)
         return tokens, logits.gather(-1, tokens[:, None]).squeeze(-1) - logits.logsumexp(dim=-1)
@@ -87,7 +115,8 @@ def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator |
         scaled = filter_logits(scaled, p.top_p, p.top_k)
     peak = scaled.amax(dim=-1, keepdim=True)  # (S, 1)
     weights = torch.sub(scaled, peak, out=scratch[: len(scaled)] if scratch is not None else None).exp_()
-    tokens, total = inverse_cdf(weights, torch.rand(len(scaled), 1, generator=generator, device=dev))
+    draws = torch.rand(len(scaled), 1, generator=generator, device=dev) if u is None else u.to(dev)[:, None]
+    tokens, total = inverse_cdf(weights, draws)
     if p.any_greedy if p.any_greedy is not None else bool(p.greedy.any()):
         tokens = torch.where(p.greedy, scaled.argmax(dim=-1), tokens)
     return tokens, (scaled.gather(-1, tokens[:, None]) - peak - total.log()).squeeze(-1)

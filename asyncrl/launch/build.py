@@ -228,7 +228,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     publisher = build_publisher(cfg.rollout, [engine])
     stack.callback(publisher.close)
     workflow = _workflow(cfg, WorkflowContext(rollout_tokenizer, reward, shape.sampling, shape.max_len,
-                                              shape.stop_token_ids))
+                                              shape.stop_token_ids, seed=cfg.seed))
     if hasattr(workflow, "close"):
         stack.callback(workflow.close)
 

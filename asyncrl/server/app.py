@@ -115,7 +115,7 @@ def _native_routes(app: FastAPI, state: ServerState) -> None:
         stops = stop_list(sp.stop)
         params = sampling_params(n=sp.n, max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
                                  top_p=sp.top_p, top_k=sp.top_k, stop_token_ids=sp.stop_token_ids,
-                                 ignore_eos=sp.ignore_eos, eos=state.eos, stop=stops)
+                                 ignore_eos=sp.ignore_eos, eos=state.eos, stop=stops, seed=sp.sampling_seed)
         if req.text is not None:
             prompts = await state.encode([req.text] if isinstance(req.text, str) else req.text, "text")
             single = isinstance(req.text, str)

@@ -125,6 +125,7 @@ class NativeSampling(_Lenient):
     stop: Stop | None = None
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
+    sampling_seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
 class GenerateRequest(_Lenient):
@@ -207,13 +208,13 @@ def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
 
 def sampling_params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                     stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
-                    eos: tuple[int, ...] = (), stop: tuple[str, ...] = ()) -> SamplingParams:
+                    eos: tuple[int, ...] = (), stop: tuple[str, ...] = (), seed: int | None = None) -> SamplingParams:
     """Engine sampling parameters from an API's fields: temperature 0 means greedy, top_k -1 or 0 means off,
     the model's end-of-sequence tokens stop a sample unless ``ignore_eos``."""
     stops = tuple(t for t in stop_token_ids or () if t >= 0) + (() if ignore_eos else eos)
     try:
         return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature or 1.0,
                               top_p=top_p, top_k=max(top_k, 0), greedy=temperature == 0,
-                              stop_token_ids=stops or NO_STOP_TOKENS, stop=stop)
+                              stop_token_ids=stops or NO_STOP_TOKENS, stop=stop, seed=seed)
     except ValueError as e:
         raise BadRequest(str(e)) from e

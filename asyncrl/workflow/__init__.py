@@ -35,6 +35,7 @@ class WorkflowContext:
     params: SamplingParams  # gconfig's sampling: n samples per item, max_new_tokens, temperature, ...
     max_len: int = 0  # the engine's context per sequence (prompt + completion tokens)
     stop_token_ids: tuple[int, ...] = ()  # what ends a reply (the end-of-turn token first)
+    seed: int | None = None  # the run's seed: a workflow may seed each item's sampling from it and the item id
 
 
 def resolve_workflow(name: str) -> Any:

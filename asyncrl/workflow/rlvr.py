@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from asyncrl.engine.base import Engine
-from asyncrl.types import Trajectory, TrajectoryGroup
+from asyncrl.engine.sampling import derive_seed
+from asyncrl.types import SamplingParams, Trajectory, TrajectoryGroup
 
 
 def chat_prompt_ids(tokenizer, question: str) -> list[int]:
@@ -21,10 +23,18 @@ class RLVRWorkflow:
 
     def __init__(self, context):
         self.tokenizer, self.reward, self.params = context.tokenizer, context.reward, context.params
+        self.seed = context.seed
+
+    def _params(self, item: dict) -> SamplingParams:
+        """The run's sampling, seeded per item (run seed, item id): a resumed or replayed run draws the same
+        samples for the same item under the same weights."""
+        if self.seed is None or item.get("id") is None:
+            return self.params
+        return dataclasses.replace(self.params, seed=derive_seed(self.seed, int(item["id"])))
 
     async def run(self, item: dict, engine: Engine) -> TrajectoryGroup | None:
         prompt_ids = item.get("prompt_ids") or chat_prompt_ids(self.tokenizer, item["question"])
-        completions = await engine.generate(prompt_ids, self.params)
+        completions = await engine.generate(prompt_ids, self._params(item))
         texts = [self.tokenizer.decode(c.output_ids, skip_special_tokens=True) for c in completions]
         rewards = await asyncio.gather(*(self.reward.ascore(item, text) for text in texts))  # scored side by side
         return TrajectoryGroup([Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason, t)
