@@ -71,6 +71,7 @@ def test_killed_at_any_moment_and_resumed_every_prompt_is_trained_once(tmp_path,
         assert rc == 0, proc.stderr.read()[-3000:]
         finished = True
         break
+    print(f"\nkills (seconds after start, latest checkpoint then): {moments}")
     assert finished and kills >= 10, (kills, moments)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in metrics] == list(range(steps + 1)), [r["step"] for r in metrics]

@@ -1,0 +1,120 @@
+"""Agentic RL where tools are slow: synchronous (η = 0) against asynchronous (η > 0), side by side.
+
+    python bench/agent_async.py                       # η = 0, 1, 2, 4; 3 attempts; tool latency median 1 s, p99 8 s
+    python bench/agent_async.py --steps 10 --etas 0,4 --latency 0.5 --p99 4
+
+Each arm is one ``asyncrl train`` process with ``workflow.name=agent`` and the episode of
+``bench/agent_env.py`` (answer, wait for a slow checker tool with log-normal latency, retry if wrong), on the shipped
+model, same seed, prompts and batch shape (``--batch`` groups of ``--n`` episodes per step); only η and the
+thread split differ (sync: both cores for each phase; async: one core each for the trainer and the engine,
+at the same time). It prints, per arm: wall time for ``--steps`` steps, time per step, the speedup over η = 0,
+the generator's busy fraction, the trainer's wait, tool time per episode and staleness.
+
+Held-out accuracy: the fraction of problems an episode solves (greedy, no tool latency in evaluation).
+In a synchronous step every episode of the batch must finish, so the step waits for the slowest chain of tool
+calls; asynchronously, admission keeps up to (η + v + 1)·B groups in flight, and episodes waiting on tools
+leave the engine to the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return platform.processor()
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = fields.get("Flags", "")
+    wide = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags.split()]
+    return f"{fields.get('Model name', '?').strip()} ({', '.join(wide)}), {os.cpu_count()} CPUs"
+
+
+def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
+    sync = eta == 0
+    threads = ["actor.threads=2", "rollout.threads=2"] if sync else ["actor.threads=1", "rollout.threads=1"]
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"output_dir={out}", f"experiment_name=eta{eta}",
+           "progress_bar=false", "report=false", "workflow.name=agent", "agent.episode=agent_env:episode",
+           "agent.client=inprocess", f"agent.options={{attempts: {args.attempts}, tool_latency_s: {args.latency}, "
+           f"tool_latency_p99_s: {args.p99}}}", f"rollout.max_head_offpolicyness={eta}",
+           f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}",
+           f"gconfig.max_new_tokens={args.max_new_tokens}", f"evaluator.freq_steps={args.eval_every}",
+           f"valid_dataset.size={args.eval_size}",
+           "rollout.max_slots=128", f"seed={args.seed}", "saver.freq_steps=0", *threads]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)])}
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"arm η={eta} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    records = [json.loads(line) for line in (out / f"eta{eta}" / "default" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] > 0]
+    evals = [(r["step"], r["elapsed_s"] if r["step"] else 0.0, r["eval_accuracy"]) for r in records
+             if "eval_accuracy" in r]
+    target = evals[0][2] + args.target
+    reached = next((t for _, t, a in evals if a >= target), None)
+    train_s = steps[-1]["elapsed_s"]  # from the first admission to the last step (no start-up, no step-0 eval)
+    episodes = steps[-1].get("agent_episodes", 0)  # counters are cumulative
+    return {
+        "eta": eta, "steps": len(steps), "train_s": train_s, "wall_s": wall, "step_s": train_s / len(steps),
+        "gen_busy": sum(r["gen_busy_frac"] for r in steps) / len(steps),
+        "trainer_wait_s": sum(r["trainer_wait_s"] for r in steps) / len(steps),
+        "staleness_max": max(r["staleness_max"] for r in steps),
+        "tool_s_per_episode": steps[-1].get("agent_tool_s", 0.0) / max(1, episodes),
+        "reward_mean": sum(r["reward_mean"] for r in steps) / len(steps),
+        "episode_failures": steps[-1].get("agent_episode_failures", 0),
+        "evals": evals, "time_to_target_s": reached, "final_accuracy": evals[-1][2],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--etas", default="0,1,2,4")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=4, help="prompt groups per step (B)")
+    p.add_argument("--n", type=int, default=4, help="episodes per group")
+    p.add_argument("--attempts", type=int, default=3, help="LLM calls per episode at most (each checked by the tool)")
+    p.add_argument("--latency", type=float, default=1.0, help="tool latency median, seconds")
+    p.add_argument("--p99", type=float, default=8.0, help="tool latency 99th percentile, seconds")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation (greedy episodes, no tool latency)")
+    p.add_argument("--eval-size", type=int, default=100)
+    p.add_argument("--target", type=float, default=0.08, help="time to this much above the step-0 accuracy")
+    p.add_argument("--out", default=str(REPO / "outputs" / "bench" / "agent_async"))
+    args = p.parse_args(argv)
+    out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    print(f"# agent_async: {args.steps} steps of {args.batch}x{args.n} episodes, up to {args.attempts} checked attempts, tool latency "
+          f"median {args.latency}s p99 {args.p99}s; {cpu_model()}")
+    results = [run_arm(int(e), args, out) for e in args.etas.split(",")]
+    base = next((r for r in results if r["eta"] == 0), None)
+    print("| η | steps | train s | s/step | speedup | time to target s | its speedup | final acc | gen busy | "
+          "trainer wait s/step | tool s/episode | stale max |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        speed = f"{base['train_s'] / r['train_s']:.2f}x" if base else "-"
+        ttt = r["time_to_target_s"]
+        tspeed = f"{base['time_to_target_s'] / ttt:.2f}x" if base and base["time_to_target_s"] and ttt else "-"
+        print(f"| {r['eta']} | {r['steps']} | {r['train_s']:.1f} | {r['step_s']:.2f} | {speed} | "
+              f"{'-' if ttt is None else f'{ttt:.0f}'} | {tspeed} | {r['final_accuracy']:.3f} | {r['gen_busy']:.2f} | "
+              f"{r['trainer_wait_s']:.2f} | {r['tool_s_per_episode']:.2f} | {r['staleness_max']} |")
+    for r in results:
+        print(f"η={r['eta']} evaluations (step, s, accuracy): " + ", ".join(f"({s}, {t:.0f}, {a:.2f})"
+                                                                          for s, t, a in r["evals"]))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
