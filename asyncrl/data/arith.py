@@ -81,19 +81,24 @@ class ArithTask:
     def split(self, seed: int, size: int) -> list[dict]:
         """A fixed list of ``size`` distinct problems (the held-out split); ValueError when the options allow
         too few distinct problems."""
-        rng, seen, items, repeats = random.Random(seed), set(), [], 0
-        while len(items) < size:
-            item = self.problem(rng)
-            if item["question"] in seen:
-                repeats += 1
-                if repeats >= MAX_REPEATS:
-                    raise ValueError(f"its options allow only about {len(items)} distinct problems, fewer than "
-                                     f"{size}")
-                continue
-            repeats = 0
-            seen.add(item["question"])
-            items.append(item)
-        return items
+        return distinct_problems(self.problem, seed, size)
+
+
+def distinct_problems(problem, seed: int, size: int) -> list[dict]:
+    """``size`` items of ``problem(rng)`` with distinct questions, from ``random.Random(seed)``; ValueError when
+    the generator repeats itself too often to give that many."""
+    rng, seen, items, repeats = random.Random(seed), set(), [], 0
+    while len(items) < size:
+        item = problem(rng)
+        if item["question"] in seen:
+            repeats += 1
+            if repeats >= MAX_REPEATS:
+                raise ValueError(f"its options allow only about {len(items)} distinct problems, fewer than {size}")
+            continue
+        repeats = 0
+        seen.add(item["question"])
+        items.append(item)
+    return items
 
 
 def _unit_hash(text: str) -> float:

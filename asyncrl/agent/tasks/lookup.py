@@ -1,8 +1,8 @@
 """The built-in agentic task ``lookup``: questions about made-up entities whose numbers only a tool knows.
 
-A problem names a thing and two or three made-up entities, e.g. ``How many apples do Zob and Quil have
-together?``; the numbers are drawn per problem and kept in the item (``item["facts"]``: ``{"apples of Zob":
-37, "apples of Quil": 15}``), so no model can know them: it has to call ``lookup`` once per entity, then
+A problem names a thing and two or three numbered boxes, e.g. ``How many apples do box 417 and box 238 have
+together?``; the numbers are drawn per problem and kept in the item (``item["facts"]``: ``{"apples of box
+417": 37, "apples of box 238": 15}``), so no model can know them: it has to call ``lookup`` once per entity, then
 combine the results (``37 + 15 = 52`` / ``The answer is 52.``; reward 1 if the final answer is right). Some
 problems add or take away a number given in the question. A ``python`` tool runs code in the reward sandbox
 (:mod:`asyncrl.reward.sandbox`); no problem needs it, and the reference transcripts use it rarely
@@ -33,18 +33,17 @@ from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
 ANSWER_RE = re.compile(r"answer is\s*(-?\d+)")
-MAX_REPEATS = 10_000
 OPS = "+-"
 
-ONSETS = ("B", "D", "F", "G", "J", "K", "L", "M", "N", "P", "R", "S", "T", "V", "Z", "Qu")
-VOWELS = ("a", "e", "i", "o", "u")
-CODAS = ("b", "l", "n", "x")
-NAMES = tuple(o + v + c for o in ONSETS for v in VOWELS for c in CODAS)  # 320 made-up names: Zob, Quil, Dax
+NAMES = tuple(f"box {n}" for n in range(100, 1000))
+"""900 entities, named by number: a tiny model copies a number into its tool call with the skill it has from
+arithmetic (its digit tokens come from the arithmetic checkpoint); made-up words were new tokens to it, and a
+4-layer model fine-tuned for 400 steps invented names instead of copying them (0 of 100 held-out solved)."""
 THINGS = ("apples", "coins", "books", "shells", "stamps", "marbles", "cards", "pens", "keys", "cups", "hats",
           "rings")
 
 LOOKUP_TOOL = {"type": "function", "function": {
-    "name": "lookup", "description": "The number stored under a key, such as 'apples of Name'.",
+    "name": "lookup", "description": "The number stored under a key, such as 'apples of box 417'.",
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
 PYTHON_TOOL = {"type": "function", "function": {
     "name": "python", "description": "Run Python code; returns what it prints.",
@@ -112,6 +111,7 @@ class LookupTask:
         answer = values_total(values, ops)
         facts = {f"{thing} of {name}": v for name, v in zip(names, values)}
         question = _question(names, thing, ops, values[-1] if given else None)
+        question = question[0].upper() + question[1:]
         item = {"question": question, "answer": str(answer), "facts": facts, "thing": thing, "names": names,
                 "ops": "".join(ops), "given": values[-1] if given else None}
         item["transcript"] = self.transcript(item)
@@ -126,19 +126,9 @@ class LookupTask:
 
     def split(self, seed: int, size: int) -> list[dict]:
         """A fixed list of ``size`` distinct problems (the held-out split)."""
-        rng, seen, items, repeats = random.Random(seed), set(), [], 0
-        while len(items) < size:
-            item = self.problem(rng)
-            if item["question"] in seen:
-                repeats += 1
-                if repeats >= MAX_REPEATS:
-                    raise ValueError(f"its options allow only about {len(items)} distinct problems, fewer than "
-                                     f"{size}")
-                continue
-            repeats = 0
-            seen.add(item["question"])
-            items.append(item)
-        return items
+        from asyncrl.data.arith import distinct_problems  # asyncrl.data imports this module
+
+        return distinct_problems(self.problem, seed, size)
 
     # ---- reference transcripts (SFT) ---------------------------------------------------------------------
     def transcript(self, item: dict) -> list[dict]:
@@ -250,10 +240,10 @@ def lookup_reward(prompt: str, completion: str, answer: str, **_) -> float:
 
 # ---- tools ---------------------------------------------------------------------------------------------
 def normalize_key(key: str) -> str:
-    """Case and spacing ignored; ``Zob's apples`` and ``Zob apples`` read as ``apples of Zob``."""
+    """Case and spacing ignored; ``box 417's apples`` and ``box 417 apples`` read as ``apples of box 417``."""
     words = str(key).replace("'s ", " ").casefold().split()
-    if len(words) == 2:
-        words = [words[1], "of", words[0]]
+    if len(words) >= 2 and "of" not in words:
+        words = [words[-1], "of", *words[:-1]]
     return " ".join(words)
 
 
