@@ -44,8 +44,12 @@ def train(cfg: TrainConfig) -> dict:
             run_dir, stop.buffer = parts.run_dir, parts.buffer
             try:
                 return run(parts)
-            except Exception:  # a failure, the watchdog or a signal (StopRequested): keep what was trained
+            except Exception as e:  # a failure, the watchdog or a signal (StopRequested): keep what was trained
                 _save_last(parts)
+                dead = ranks.failed() if ranks is not None else []
+                if dead:  # the collective that failed is the symptom; the rank's death is the cause
+                    raise RuntimeError(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
+                                       "its last checkpoint") from e
                 raise
     finally:  # after every part is closed: nothing competes with the plots, and the files are complete
         if ranks is not None:

@@ -241,3 +241,42 @@ def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in
                                "rollout.max_context=8192"), 32768) == 8192
     with pytest.raises(ConfigError, match="rollout.max_context=9000 exceeds the model's max_position_embeddings"):
         context_len(rollout("rollout.max_context=9000"), 4096)
+
+
+@pytest.mark.slow
+def test_a_trainer_rank_that_dies_ends_the_run_with_a_checkpoint_to_resume_from(tmp_path, tiny_model_dir):
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}",
+            "progress_bar=false", "report=false", "actor.backend=ddp:d2", "train_dataset.batch_size=2",
+            "gconfig.n_samples=4", "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
+            "rollout.max_slots=16", "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward",
+            "saver.freq_steps=1", "max_train_time_s=0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(args + ["total_train_steps=500"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "asyncrl" / "default"
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.jsonl").exists() or len((run_dir / "metrics.jsonl").read_text().splitlines()) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    ps = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True,
+                        text=True).stdout
+    ranks = [int(line.split()[0]) for line in ps.splitlines() if "asyncrl-rank-config" in line]
+    assert len(ranks) == 1, ps
+    rank1 = ranks[0]
+    os.kill(rank1, signal.SIGKILL)
+    rc = proc.wait(timeout=120)
+    err = proc.stderr.read()
+    assert rc == 1 and "a trainer rank died" in err, err[-3000:]
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    done = int(latest[4:])
+    resumed = subprocess.run(args + [f"total_train_steps={done + 1}"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(done + 2))
