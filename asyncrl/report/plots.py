@@ -81,7 +81,17 @@ def plot_staleness(run: Run, plt) -> bytes:
 
 def plot_throughput(run: Run, plt) -> bytes:
     steps = run.steps
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 4.6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    tools = tool_waits(steps)  # agentic runs: how many episodes were waiting on tools, on average, per step
+    rows = 3 if tools[0] else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 4.6 + 1.6 * (rows - 2)), sharex=True,
+                             gridspec_kw={"height_ratios": [2, 1, 1][:rows]})
+    ax, bx = axes[0], axes[1]
+    if tools[0]:
+        axes[2].plot(*tools, color="#9467bd", label="episodes waiting on tools (mean over the step)")
+        axes[2].set_ylabel("episodes")
+        axes[2].set_xlabel("wall time (s)")
+        axes[2].grid(alpha=0.3)
+        axes[2].legend(loc="best", fontsize=8)
     ax.plot(*_series(steps, "elapsed_s", "gen_tokens_per_s"), color=GEN_COLOR, label="generated tokens/s")
     ax.plot(*_series(steps, "elapsed_s", "train_tokens_per_s"), color="#1f77b4",
             label="trained tokens/s (while training)")
@@ -95,6 +105,8 @@ def plot_throughput(run: Run, plt) -> bytes:
     bx.set_xlabel("wall time (s)")
     bx.grid(alpha=0.3)
     bx.legend(loc="best", fontsize=8)
+    if rows == 3:
+        bx.set_xlabel("")  # the tools' panel below carries the axis
     return _png(fig, plt)
 
 
@@ -164,6 +176,21 @@ def _series(records: list[dict], xkey: str, y: str | Callable[[dict], float | No
         if x is not None and value is not None:
             xs.append(x)
             ys.append(value)
+    return xs, ys
+
+
+def tool_waits(records: list[dict]) -> tuple[list[float], list[float]]:
+    """(wall time, mean number of episodes waiting on tools during the step): the step's share of the
+    cumulative ``agent_tool_s`` over its ``step_time_s``. Empty for runs without agent metrics."""
+    xs, ys, before = [], [], 0.0
+    for r in records:
+        total, x, step = finite(r.get("agent_tool_s")), finite(r.get("elapsed_s")), finite(r.get("step_time_s"))
+        if total is None:
+            continue
+        if x is not None and step:
+            xs.append(x)
+            ys.append((total - before) / step)
+        before = total
     return xs, ys
 
 
