@@ -291,7 +291,7 @@ def test_hostile_program_scores_zero_in_time_and_leaves_nothing(name, mechanism,
     from asyncrl.reward.code_reward import CodeCase, case_passed
 
     assert not case_passed(CodeCase(stdout=expected), result), result
-    assert elapsed < limits.wall_s + 1.5
+    assert elapsed < limits.wall_s + 5  # ended by the wall limit, not hung (slack for a loaded machine)
     assert no_leftovers(result.tag, result.uid)
     assert not outside.exists() and not hits
 
