@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("--out", default="outputs/tiny-init", help="output directory")
     init.add_argument("--task", choices=["arith", "lookup"], default="arith",
                       help="the task whose text the tokenizer is trained on: arith (the shipped tiny-sft) | lookup "
-                           "(tool-use transcripts, <tool_call> tokens and a chat template with tools: tiny-agent)")
+                           "(tool-use transcripts, <tool_call> tokens and a chat template with tools: examples/sft_agent.yaml)")
     init.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary (default 1024; 512 for lookup)")
     init.add_argument("--hidden-size", type=int, default=256)
     init.add_argument("--layers", type=int, default=4)

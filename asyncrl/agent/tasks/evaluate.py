@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="python -m asyncrl.agent.tasks.evaluate", description=main.__doc__)
-    parser.add_argument("--model", default="builtin:tiny-agent")
+    parser.add_argument("--model", default="outputs/tiny-agent")
     parser.add_argument("--task", default="lookup")
     parser.add_argument("--min-terms", type=int, default=2)
     parser.add_argument("--max-terms", type=int, default=3)
