@@ -69,7 +69,7 @@ class Checkpointer:
         try:
             self.trainer.save(str(tmp), self.tokenizer)
             if state is not None:
-                torch.save(training_state(self.trainer), tmp / TRAINER_STATE)
+                torch.save(training_state(self.trainer, tmp), tmp / TRAINER_STATE)
                 torch.save({"ready": state.ready, "inflight": state.inflight}, tmp / ROLLOUTS)
                 _write_json(tmp / RUN_STATE, {k: getattr(state, k) for k in
                                               ("version", "drawn", "accepted", "rejected", "elapsed_s",
@@ -100,16 +100,17 @@ class Checkpointer:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def training_state(trainer) -> dict:
-    """The optimizer and the RNGs, for an exact resume."""
-    return {"trainer": trainer.training_state(), "rng": {
+def training_state(trainer, directory: Path | None = None) -> dict:
+    """The optimizer and the RNGs, for an exact resume (FSDP ranks write their optimizer shards to
+    ``directory``)."""
+    return {"trainer": trainer.training_state(None if directory is None else str(directory)), "rng": {
         "python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
 
 
 def restore_training_state(trainer, path: Path) -> None:
     state = torch.load(path / TRAINER_STATE, weights_only=False)
-    trainer.load_training_state(state["trainer"])
+    trainer.load_training_state(state["trainer"], str(path))
     rng = state["rng"]
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])

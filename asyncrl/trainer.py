@@ -19,6 +19,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -34,6 +35,9 @@ from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, 
 from asyncrl.parallel import DataParallel
 from asyncrl.types import Batch
 
+
+OPTIMIZER_SHARDS = "optimizer-shards"
+"""Where each FSDP rank writes its shard of the optimizer state in a checkpoint (torch.distributed.checkpoint)."""
 
 class NonFiniteWeights(RuntimeError):
     """The policy holds NaN or inf weights; they are never saved or published."""
@@ -458,27 +462,43 @@ class Trainer:
         if self.dp is not None and self.dp.fsdp:
             self._full = self.dp.full_state_dict(self.model)
 
-    def training_state(self) -> dict:
+    def training_state(self, directory: str | None = None) -> dict:
         """What an exact resume needs beyond the weights: the optimizers' state, the step count and the value
-        head. Under FSDP every rank must call this (the optimizer state is gathered to rank 0)."""
+        head. Under FSDP every rank must call this with the same ``directory``: each rank writes its shard of
+        the optimizer state there (``torch.distributed.checkpoint``, subdirectory ``OPTIMIZER_SHARDS``); without
+        one it is gathered whole to rank 0."""
         if self.dp is not None and self.dp.fsdp:
+            import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-            optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if directory is not None:
+                dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
+                         checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
+                optim = OPTIMIZER_SHARDS
+            else:
+                optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         else:
             optim = self.optimizer.state_dict()
         return {"optimizer": optim, "steps_done": self.steps_done,
                 "critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict(),
                 "value_head": None if self.value_head is None else self.value_head.state_dict()}
 
-    def load_training_state(self, state: dict) -> None:
-        """Restore ``training_state()`` (under FSDP on every rank; rank 0's full state is scattered)."""
+    def load_training_state(self, state: dict, directory: str | None = None) -> None:
+        """Restore ``training_state()`` saved in ``directory`` (under FSDP on every rank: each reads the shards
+        it needs, whatever the number of ranks that wrote them)."""
         if self.dp is not None and self.dp.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                                 set_optimizer_state_dict)
 
-            set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+            if state["optimizer"] == OPTIMIZER_SHARDS:
+                optim = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+                dcp.load(optim, checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
+                set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=optim["optimizer"])
+            else:
+                set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         else:
             self.optimizer.load_state_dict(state["optimizer"])
         self.steps_done = state["steps_done"]

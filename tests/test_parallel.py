@@ -224,6 +224,8 @@ def test_the_local_launcher_runs_two_ranks_end_to_end(tmp_path, tiny_model_dir, 
     run_dir = tmp_path / "asyncrl" / "default"
     assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
     assert "resuming from" in done.stderr and (run_dir / "checkpoints" / "step4").is_dir()
+    if backend.startswith("fsdp"):  # each rank wrote its shard of the optimizer state
+        assert len(list((run_dir / "checkpoints" / "step4" / "optimizer-shards").glob("*.distcp"))) == 2
 
 
 def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in_engine():

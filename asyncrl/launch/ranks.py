@@ -87,11 +87,12 @@ class RankedTrainer:
         self.trainer.gather_weights()
         return stats
 
-    def training_state(self) -> dict:
-        """The optimizer state (FSDP: gathered from every rank, which is told to take part)."""
+    def training_state(self, directory: str | None = None) -> dict:
+        """The optimizer state (FSDP: every rank is told to take part: to write its shard to ``directory``, a
+        path all ranks see, or to gather it to rank 0)."""
         if self.dp.fsdp:
-            self.dp.scatter([("state", None, None)] * self.dp.world)
-        return self.trainer.training_state()
+            self.dp.scatter([("state", directory, None)] * self.dp.world)
+        return self.trainer.training_state(directory)
 
     def state_dict(self):
         return self.trainer.state_dict()
@@ -115,7 +116,7 @@ def serve_rank(trainer, dp: DataParallel) -> None:
             return
         kind, shard, version = message
         if kind == "state":
-            trainer.training_state()
+            trainer.training_state(shard)  # the checkpoint's directory
             continue
         dp.gather(trainer.step(shard, version))
         trainer.gather_weights()
