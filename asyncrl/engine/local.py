@@ -74,6 +74,11 @@ class _Seq:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    draw_seed: int | None = None  # the seed of this sample's draws (its request's seed and its index)
+
+    def __post_init__(self):
+        if self.req.params.seed is not None:
+            self.draw_seed = derive_seed(self.req.params.seed, self.index)
 
     @property
     def cached(self) -> int:  # positions held in the KV cache
@@ -425,13 +430,13 @@ class LocalEngine:
         """Counter-based draws when some request has a seed (``SamplingParams.seed``): a seeded sample's draw
         depends on its seed, its index among the request's samples and the token's position only; unseeded
         rows draw from the engine's generator. None when no request is seeded (the generator alone)."""
-        if rows.all_greedy or all(s.req.params.seed is None for s in seqs):
+        if rows.all_greedy or all(s.draw_seed is None for s in seqs):
             return None
-        drawn = torch.rand(len(seqs), generator=self.generator, device=self.device).cpu().tolist()
-        seeds = [derive_seed(s.req.params.seed, s.index) if s.req.params.seed is not None else None for s in seqs]
-        counted = counter_uniforms([sd or 0 for sd in seeds], [len(s.tokens) for s in seqs]).tolist()
-        return torch.tensor([c if sd is not None else d for sd, c, d in zip(seeds, counted, drawn)],
-                            dtype=torch.float32)
+        counted = counter_uniforms([s.draw_seed or 0 for s in seqs], [len(s.tokens) for s in seqs])
+        unseeded = [i for i, s in enumerate(seqs) if s.draw_seed is None]
+        if unseeded:  # requests without a seed draw from the engine's generator, as without any seed
+            counted[unseeded] = torch.rand(len(unseeded), generator=self.generator, device=self.device).cpu()
+        return counted
 
     def _retire(self) -> None:
         """Finish sequences that hit a stop token or string or their length limit; keep slots contiguous."""
