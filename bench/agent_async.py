@@ -21,24 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from machine import cpu  # bench/ is on the path of a script run from it
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
-        return platform.processor()
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    flags = fields.get("Flags", "")
-    wide = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags.split()]
-    return f"{fields.get('Model name', '?').strip()} ({', '.join(wide)}), {os.cpu_count()} CPUs"
 
 
 def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
@@ -96,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     print(f"# agent_async: {args.steps} steps of {args.batch}x{args.n} episodes, up to {args.attempts} checked attempts, tool latency "
-          f"median {args.latency}s p99 {args.p99}s; {cpu_model()}")
+          f"median {args.latency}s p99 {args.p99}s; {cpu()}")
     results = [run_arm(int(e), args, out) for e in args.etas.split(",")]
     base = next((r for r in results if r["eta"] == 0), None)
     print("| η | steps | train s | s/step | speedup | time to target s | its speedup | final acc | gen busy | "

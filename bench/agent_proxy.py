@@ -16,23 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
-import subprocess
 import time
 
+from machine import cpu  # bench/ is on the path of a script run from it
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-def cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), "?")
-        flags = next((l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("Flags")), [])
-        wide = [f for f in flags if f.startswith(("avx512f", "avx2", "amx"))]
-        return f"{model} ({' '.join(wide)}, {os.cpu_count()} cores)"
-    except OSError:
-        return platform.processor()
 
 
 async def main(args) -> None:

@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu  # bench/ is on the path of a script run from it
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-
-
-def cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), "?")
-    flags = next((l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("Flags")), [])
-    return f"{model} ({' '.join(f for f in flags if f.startswith(('avx512f', 'avx2', 'amx')))})"
 
 
 def size_mb(path: Path) -> float:

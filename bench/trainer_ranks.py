@@ -21,15 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu  # bench/ is on the path of a script run from it
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-
-
-def cpu() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name")), "?")
-    flags = next((l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("Flags")), [])
-    return f"{model} ({' '.join(f for f in flags if f.startswith(('avx512f', 'avx2', 'amx')))}, {os.cpu_count()} cores)"
 
 
 def run(name: str, steps: int, out: Path, *overrides: str) -> dict:
