@@ -15,6 +15,7 @@ from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
 from asyncrl.launch.config import LAUNCHERS, ClusterConfig
+from asyncrl.lora import LoraConfig
 from asyncrl.metrics import StatsLoggerConfig
 from asyncrl.reward.config import RewardConfig
 from asyncrl.watchdog import WatchdogConfig
@@ -27,6 +28,8 @@ class ModelConfig:
     """A Hugging Face model directory, or ``builtin:NAME`` for a checkpoint shipped with asyncrl."""
     dtype: str = "float32"
     """Weights dtype for training and generation: float32 | bfloat16."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (through peft; rank 0 = off, every weight trains)."""
 
 
 @dataclass
@@ -139,6 +142,7 @@ class TrainConfig:
         if not 0 < self.gconfig.top_p <= 1:
             raise ConfigError(f"gconfig.top_p must be in (0, 1], got {self.gconfig.top_p}")
         self.rollout.validate()
+        self.model.lora.validate()
         self.task.validate()
         self.train_dataset.validate()
         self.reward.validate()
@@ -167,11 +171,21 @@ class TrainConfig:
 @dataclass
 class SFTConfig:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="builtin:tiny-init"))
-    """The model to fine-tune."""
+    """The model to fine-tune (model.lora.rank > 0: train LoRA adapters only)."""
     task: TaskConfig = field(default_factory=TaskConfig)
-    """The built-in task whose reference solutions are the training targets."""
+    """The built-in task whose reference solutions are the training targets (when train_dataset.path is empty
+    or builtin:NAME)."""
+    train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
+    """Training examples, read as `asyncrl train` reads them (path, type, fields, prompt_template, ...):
+    prompt + response rows (question/prompt with solution/response/answer) or chat rows (messages: loss on
+    the assistant turns only). batch_size here is ignored: see the top-level batch_size."""
+    valid_dataset: ValidDatasetConfig = field(default_factory=ValidDatasetConfig)
+    """Held-out prompts for evaluation during SFT (a file, or held out of the training source)."""
+    reward: RewardConfig = field(default_factory=lambda: RewardConfig(workers=0))
+    """How held-out answers are scored (reward.fn empty = the data's own verifier): the same reward.fn as RL."""
     output: str = "outputs/sft"
-    """Directory of the resulting HF checkpoint."""
+    """Directory of the resulting HF checkpoint (with model.lora: the adapter, and the merged model in
+    OUTPUT/merged)."""
     seed: int = 0
     """Seed of the training stream and initialisation."""
     steps: int = 1000
@@ -188,11 +202,22 @@ class SFTConfig:
     """Torch threads."""
     eval_every: int = 0
     """Evaluate held-out accuracy every N steps (0 = only at the end)."""
-    valid_dataset: ValidDatasetConfig = field(default_factory=ValidDatasetConfig)
-    """Held-out prompts."""
+    save_every: int = 0
+    """Also write a checkpoint to OUTPUT/stepN every N steps (0 = only the final one in OUTPUT)."""
+    max_length: int = 0
+    """Longest example in tokens (0 = the model's context); longer examples are skipped and counted."""
+    pack: bool = True
+    """Pack several examples side by side into one row (attention stays within each example) instead of
+    padding each to the longest."""
+    max_new_tokens: int = 96
+    """Most tokens generated per held-out answer in evaluation."""
 
     def validate(self) -> None:
-        _positive(self, ["steps", "batch_size", "lr", "threads", "valid_dataset.size"])
+        _positive(self, ["steps", "batch_size", "lr", "threads", "valid_dataset.size", "max_new_tokens"])
+        _non_negative(self, ["eval_every", "save_every", "max_length", "warmup_steps"])
+        self.model.lora.validate()
+        self.train_dataset.validate()
+        self.reward.validate()
 
 
 @dataclass
@@ -201,25 +226,38 @@ class EvalConfig:
     """The checkpoint to evaluate."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The built-in task (evaluated unless valid_dataset.path names a file)."""
+    train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
+    """Row format of the file (type, fields, prompt_template), as in training; with valid_dataset.path empty,
+    the held-out split of this training source is evaluated."""
     valid_dataset: ValidDatasetConfig = field(default_factory=ValidDatasetConfig)
     """Held-out prompts: the built-in task's held-out split, or the file valid_dataset.path (row format
     detected from its fields; its first `size` rows are evaluated)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """How answers are scored (reward.fn empty = the data's own verifier; reward.default for failures)."""
+    n_samples: int = 1
+    """Answers generated per prompt (n): pass@k and mean@k are computed from them."""
+    k: list[int] = field(default_factory=lambda: [1])
+    """The k of pass@k (unbiased estimator over n samples) to report; each must be <= n_samples."""
     greedy: bool = True
-    """Greedy decoding (else sample at temperature)."""
+    """Greedy decoding (else sample at temperature; n_samples > 1 needs greedy=false)."""
     temperature: float = 1.0
     """Sampling temperature when not greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass when not greedy (1.0 = off)."""
     max_new_tokens: int = 64
     """Most tokens generated per answer."""
+    output: str = "outputs/eval/results.jsonl"
+    """Per-item results as JSONL (prompt, answers, rewards, pass@k); '' = do not write them."""
     threads: int = 2
     """Torch threads."""
     seed: int = 0
     """Sampling seed."""
 
     def validate(self) -> None:
-        _positive(self, ["max_new_tokens", "threads", "valid_dataset.size"])
+        _positive(self, ["max_new_tokens", "threads", "valid_dataset.size", "n_samples"])
         self.reward.validate()
+        self.model.lora.validate()
+        self.train_dataset.validate()
 
 
 def _get(cfg, dotted: str):
