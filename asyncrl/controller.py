@@ -15,6 +15,7 @@ from pathlib import Path
 
 from asyncrl.config import TrainConfig
 from asyncrl.data.collate import collate
+from asyncrl.data.config import source_lookup
 from asyncrl import parallel
 from asyncrl.configlib import ConfigError
 from asyncrl.launch.build import Parts, assemble, build_rank_trainer
@@ -42,6 +43,7 @@ def train(cfg: TrainConfig) -> dict:
     try:
         with GracefulStop() as stop, assemble(cfg, dp, resume) as parts:
             run_dir, stop.buffer = parts.run_dir, parts.buffer
+            parts.meter.source_of = source_lookup(cfg.train_dataset)  # a mixture's metrics per source
             try:
                 return run(parts)
             except Exception as e:  # a failure, the watchdog or a signal (StopRequested): keep what was trained

@@ -1,7 +1,9 @@
 """Held-out evaluation: one answer per item from any engine, scored by a reward function.
 
 ``eval_accuracy`` is the fraction of items whose reward reaches ``success_threshold`` (1.0: a fully correct
-answer under the usual 0/1 verifiers); ``eval_reward_mean`` is the plain mean reward.
+answer under the usual 0/1 verifiers); ``eval_reward_mean`` is the plain mean reward. Items tagged with a
+``source`` (a training mixture's held-out items, or a file's own ``source`` column) also get both per source:
+``eval_accuracy/NAME``, ``eval_reward_mean/NAME``.
 """
 
 from __future__ import annotations
@@ -47,8 +49,22 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
         "eval_reward_mean": sum(scores) / len(scores),
         "eval_reward_errors": errors,
         "eval_len_mean": sum(lengths) / len(lengths),
+        **by_source(items, scores, success_threshold),
         "eval_time_s": time.perf_counter() - t0,
     }
+
+
+def by_source(items: list[dict], scores: list[float], success_threshold: float = 1.0) -> dict:
+    """``eval_accuracy/NAME`` and ``eval_reward_mean/NAME`` for the items tagged with a ``source``."""
+    per: dict[str, list[float]] = {}
+    for item, score in zip(items, scores):
+        if item.get("source") is not None:
+            per.setdefault(str(item["source"]), []).append(score)
+    out = {}
+    for name, s in per.items():
+        out[f"eval_accuracy/{name}"] = sum(x >= success_threshold for x in s) / len(s)
+        out[f"eval_reward_mean/{name}"] = sum(s) / len(s)
+    return out
 
 
 async def _generate_all(engine: Engine, prompts: list[list[int]], params: SamplingParams):

@@ -71,13 +71,29 @@ def batch_stats(batch: Batch, version: int) -> dict:
     }
 
 
+def source_stats(groups: list, source_of: Callable[[object], str | None], sources: list[str] = ()) -> dict:
+    """Per source of a training mixture: ``samples/NAME`` (0 for a source of ``sources`` absent from this
+    batch) and ``reward_mean/NAME`` (only when it has samples). ``source_of`` maps a group's ``item_id`` to its
+    source's name (None: not counted)."""
+    rewards: dict[str, list[float]] = {name: [] for name in sources}
+    for g in groups:
+        name = source_of(g.item_id)
+        if name is not None:
+            rewards.setdefault(name, []).extend(t.reward for t in g.trajectories)
+    out = {f"samples/{name}": len(r) for name, r in rewards.items()}
+    out.update({f"reward_mean/{name}": sum(r) / len(r) for name, r in rewards.items() if r})
+    return out
+
+
 class StepMeter:
     """Builds each step's record: the batch's statistics, the trainer's, rates over the step's wall time
     (generation from the engine's counters) and the counters of the other parts (callables returning dicts,
-    read once per step)."""
+    read once per step). With ``source_of`` (a training mixture's item id -> source name), the record has the
+    batch's ``samples/NAME`` and ``reward_mean/NAME`` too (:func:`source_stats`)."""
 
-    def __init__(self, engine_stats: Callable, counters: list[Callable[[], dict]]):
-        self.engine_stats, self.counters = engine_stats, counters
+    def __init__(self, engine_stats: Callable, counters: list[Callable[[], dict]],
+                 source_of: Callable[[object], str | None] | None = None):
+        self.engine_stats, self.counters, self.source_of = engine_stats, counters, source_of
         self.last_save = 0.0  # elapsed time of the last checkpoint
         self.start()
 
@@ -102,6 +118,8 @@ class StepMeter:
             "trainer_wait_s": wait_s, "weight_sync_s": sync_s, "step_time_s": dt, "elapsed_s": now - self.t_start,
             "interruptions": engine.interruptions,
         }
+        if self.source_of is not None:
+            record.update(source_stats(groups, self.source_of, getattr(self.source_of, "names", ())))
         for counters in self.counters:
             record.update(counters())
         record.update(train)

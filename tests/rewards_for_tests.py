@@ -17,3 +17,19 @@ def constant_reward(prompt, completion, **_):
 
 def huge_reward(prompt, completion, **_):
     return 1e300
+
+
+def one_reward(prompt, completion, **_):
+    """Always 1.0: tells apart which function scored a sample (with constant_reward's 0.0)."""
+    return 1.0
+
+
+def scale_reward(prompt, completion, scale=1.0, **_):
+    """Returns its ``scale`` keyword: shows which kwargs were bound."""
+    return float(scale)
+
+
+def even_length_reward(prompt, completion, **_):
+    """1.0 for a completion of an even number of characters: about half of a random model's samples, so
+    pass@k and mean@n have successes and failures to count."""
+    return float(len(completion) % 2 == 0)

@@ -5,17 +5,25 @@ arguments; this module is the only place that reads the sections."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from asyncrl.configlib import ConfigError
-from asyncrl.data import Dataset, file_dataset, file_eval_set, gym_dataset, make_task, task_dataset
+from asyncrl.data import (Dataset, MixtureSchedule, file_dataset, file_eval_set, gym_dataset, make_task,
+                          mixture_dataset, split_sizes, task_dataset)
 from asyncrl.data.formats import check_template
 from asyncrl.data.gym import PREFIX as GYM_PREFIX
 
-ROW_TYPES = ("auto", "gsm8k", "math", "qa", "code")
+ROW_TYPES = ("auto", "gsm8k", "math", "qa", "code", "chat")
 ITEM_FIELDS = ("question", "answer", "solution", "tests", "fn_name")
 BUILTIN_PREFIX = "builtin:"
+MIXTURE_KEYS = ("name", "path", "weight", "type", "fields", "prompt_template", "split", "gym_options", "valid_path",
+                "reward_fn", "reward_kwargs")
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass
@@ -54,8 +62,9 @@ class TrainDatasetConfig:
     from anywhere)."""
     type: str = "auto"
     """Row format: auto | gsm8k (answer ends with '#### 42') | math (problem + solution with \\boxed{}) |
-    qa (question + answer) | code (question + tests). auto decides from the first row's fields. Sets the
-    default reward: math-verify for gsm8k/math/qa, the sandboxed code reward for code."""
+    qa (question + answer) | code (question + tests) | chat (messages: a list of {role, content} turns; the
+    prompt is every turn before the last assistant turn). auto decides from the first row's fields. Sets the
+    default reward: math-verify for gsm8k/math/qa/chat, the sandboxed code reward for code."""
     fields: dict = field(default_factory=dict)
     """Field mapping {item field: column}, e.g. {question: problem, answer: final_answer}. Unmapped fields
     are looked for under their usual names (question/problem/prompt, answer, solution, tests/input_output)."""
@@ -76,24 +85,77 @@ class TrainDatasetConfig:
     false = stop at the first one with that error."""
     gym_options: dict = field(default_factory=dict)
     """Options of the reasoning-gym task's config for 'gym:NAME', e.g. {min_terms: 2, max_terms: 4}."""
+    mixture: list[dict] = field(default_factory=list)
+    """Several training sources mixed by weight (empty = the single source `path`). Each entry: path
+    (required; a file, builtin:NAME or gym:NAME, as `path`), name (default: the file's stem or the task's
+    name; names label the metrics), weight (default 1.0; the share of the stream is weight / total weight),
+    type, fields, prompt_template, split, gym_options (default: the train_dataset keys of the same names),
+    valid_path (a held-out file for a file source; else its share of valid_dataset.size, in proportion to
+    weight and at least 1, is held out of it), reward_fn (package.module:function; default: reward.fn if
+    set, else the source's own verifier) and reward_kwargs (bound to that source's function, over
+    reward.kwargs). The stream draws each item's source by a weighted choice seeded by train_dataset.seed
+    (entry i's own stream is seeded with seed + i); items carry `source`, the name. Metrics per source:
+    reward_mean/NAME and samples/NAME each step, eval_accuracy/NAME and eval_reward_mean/NAME at
+    evaluations. E.g. train_dataset.mixture=[{path:
+    asyncrl/assets/data/gsm8k_train.jsonl, weight: 3, valid_path: asyncrl/assets/data/gsm8k_test.jsonl},
+    {name: arith, path: 'builtin:arith', reward_fn: 'my_rewards:partial_credit'}]; the other train_dataset
+    keys (seed, shuffle, skip_bad_rows, max_prompt_tokens) apply to every source, and `path` stays empty."""
 
     def validate(self) -> None:
-        if self.type not in ROW_TYPES:
-            raise ConfigError(f"train_dataset.type must be one of {list(ROW_TYPES)}, got '{self.type}'")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 0:
             raise ConfigError(f"train_dataset.max_prompt_tokens must be >= 0 (0 = no limit), got "
                               f"{self.max_prompt_tokens}")
-        unknown = set(self.fields) - set(ITEM_FIELDS)
-        if unknown:
-            raise ConfigError(f"train_dataset.fields: unknown item field(s) {sorted(unknown)}; map one of "
-                              f"{', '.join(ITEM_FIELDS)}")
-        for name, column in self.fields.items():
-            if not isinstance(column, str) or not column:
-                raise ConfigError(f"train_dataset.fields.{name} must be a column name, got {column!r}")
-        try:
-            check_template(self.prompt_template)
-        except ValueError as e:
-            raise ConfigError(f"train_dataset.prompt_template: {e}") from None
+        _check_rows("train_dataset", self.type, self.fields, self.prompt_template)
+        if not isinstance(self.mixture, list):
+            raise ConfigError(f"train_dataset.mixture must be a list of sources, got {self.mixture!r}")
+        if self.mixture and self.path:
+            raise ConfigError("train_dataset.path and train_dataset.mixture are exclusive: put the path in a "
+                              "mixture entry ({path: ...}) and leave train_dataset.path empty")
+        names = [self._check_entry(i, entry) for i, entry in enumerate(self.mixture)]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ConfigError(f"train_dataset.mixture[{i}].name: '{name}' is the name of entry "
+                                  f"{names.index(name)} too; give each source its own name")
+
+    def _check_entry(self, i: int, entry) -> str:
+        """Check mixture entry ``i`` (one-line errors naming ``train_dataset.mixture[i].KEY``); its name."""
+        key = f"train_dataset.mixture[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{key} must be a mapping such as {{path: data.jsonl, weight: 2}}, got {entry!r}")
+        for k in entry:
+            if k not in MIXTURE_KEYS:
+                near = difflib.get_close_matches(str(k), MIXTURE_KEYS, n=1)
+                hint = f"did you mean '{near[0]}'?" if near else f"valid keys: {', '.join(MIXTURE_KEYS)}"
+                raise ConfigError(f"{key}.{k}: unknown key; {hint}")
+        path = entry.get("path")
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"{key}.path is required: a file, 'builtin:NAME' or 'gym:NAME', got {path!r}")
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                or weight <= 0:
+            raise ConfigError(f"{key}.weight must be a number > 0, got {weight!r}")
+        for k in ("type", "prompt_template", "split", "valid_path", "reward_fn"):
+            if k in entry and not isinstance(entry[k], str):
+                raise ConfigError(f"{key}.{k} must be a string, got {entry[k]!r}")
+        for k in ("fields", "gym_options", "reward_kwargs"):
+            if k in entry and not isinstance(entry[k], dict):
+                raise ConfigError(f"{key}.{k} must be a mapping, got {entry[k]!r}")
+        source = _entry(self, entry)
+        _check_rows(key, source.type, source.fields, source.prompt_template)
+        if entry.get("valid_path") and _source(path)[0] != "file":
+            raise ConfigError(f"{key}.valid_path is for a file source; a task ({path}) holds out its own split")
+        if entry.get("reward_fn"):
+            from asyncrl.reward.base import load_reward_fn
+
+            try:
+                load_reward_fn(entry["reward_fn"])
+            except ValueError as e:
+                raise ConfigError(f"{key}.reward_fn: {e}") from None
+        name = entry.get("name", _default_name(path))
+        if not isinstance(name, str) or not SOURCE_NAME.fullmatch(name):
+            raise ConfigError(f"{key}.name must be letters, digits, '_', '-' or '.', got {name!r}"
+                              + ("" if "name" in entry else " (derived from the path: give a name)"))
+        return name
 
 
 @dataclass
@@ -121,6 +183,8 @@ def dataset_from_config(task: TaskConfig, train: TrainDatasetConfig, valid: Vali
     None: the model's context minus ``gconfig.max_new_tokens``."""
     task.validate()
     train.validate()
+    if train.mixture:
+        return _mixture(task, train, valid, tokenizer, default_max_prompt_tokens)
     kind, name = _source(train.path)
     if valid.path and kind != "file":
         raise ConfigError("valid_dataset.path is read with the training file's format: give train_dataset.path "
@@ -150,6 +214,77 @@ def eval_set_from_config(task: TaskConfig, valid: ValidDatasetConfig, train: Tra
     return file_eval_set(valid.path, size=valid.size, split=valid.split, tokenizer=tokenizer,
                          max_prompt_tokens=prompt_limit(train.max_prompt_tokens, default_max_prompt_tokens),
                          **_row_options(train))
+
+
+def source_lookup(train: TrainDatasetConfig) -> Callable[[int], str | None] | None:
+    """For a mixture, the source name of a training item id (its position in the stream), without reading any
+    data; None without a mixture."""
+    if not train.mixture:
+        return None
+    train.validate()
+    return MixtureSchedule(_names(train), [float(e.get("weight", 1.0)) for e in train.mixture], train.seed)
+
+
+def _mixture(task: TaskConfig, train: TrainDatasetConfig, valid: ValidDatasetConfig, tokenizer,
+             default_max_prompt_tokens: int | None) -> Dataset:
+    """Each entry's dataset (seed ``train.seed + i``, its share of the held-out size), then the mixture."""
+    from asyncrl.reward.base import MixtureReward, SourceReward, load_reward_fn
+
+    if valid.path:
+        raise ConfigError("valid_dataset.path is not read with train_dataset.mixture: give a file source its own "
+                          "held-out file (train_dataset.mixture[i].valid_path), or leave valid_dataset.path empty")
+    weights = [float(e.get("weight", 1.0)) for e in train.mixture]
+    sizes = split_sizes(valid.size, weights)
+    sources, rewards = {}, {}
+    for i, (name, entry) in enumerate(zip(_names(train), train.mixture)):
+        source = _entry(train, entry, seed=train.seed + i)
+        try:
+            data = dataset_from_config(task, source, dataclasses.replace(valid, size=sizes[i],
+                                                                         path=entry.get("valid_path", "")),
+                                       tokenizer=tokenizer, default_max_prompt_tokens=default_max_prompt_tokens)
+        except ConfigError as e:
+            raise ConfigError(f"train_dataset.mixture[{i}] ({name}): {e}") from None
+        sources[name] = (weights[i], data)
+        own = entry.get("reward_fn")
+        rewards[name] = SourceReward(load_reward_fn(own) if own else data.reward_fn,
+                                     dict(entry.get("reward_kwargs", {})), named=bool(own))
+    return mixture_dataset(sources, seed=train.seed, reward_fn=MixtureReward(rewards))
+
+
+def _entry(train: TrainDatasetConfig, entry: dict, seed: int | None = None) -> TrainDatasetConfig:
+    """A mixture entry as a single-source section: its keys over ``train``'s."""
+    keys = {k: entry[k] for k in ("path", "type", "fields", "prompt_template", "split", "gym_options") if k in entry}
+    return dataclasses.replace(train, mixture=[], **keys, **({} if seed is None else {"seed": seed}))
+
+
+def _names(train: TrainDatasetConfig) -> list[str]:
+    return [e.get("name", _default_name(e["path"])) for e in train.mixture]
+
+
+def _default_name(path: str) -> str:
+    """A source's default name: the task's name ('builtin' for 'builtin:', which is task.name), or the file's
+    stem."""
+    kind, name = _source(path)
+    if kind != "file":
+        return name or kind
+    return Path(name.rstrip("/")).stem
+
+
+def _check_rows(key: str, row_type: str, fields: dict, template: str) -> None:
+    """The row options of ``key`` (train_dataset or one of its mixture entries)."""
+    if row_type not in ROW_TYPES:
+        raise ConfigError(f"{key}.type must be one of {list(ROW_TYPES)}, got '{row_type}'")
+    unknown = set(fields) - set(ITEM_FIELDS)
+    if unknown:
+        raise ConfigError(f"{key}.fields: unknown item field(s) {sorted(unknown)}; map one of "
+                          f"{', '.join(ITEM_FIELDS)}")
+    for name, column in fields.items():
+        if not isinstance(column, str) or not column:
+            raise ConfigError(f"{key}.fields.{name} must be a column name, got {column!r}")
+    try:
+        check_template(template)
+    except ValueError as e:
+        raise ConfigError(f"{key}.prompt_template: {e}") from None
 
 
 def prompt_limit(configured: int | None, default: int | None) -> int | None:

@@ -65,3 +65,46 @@ class BoundReward:
         """Constant facts the function reports for metrics (e.g. the sandbox mechanism); {} if none."""
         describe = getattr(self.fn, "describe", None)
         return dict(describe(**self.kwargs)) if callable(describe) else {}
+
+
+@dataclass(frozen=True)
+class SourceReward:
+    """The reward of one source of a training mixture: ``fn`` with ``kwargs`` bound (over item fields).
+    ``named``: the source names its function (``train_dataset.mixture[i].reward_fn``), which ``reward.fn``
+    does not replace."""
+
+    fn: Callable[..., float]
+    kwargs: dict = field(default_factory=dict)
+    named: bool = False
+
+
+@dataclass(frozen=True)
+class MixtureReward:
+    """Scores an item with the reward function of its source: the item's ``source`` field names an entry of
+    ``sources`` (name -> :class:`SourceReward`). ``source`` is passed on like any other field. Picklable
+    whenever the functions are, so it travels to worker processes."""
+
+    sources: dict
+
+    def __call__(self, prompt: str, completion: str, source: str | None = None, **fields: Any) -> float:
+        try:
+            chosen = self.sources[source]
+        except (KeyError, TypeError):
+            raise ValueError(f"the item's source {source!r} is none of the mixture's {sorted(self.sources)}") from None
+        return chosen.fn(prompt, completion, source=source, **{**fields, **chosen.kwargs})
+
+    def with_defaults(self, fn: Callable[..., float] | None, kwargs: dict | None = None) -> "MixtureReward":
+        """``reward.fn`` and ``reward.kwargs`` applied: ``fn`` (if given) replaces the own verifier of every
+        source that does not name a function, and ``kwargs`` are bound for those sources under their own
+        ``reward_kwargs``. A source that names its function keeps it, with its own kwargs only."""
+        return MixtureReward({name: s if s.named else SourceReward(fn or s.fn, {**(kwargs or {}), **s.kwargs})
+                              for name, s in self.sources.items()})
+
+    def describe(self) -> dict:
+        """The constant facts of every source's function (e.g. the code reward's sandbox), merged."""
+        facts: dict = {}
+        for s in self.sources.values():
+            describe = getattr(s.fn, "describe", None)
+            if callable(describe):
+                facts.update(describe(**s.kwargs))
+        return facts
