@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command: train | sft | eval | serve | report | init-model.
+"""The ``asyncrl`` command: train | sft | eval | serve | report | init-model (``asyncrl.eval_run`` holds eval).
 
 Every start-up refusal (a bad config value, a model directory that is not one, a missing extra) prints one
 line naming the problem and the fix and exits with status 2; a run stopped by its own checks (the watchdog,
@@ -37,8 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _config_parser(sub, "train", "RL training (GRPO + decoupled PPO, asynchronous)")
     _config_parser(sub, "sft", "supervised fine-tuning on the task's reference solutions")
-    ev = _config_parser(sub, "eval", "held-out accuracy of a checkpoint")
-    ev.add_argument("--model", help="checkpoint directory (same as model.path=...)")
+    ev = _config_parser(sub, "eval", "held-out pass@k and mean@n of a checkpoint")
+    ev.description = ("held-out scores of a checkpoint: n_samples answers per prompt, scored by reward.fn (or the "
+                      "data's own verifier); prints pass@k, mean@n and eval_accuracy (= pass@1) as one JSON line and "
+                      "writes every item's answers and rewards to `output` (JSONL). E.g. asyncrl eval --model DIR "
+                      "valid_dataset.path=test.jsonl n_samples=8 greedy=false k=[1,8]")
+    ev.add_argument("--model", help="checkpoint directory, or a LoRA adapter directory (adapter_config.json: its "
+                                    "base model with the adapter merged); same as model.path=...")
     from asyncrl.report.cli import add_arguments as report_arguments
     from asyncrl.server.cli import add_arguments as serve_arguments
 
@@ -46,15 +51,25 @@ def main(argv: list[str] | None = None) -> int:
     serve_arguments(sub.add_parser("serve", help=serve_help, description=serve_help))
     report_help = "render RUN_DIR/report.html (plots of a run directory)"
     report_arguments(sub.add_parser("report", help=report_help, description=report_help))
-    init = sub.add_parser("init-model", help="build the tiny tokenizer and a randomly initialised model")
+    init_help = ("build a byte-level BPE tokenizer (trained on a built-in task's text, or on your own --corpus) and "
+                 "a randomly initialised tiny Qwen2 model")
+    init = sub.add_parser("init-model", help=init_help, description=init_help)
     init.add_argument("--out", default="outputs/tiny-init", help="output directory")
-    init.add_argument("--task", choices=["arith", "lookup"], default="arith",
-                      help="the task whose text the tokenizer is trained on: arith (the shipped tiny-sft) | lookup "
-                           "(tool-use transcripts, <tool_call> tokens and a chat template with tools: examples/sft_agent.yaml)")
-    init.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary (default 1024; 512 for lookup)")
-    init.add_argument("--hidden-size", type=int, default=256)
-    init.add_argument("--layers", type=int, default=4)
-    init.add_argument("--seed", type=int, default=0)
+    text = init.add_mutually_exclusive_group()
+    text.add_argument("--task", choices=["arith", "lookup"], default=None,
+                      help="the built-in task whose text the tokenizer is trained on: arith (the shipped tiny-sft; "
+                           "the default) | lookup (tool-use transcripts, <tool_call> tokens and a chat template "
+                           "with tools: examples/sft_agent.yaml)")
+    text.add_argument("--corpus", default="", metavar="FILE",
+                      help="train the tokenizer on your own text instead of a task's: a .txt file (one document "
+                           "per line) or a .jsonl/.json file of rows (their text fields: question, prompt, "
+                           "solution, response, answer, ...; and the contents of chat 'messages'), plus the chat "
+                           "template's words")
+    init.add_argument("--vocab-size", type=int, default=None,
+                      help="most BPE tokens (default 1024; 512 for --task lookup); a small corpus may give fewer")
+    init.add_argument("--hidden-size", type=int, default=256, help="model width")
+    init.add_argument("--layers", type=int, default=4, help="decoder layers")
+    init.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
     init.add_argument("--init-from", default="", help="warm start: copy the weights of this checkpoint of the same "
                                                       "shape (e.g. builtin:tiny-sft), token rows by token string")
     args = parser.parse_args(argv)
@@ -120,48 +135,37 @@ def _dispatch(args) -> int:
 
         record = sft(cfg)
     else:
-        record = _eval(cfg)
+        from asyncrl.eval_run import run_eval
+
+        record = run_eval(cfg)
     if record:  # trainer ranks other than 0 return nothing to show
         print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (list, dict))}))
     return 0
 
 
-def _eval(cfg) -> dict:
-    import torch
+def _check_shape(args) -> None:
+    from asyncrl.data.tokenizer import SPECIAL_TOKENS
 
-    from asyncrl.data.config import eval_set_from_config
-    from asyncrl.engine.local import LocalEngine
-    from asyncrl.evaluate import evaluate
-    from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
-    from asyncrl.reward import build_reward_service
-    from asyncrl.types import SamplingParams
-
-    torch.set_num_threads(cfg.threads)
-    model_path = check_model_dir(cfg.model.path)
-    tokenizer, model = load_tokenizer(model_path), load_model(model_path)
-    max_len = min(model.config.max_position_embeddings, 1024)
-    valid, default_fn = eval_set_from_config(cfg.task, cfg.valid_dataset, tokenizer=tokenizer,
-                                             default_max_prompt_tokens=max_len - cfg.max_new_tokens)
-    try:
-        engine = LocalEngine(model, max_slots=64, max_len=max_len, dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
-    except ValueError as e:  # a model shape the built-in engine does not run
-        raise ConfigError(f"model.path: {e}") from e
-    reward = build_reward_service(cfg.reward, default_fn)
-    try:
-        engine.start()
-        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy,
-                                temperature=cfg.temperature, stop_token_ids=(tokenizer.eos_token_id,))
-        return {"model": cfg.model.path, "n": len(valid),
-                **evaluate(engine, tokenizer, valid, reward.eval_fn, params)}
-    finally:
-        engine.stop()
-        reward.close()
+    least = 256 + len(SPECIAL_TOKENS)  # every byte, and the special tokens
+    if args.vocab_size is not None and args.vocab_size < least:
+        raise ConfigError(f"--vocab-size must be >= {least} (256 byte tokens and {len(SPECIAL_TOKENS)} special "
+                          f"tokens come first), got {args.vocab_size}")
+    if args.hidden_size < 8 or args.hidden_size % 8:  # 4 attention heads of an even size (rotary embeddings)
+        raise ConfigError(f"--hidden-size must be a positive multiple of 8, got {args.hidden_size}")
+    if args.layers < 1:
+        raise ConfigError(f"--layers must be >= 1, got {args.layers}")
 
 
 def _init_model(args) -> int:
     from asyncrl.models import build_tiny_model
 
-    if args.task == "lookup":  # at 512 tokens a made-up name is an onset and a rhyme: few tokens to copy
+    _check_shape(args)
+    if args.corpus:
+        from asyncrl.data.tokenizer import build_tokenizer, read_corpus, with_template_words
+
+        documents = read_corpus(args.corpus, "--corpus")
+        tokenizer = build_tokenizer(with_template_words(documents), vocab_size=args.vocab_size or 1024)
+    elif args.task == "lookup":  # at 512 tokens a made-up name is an onset and a rhyme: few tokens to copy
         from asyncrl.agent.tasks.lookup import LookupTask, build_agent_tokenizer
 
         tokenizer = build_agent_tokenizer(LookupTask(), vocab_size=args.vocab_size or 512)
@@ -186,6 +190,7 @@ def _init_model(args) -> int:
     tokenizer.save_pretrained(args.out)
     n = sum(p.numel() for p in model.parameters())
     print(json.dumps({"out": args.out, "params": n, "vocab": len(tokenizer),
+                      **({"corpus": args.corpus, "documents": len(documents)} if args.corpus else {}),
                       **({"init_from": args.init_from, "shared_tokens": shared} if args.init_from else {})}))
     return 0
 

@@ -83,10 +83,65 @@ def load_model(path: str, dtype: str = "float32"):
                           f"{str(e).splitlines()[0] if str(e) else ''}") from e
 
 
+def load_checkpoint(path: str, key: str = "model.path", dtype: str = "float32"):
+    """(tokenizer, model) of ``path`` for inference: a Hugging Face model directory (or ``builtin:NAME``), or a
+    LoRA adapter directory (``adapter_config.json``), whose base model (its ``base_model_name_or_path``) is
+    loaded and the adapter merged into it through peft. The adapter directory's tokenizer is used when it has
+    one, else the base model's. Anything wrong is a ConfigError naming ``key``."""
+    try:
+        resolved = Path(resolve_model_path(path))
+    except FileNotFoundError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    from asyncrl.lora import is_adapter_dir
+
+    if not is_adapter_dir(resolved):
+        resolved = check_model_dir(path, key)
+        return load_tokenizer(resolved), load_model(resolved, dtype)
+    base = adapter_base(resolved, key)
+    has_tokenizer = any((resolved / name).is_file() for name in TOKENIZER_FILES)
+    tokenizer = load_tokenizer(str(resolved) if has_tokenizer else base)
+    return tokenizer, merge_adapter(load_model(base, dtype), resolved, key)
+
+
+def adapter_base(adapter_dir: Path, key: str = "model.path") -> str:
+    """The checkpoint directory an adapter was trained on: its ``base_model_name_or_path`` as given (a
+    directory, ``builtin:NAME``), else relative to the adapter directory."""
+    from asyncrl.lora import ADAPTER_CONFIG
+
+    config = adapter_dir / ADAPTER_CONFIG
+    try:
+        base = json.loads(config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{key}: {config} is not a readable JSON object ({e})") from None
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{key}: {config} names no base model (base_model_name_or_path); it is needed to "
+                          "evaluate the adapter")
+    if not base.startswith(BUILTIN_PREFIX) and not Path(base).exists() and (adapter_dir / base).exists():
+        base = str(adapter_dir / base)
+    return check_model_dir(base, f"{key} (the base model of the adapter in '{adapter_dir}')")
+
+
+def merge_adapter(model, adapter_dir: Path, key: str = "model.path"):
+    """``model`` with the LoRA adapter of ``adapter_dir`` merged into its weights (a plain transformers model
+    again: what engines and save_pretrained take)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ConfigError(f"{key}: '{adapter_dir}' is a LoRA adapter; loading it needs peft: pip install "
+                          "'asyncrl[lora]'") from None
+    try:
+        return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ConfigError(f"{key}: cannot load the LoRA adapter in '{adapter_dir}' onto its base model: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
 def tokenizer_corpus(task, n_problems: int = 20000, seed: int = 1234) -> list[str]:
     """Text the tokenizer is trained on: problems and solutions of the task plus chat-template words."""
+    from asyncrl.data.tokenizer import TEMPLATE_WORDS
+
     rng = random.Random(seed)
-    lines = ["user", "assistant", "system", "You are a helpful assistant."]
+    lines = list(TEMPLATE_WORDS)
     for _ in range(n_problems):
         item = task.problem(rng)
         lines += [item["question"], item["solution"]]

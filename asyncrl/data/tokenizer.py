@@ -2,11 +2,16 @@
 
 Digits are always single tokens (as in Qwen and Llama 3), so arithmetic is written digit by digit. The
 byte-level alphabet means any text encodes and decodes exactly, even characters never seen in training.
+The text it is trained on is a built-in task's (``asyncrl.models.tokenizer_corpus``) or a user's file
+(:func:`read_corpus`, ``asyncrl init-model --corpus FILE``), plus the chat template's own words.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable
+
+from asyncrl.configlib import ConfigError
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -15,6 +20,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE_WORDS = ["user", "assistant", "system", "You are a helpful assistant."]
+"""The text the chat template writes around messages besides its special tokens (the role names), and the
+usual system prompt: trained on so that a rendered chat costs a token per role, not one per byte."""
+TEXT_FIELDS = ("text", "question", "problem", "prompt", "solution", "response", "completion", "answer")
+"""String fields of a JSON row taken as corpus text (with the contents of a chat row's ``messages``)."""
+CORPUS_SUFFIXES = (".txt", ".jsonl", ".json", ".ndjson")
 
 
 def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
@@ -45,3 +56,80 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024):
     )
     hf.chat_template = CHAT_TEMPLATE
     return hf
+
+
+def with_template_words(documents: list[str]) -> list[str]:
+    """``documents`` and the chat template's words, each on a line of its own (the template writes a role
+    name right after ``<|im_start|>``, with no space before it) and as often as there are documents (each
+    document becomes one chat, so the role names are about as frequent as that): BPE merges them whatever the
+    corpus size."""
+    return list(documents) + list(TEMPLATE_WORDS) * max(1, len(documents))
+
+
+def read_corpus(path: str, key: str = "--corpus") -> list[str]:
+    """The documents of a corpus file: a ``.txt`` file (one document per line, blank lines skipped) or a
+    ``.jsonl`` / ``.json`` file of rows whose string fields (:data:`TEXT_FIELDS`) and chat ``messages``
+    contents are text. A ConfigError in one line names ``key`` and the file (and line) that is wrong."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        what = "is a directory" if file.is_dir() else "does not exist"
+        raise ConfigError(f"{key}: '{path}' {what}; give a .txt file (one document per line) or a .jsonl / .json "
+                          "file of rows")
+    if file.suffix not in CORPUS_SUFFIXES:
+        raise ConfigError(f"{key}: cannot read '{path}': expected a .txt file (one document per line) or a "
+                          ".jsonl / .json file of rows")
+    documents = _text_lines(file, key) if file.suffix == ".txt" else _row_texts(file, key)
+    if not documents:
+        raise ConfigError(f"{key}: '{path}' holds no text")
+    return documents
+
+
+def _text_lines(file: Path, key: str) -> list[str]:
+    try:
+        raw = file.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot read '{file}' ({e.strerror or e})") from None
+    documents = []
+    for lineno, line in enumerate(raw.split(b"\n"), 1):
+        try:
+            text = line.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{key}: {file}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the "
+                              "line)") from None
+        if text:
+            documents.append(text)
+    return documents
+
+
+def _row_texts(file: Path, key: str) -> list[str]:
+    from asyncrl.data.sources import RowError, read_rows
+
+    documents = []
+    for row in read_rows(file, "train", key):
+        if isinstance(row, RowError):
+            raise ConfigError(f"{key}: {row}")
+        try:
+            texts = row_texts(row.data)
+        except ValueError as e:
+            raise ConfigError(f"{key}: {row.where}: {e}") from None
+        documents += [t for t in texts if t.strip()]
+    return documents
+
+
+def row_texts(data) -> list[str]:
+    """The text of one corpus row: a string, or an object's :data:`TEXT_FIELDS` and ``messages`` contents;
+    ValueError for a row that has none."""
+    if isinstance(data, str):
+        return [data]
+    if not isinstance(data, dict):
+        raise ValueError(f"a row must be a JSON object or a string, got {type(data).__name__}")
+    texts = [data[name] for name in TEXT_FIELDS if isinstance(data.get(name), str)]
+    messages = data.get("messages")
+    if messages is not None:
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("'messages' must be a list of {role, content} objects")
+        texts += [m["content"] for m in messages if isinstance(m.get("content"), str)]
+    if not texts:
+        raise ValueError(f"no text: expected a string field among {', '.join(TEXT_FIELDS)} or chat 'messages' "
+                         f"(fields: {sorted(data)[:10]})")
+    return texts
