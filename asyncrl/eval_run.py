@@ -28,7 +28,7 @@ from asyncrl.configlib import ConfigError
 from asyncrl.engine.sampling import derive_seed
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.types import Completion, SamplingParams
-from asyncrl.workflow.rlvr import chat_prompt_ids
+from asyncrl.workflow.rlvr import item_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def generate_groups(engine, tokenizer, items: list[dict], params: SamplingParams
     """``params.n`` completions per item from ``engine`` (started; this thread waits). Prompts are the items'
     ``prompt_ids`` where present, else the chat-formatted ``question``; with ``seed``, item i samples with
     ``derive_seed(seed, i)``."""
-    prompts = [it.get("prompt_ids") or chat_prompt_ids(tokenizer, it["question"]) for it in items]
+    prompts = [item_prompt_ids(tokenizer, it) for it in items]
     per_item = [params if seed is None or params.greedy else replace(params, seed=derive_seed(seed, i))
                 for i in range(len(items))]
 

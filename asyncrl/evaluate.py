@@ -15,7 +15,7 @@ import time
 from asyncrl.engine.base import Engine
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.types import SamplingParams, WeightUpdate
-from asyncrl.workflow.rlvr import chat_prompt_ids
+from asyncrl.workflow.rlvr import item_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
     is counted in ``eval_reward_errors``, logged the first time, and scores the reward service's configured
     default (carried by :class:`RewardFailure` from ``RewardService.eval_fn``), else ``default``."""
     t0 = time.perf_counter()
-    prompts = [it.get("prompt_ids") or chat_prompt_ids(tokenizer, it["question"]) for it in items]
+    prompts = [item_prompt_ids(tokenizer, it) for it in items]
     results = asyncio.run(_generate_all(engine, prompts, params))
     scores, lengths, errors = [], [], 0
     for item, c in zip(items, results):

@@ -1,17 +1,37 @@
-"""Supervised fine-tuning on the task's references: loss on the answer tokens only.
+"""Supervised fine-tuning: loss on the target tokens only, on a built-in task or on the user's own data.
 
-Single-turn tasks (``arith``, files) train on (prompt, reference solution) pairs. Agentic tasks (``lookup``:
-items carry a ``transcript``) train on whole multi-turn conversations, tokenised exactly as the agent proxy
-sends them at RL time (:func:`asyncrl.agent.tasks.transcripts.transcript_ids`), with loss on the assistant
-tokens only; their held-out accuracy runs the task's episode function (:mod:`asyncrl.agent.tasks.evaluate`).
+The examples come from the sources ``asyncrl train`` reads (``train_dataset.*``: the built-in task, a JSONL /
+JSON / Parquet file or saved ``datasets`` directory with the same row formats and field mapping, a gym task):
+
+- prompt + response: the item's ``question`` as one user turn under the chat template, then its target, the
+  ``solution`` (GSM8K / MATH / qa rows; a ``response`` column is read as one), else the ``answer`` text, and
+  the end-of-turn token; loss on the target. A row with neither (code without a solution) has nothing to
+  train on: skipped and counted in ``sft_skipped_no_target``.
+- chat (rows with ``messages``): the chat template renders the whole conversation once; loss on the assistant
+  turns only, each its content plus the end-of-turn token (:func:`chat_example`).
+- agentic built-in tasks (``lookup``: items carry a ``transcript``): whole multi-turn conversations, tokenised
+  exactly as the agent proxy sends them at RL time (:func:`asyncrl.agent.tasks.transcripts.transcript_ids`),
+  evaluated by running the task's episode function (:mod:`asyncrl.agent.tasks.evaluate`).
+
+Examples longer than ``max_length`` are skipped and counted (``sft_skipped_long``). A step's loss is the mean
+over its target tokens, computed in micro-batches of at most ``MICRO_BATCH_TOKENS`` positions, packed side by
+side (``pack``; :mod:`asyncrl.packing`) or padded: the same number either way (:func:`micro_batch_losses`).
+Held-out answers are scored by ``reward.fn`` or the data's own verifier. ``OUTPUT/sft_metrics.jsonl`` holds a
+record per step; checkpoints go to ``OUTPUT`` at the end and ``OUTPUT/stepN`` every ``save_every`` steps (with
+``model.lora``: the adapter, and the merged model in ``merged/`` beside it; see :mod:`asyncrl.lora`). The
+training stream is seeded by ``seed`` and steps take ``batch_size`` examples (``train_dataset.seed`` and
+``train_dataset.batch_size`` are not used).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
@@ -19,25 +39,98 @@ from asyncrl import configlib
 from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data import make_task
-from asyncrl.data.config import TrainDatasetConfig, dataset_from_config, task_options
+from asyncrl.data.config import dataset_from_config, task_options
+from asyncrl.data.formats import prompt_of
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import evaluate
-from asyncrl.logprobs import token_logprobs
+from asyncrl.logprobs import logprobs_from_logits, token_logprobs
 from asyncrl.models import check_model_dir, load_model, load_tokenizer
+from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.types import SamplingParams
 from asyncrl.workflow.rlvr import chat_prompt_ids
 
 log = logging.getLogger(__name__)
 
+MICRO_BATCH_TOKENS = 16_384  # positions (padding included) in one forward pass: bounds activation memory
+MAX_SKIPS_IN_A_ROW = 10_000  # examples skipped in a row before a generated source is declared unusable
+METRICS_FILE = "sft_metrics.jsonl"
 
-def sft_example(tokenizer, question: str, answer: str) -> tuple[list[int], int]:
-    """(token ids of prompt + answer + eos, number of prompt tokens)."""
-    prompt = chat_prompt_ids(tokenizer, question)
+Example = tuple[list[int], "int | list[int]"]  # (token ids, number of prompt tokens | 0/1 mask per token)
+
+
+# ---- examples ------------------------------------------------------------------------------------------------
+def sft_example(tokenizer, question: str, answer: str, prompt_ids: list[int] | None = None) -> tuple[list[int], int]:
+    """(token ids of prompt + answer + eos, number of prompt tokens); ``prompt_ids`` if already tokenised."""
+    prompt = prompt_ids or chat_prompt_ids(tokenizer, question)
     target = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     return prompt + target, len(prompt)
 
 
-def sft_batch(examples: list[tuple[list[int], int | list[int]]], pad_id: int):
+def chat_example(tokenizer, messages: list[dict]) -> tuple[list[int], list[int], int]:
+    """(token ids of the whole conversation under the chat template, a 0/1 mask of the tokens trained on, the
+    number of assistant turns left untrained).
+
+    An assistant turn's tokens are found by rendering prefixes of the conversation: they start where the
+    render of the turns before it with the generation prompt ends, and end where the render up to and
+    including it ends, less what the template writes after the end-of-turn token (ChatML's newline is the
+    next turn's prompt, never generated). Both renders must be token prefixes of the whole; a turn for which
+    they are not (a template that renders a turn differently once later turns follow, e.g. Qwen3 dropping the
+    reasoning of earlier turns) is left untrained and counted, since its tokens are not what the model would
+    generate."""
+    ids = _render(tokenizer, messages, generation_prompt=False)
+    mask = [0] * len(ids)
+    eos, untrained = tokenizer.eos_token_id, 0
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant" or not message["content"]:
+            continue
+        try:
+            start = _render(tokenizer, messages[:i], generation_prompt=True)
+            end = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        except ValueError:
+            untrained += 1
+            continue
+        a, b = len(start), len(end)
+        if b <= a or ids[:a] != start or ids[:b] != end:
+            untrained += 1
+            continue
+        span = ids[a:b]
+        if eos in span:  # through the last end-of-turn token of the turn
+            b = a + len(span) - span[::-1].index(eos)
+        mask[a:b] = [1] * (b - a)
+    return ids, mask, untrained
+
+
+def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> list[int]:
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+    except Exception as e:  # noqa: BLE001 - jinja raises many kinds for a chat it rejects
+        raise ValueError(f"the chat template rejected the conversation ({type(e).__name__}: {e})") from e
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+class NoTarget(ValueError):
+    """An item with nothing to train on."""
+
+
+def item_example(tokenizer, item: dict) -> tuple[Example, int]:
+    """(the example of a prompt + response or chat item, assistant turns left untrained); NoTarget if it has
+    nothing to train on."""
+    if item.get("messages"):
+        try:
+            ids, mask, untrained = chat_example(tokenizer, item["messages"])
+        except ValueError as e:
+            raise NoTarget(str(e)) from None
+        if not any(mask):
+            raise NoTarget(f"none of its {untrained} assistant turn(s) is rendered by the chat template as it "
+                           "is within the whole conversation")
+        return (ids, mask), untrained
+    target = item.get("solution") or item.get("answer")
+    if target is None or not str(target).strip():
+        raise NoTarget("no solution, response or answer text to train on")
+    return sft_example(tokenizer, item["question"], str(target), item.get("prompt_ids")), 0
+
+
+def sft_batch(examples: list[Example], pad_id: int):
     """Padded tensors of ``examples``: each (ids, number of prompt tokens) or (ids, 0/1 mask per token of the
     tokens trained on); the loss mask is over the predictions of tokens 1..T-1."""
     T = max(len(ids) for ids, _ in examples)
@@ -54,6 +147,34 @@ def sft_batch(examples: list[tuple[list[int], int | list[int]]], pad_id: int):
     return input_ids, attention_mask, loss_mask
 
 
+# ---- the loss ------------------------------------------------------------------------------------------------
+def micro_batch_losses(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, *,
+                       pack_rows: bool, max_tokens: int = MICRO_BATCH_TOKENS) -> Iterator[torch.Tensor]:
+    """The mean negative log-likelihood of the target tokens of a padded batch (``sft_batch``), one term per
+    micro-batch: their sum is the loss; back-propagate each as it comes, so that one micro-batch's activations
+    are held at a time. A micro-batch computes at most ``max_tokens`` positions. With ``pack_rows`` its
+    examples sit side by side in rows (position ids restarting, attention within each example:
+    :mod:`asyncrl.packing`), otherwise each is padded to the longest; the terms are the same either way."""
+    lengths = attention_mask.sum(-1).tolist()
+    total = loss_mask.sum().clamp(min=1)
+    if pack_rows:
+        plan = plan_micro_batches(lengths, max_tokens)
+    else:
+        plan = [[[i] for i in mb] for mb in micro_batches(lengths, max_tokens)]
+    for rows in plan:
+        ids = [i for row in rows for i in row]
+        T = max(lengths[i] for i in ids)
+        sub = input_ids[ids, :T]  # (n, T)
+        if pack_rows and any(len(row) > 1 for row in rows):
+            local = {i: k for k, i in enumerate(ids)}
+            packed = pack(sub, [lengths[i] for i in ids], [[local[i] for i in row] for row in rows])
+            logits = packed_forward(model, packed).logits[:, :-1]  # (R, W-1, V)
+            logp = unpack(logprobs_from_logits(logits, packed.input_ids[:, 1:])[0], packed)  # (n, T-1)
+        else:
+            logp, _ = token_logprobs(model, sub, attention_mask[ids, :T])  # (n, T-1)
+        yield -(logp * loss_mask[ids, : T - 1]).sum() / total
+
+
 def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -61,57 +182,244 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+# ---- the run -------------------------------------------------------------------------------------------------
 def sft(cfg: SFTConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     model_path = check_model_dir(cfg.model.path)
     tokenizer, model = load_tokenizer(model_path), load_model(model_path)
-    data = dataset_from_config(cfg.task, TrainDatasetConfig(seed=cfg.seed), cfg.valid_dataset)
-    out = Path(cfg.output)  # created once the model and the data are known good
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
-    configlib.dump(cfg, out / "sft_config.yaml")
-    valid, stream, reward_fn = data.valid, data.train, data.reward_fn
+    context = model.config.max_position_embeddings
+    if cfg.pack:
+        try:
+            check_packing(model)
+        except RuntimeError as e:
+            raise ConfigError(f"pack: {str(e).replace('actor.pack_sequences=false', 'pack=false')}") from None
+    # prompts need room for a target here; held-out ones for max_new_tokens (checked by _eval_items)
+    data = dataset_from_config(cfg.task, dataclasses.replace(cfg.train_dataset, seed=cfg.seed), cfg.valid_dataset,
+                               tokenizer=tokenizer, default_max_prompt_tokens=context - 1)
     agent = _agent_task(cfg, tokenizer)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    params = SamplingParams(max_new_tokens=96, greedy=True, stop_token_ids=(tokenizer.eos_token_id,))
+    build = (lambda item: (agent.example(item), 0)) if agent else (lambda item: item_example(tokenizer, item))
+    examples = _Examples(data.train, build, _max_length(cfg.max_length, context), data.stats, _source_key(cfg))
+    score = (agent.scorer(data.valid, cfg.max_new_tokens, context) if agent else
+             _Scorer(cfg, tokenizer, data.valid, data.reward_fn, context))
+    try:
+        out = Path(cfg.output)  # created once the model and the data are known good
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
+        configlib.dump(cfg, out / "sft_config.yaml")
+        lora = cfg.model.lora.rank > 0
+        if lora:
+            from asyncrl.lora import apply_lora
+
+            model = apply_lora(model, cfg.model.lora)
+        record = _train(cfg, model, tokenizer, examples, data.stats, score,
+                        _EngineModel(model, model_path, lora), out)
+    finally:
+        score.close()
+    examples.summary()
+    _save(model, tokenizer, out, lora)
+    return record
+
+
+def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, score, engine_model, out: Path
+           ) -> dict:
+    """The optimizer steps, with evaluations, step checkpoints and a metrics record per step; the last record."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     model.train()
     t0, record = time.perf_counter(), {}
-    for step in range(cfg.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup_steps)
-        items = _take(stream, cfg.batch_size)
-        examples = ([agent.example(it) for it in items] if agent else
-                    [sft_example(tokenizer, it["question"], it["solution"]) for it in items])
-        input_ids, attention_mask, mask = sft_batch(examples, tokenizer.pad_token_id)
-        logp, _ = token_logprobs(model, input_ids, attention_mask)
-        loss = -(logp * mask).sum() / mask.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        record = {"step": step + 1, "loss": loss.item(), "elapsed_s": time.perf_counter() - t0}
-        last = step + 1 == cfg.steps
-        if last or (cfg.eval_every and (step + 1) % cfg.eval_every == 0):
-            model.eval()
-            engine = LocalEngine(model, max_slots=64, max_len=model.config.max_position_embeddings).start()
-            try:
-                if agent:
-                    record.update(agent.evaluate(engine, valid, params, model.config.max_position_embeddings))
-                else:
-                    record.update(evaluate(engine, tokenizer, valid, reward_fn, params))
-            finally:
-                engine.stop()
-            model.train()
-            log.info("sft step %d | loss %.4f | eval_acc %.3f | %.0fs", step + 1, record["loss"],
-                     record["eval_accuracy"], record["elapsed_s"])
-        elif (step + 1) % 50 == 0:
-            log.info("sft step %d | loss %.4f | %.0fs", step + 1, record["loss"], record["elapsed_s"])
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    with (out / METRICS_FILE).open("w") as metrics:
+        for step in range(1, cfg.steps + 1):
+            lr = cosine_lr(step - 1, cfg.steps, cfg.lr, cfg.warmup_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            input_ids, attention_mask, mask = sft_batch(examples.take(cfg.batch_size), tokenizer.pad_token_id)
+            optimizer.zero_grad(set_to_none=True)
+            loss = 0.0
+            for part in micro_batch_losses(model, input_ids, attention_mask, mask, pack_rows=cfg.pack):
+                part.backward()
+                loss += part.item()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            record = {"step": step, "loss": loss, "tokens": int(mask.sum()), "lr": lr, **examples.counts,
+                      **data_stats(), "elapsed_s": time.perf_counter() - t0}
+            if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
+                model.eval()
+                record.update(score(engine_model()))
+                model.train()
+                log.info("sft step %d | loss %.4f | eval_acc %.3f | %.0fs", step, loss, record["eval_accuracy"],
+                         record["elapsed_s"])
+            elif step % 50 == 0:
+                log.info("sft step %d | loss %.4f | %.0fs", step, loss, record["elapsed_s"])
+            metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+            metrics.flush()
+            if cfg.save_every and step % cfg.save_every == 0:
+                _save(model, tokenizer, out / f"step{step}", engine_model.lora)
     return record
+
+
+def _source_key(cfg: SFTConfig) -> str:
+    """The config key (and value) the training examples come from, for errors."""
+    if getattr(cfg.train_dataset, "mixture", None):
+        return "train_dataset.mixture"
+    return f"train_dataset.path '{cfg.train_dataset.path}'" if cfg.train_dataset.path else f"task '{cfg.task.name}'"
+
+
+def _max_length(configured: int, context: int) -> int:
+    if configured > context:
+        log.warning("max_length=%d is more than the model's context of %d tokens; examples are limited to %d",
+                    configured, context, context)
+    return min(configured or context, context)
+
+
+class _Examples:
+    """Training examples from the item stream: items with nothing to train on and examples longer than
+    ``max_length`` are skipped, counted and logged once each; a source that yields none is an error."""
+
+    def __init__(self, items: Iterator[dict], build: Callable[[dict], tuple[Example, int]], max_length: int,
+                 data_stats: Callable[[], dict], source: str):
+        self.items, self.build, self.max_length, self.data_stats = items, build, max_length, data_stats
+        self.source = source
+        self.counts = {"sft_skipped_long": 0, "sft_skipped_no_target": 0, "sft_turns_untrained": 0}
+
+    def take(self, n: int) -> list[Example]:
+        out, in_a_row, epoch = [], 0, self._epoch()
+        while len(out) < n:
+            item = next(self.items)
+            try:
+                example, untrained = self.build(item)
+            except NoTarget as e:
+                self._skip("sft_skipped_no_target", f"item {_name(item)} has nothing to train on: {e}")
+            else:
+                if untrained:
+                    self._count("sft_turns_untrained", f"item {_name(item)}: {untrained} assistant turn(s) left "
+                                "untrained, as the chat template renders them differently within the whole "
+                                "conversation", untrained)
+                if len(example[0]) <= self.max_length:
+                    out.append(example)
+                    in_a_row, epoch = 0, self._epoch()
+                    continue
+                self._skip("sft_skipped_long", f"an example of {len(example[0])} tokens is longer than max_length="
+                           f"{self.max_length} (0 = the model's context)")
+            in_a_row += 1
+            if in_a_row >= MAX_SKIPS_IN_A_ROW or self._epoch() >= epoch + 2:  # a whole pass found nothing
+                raise ConfigError(f"{self.source}: no usable training example in {in_a_row} items in a row "
+                                  f"({self._counts_text()}): give rows a target (a solution / response or answer "
+                                  "column, or chat messages ending with an assistant turn) or raise max_length")
+        return out
+
+    def _skip(self, key: str, message: str) -> None:
+        self._count(key, message, 1)
+
+    def _count(self, key: str, message: str, n: int) -> None:
+        self.counts[key] += n
+        if self.counts[key] == n:
+            log.warning("%s; further ones are counted in %s (%s)", message, key, METRICS_FILE)
+
+    def _epoch(self) -> int:
+        return int(self.data_stats().get("data_epoch", 0))
+
+    def _counts_text(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.counts.items() if v) or "none skipped"
+
+    def summary(self) -> None:
+        if any(self.counts.values()):
+            log.warning("sft: %s", self._counts_text())
+
+
+def _name(item: dict) -> str:
+    ident = item.get("source_id", item.get("id"))
+    question = str(item.get("question", ""))
+    return f"{ident} ({question[:40]!r}{'...' if len(question) > 40 else ''})"
+
+
+class _Scorer:
+    """Held-out accuracy of single-turn and chat items: greedy answers of ``max_new_tokens`` scored by the reward
+    service (``reward.fn``, else the data's own verifier)."""
+
+    def __init__(self, cfg: SFTConfig, tokenizer, valid: list[dict], default_fn, context: int):
+        from asyncrl.reward import build_reward_service
+        from asyncrl.reward.math_reward import math_reward
+
+        self.tokenizer, self.context = tokenizer, context
+        self.items = _eval_items(valid, tokenizer, context - cfg.max_new_tokens)
+        self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=True,
+                                     stop_token_ids=(tokenizer.eos_token_id,))
+        if not cfg.reward.fn and default_fn is math_reward and any(not it.get("answer") for it in self.items):
+            log.warning("some held-out items have no 'answer' for the default verifier, so they score 0 (counted in "
+                        "eval_reward_errors): give the rows an answer column or set reward.fn")
+        self.reward = build_reward_service(cfg.reward, default_fn)
+
+    def __call__(self, model) -> dict:
+        longest = max(len(it["prompt_ids"]) for it in self.items)
+        engine = _engine(model, min(self.context, longest + self.params.max_new_tokens), len(self.items))
+        try:
+            return evaluate(engine, self.tokenizer, self.items, self.reward.eval_fn, self.params)
+        finally:
+            engine.stop()
+
+    def close(self) -> None:
+        self.reward.close()
+
+
+def _eval_items(valid: list[dict], tokenizer, max_prompt: int) -> list[dict]:
+    """Held-out items with their prompt ids (a chat item's: every turn before its final assistant turn);
+    prompts over ``max_prompt`` tokens are dropped with a warning."""
+    items, dropped = [], 0
+    for it in valid:
+        if it.get("messages") or not it.get("prompt_ids"):
+            it = {**it, "prompt_ids": chat_prompt_ids(tokenizer, prompt_of(it))}
+        if len(it["prompt_ids"]) > max_prompt:
+            dropped += 1
+            continue
+        items.append(it)
+    if dropped:
+        log.warning("evaluation: %d held-out prompt(s) are over %d tokens (the model's context minus "
+                    "max_new_tokens) and are not evaluated", dropped, max_prompt)
+    if not items:
+        raise ConfigError(f"valid_dataset: every held-out prompt is longer than {max_prompt} tokens (the model's "
+                          "context minus max_new_tokens): lower max_new_tokens or give shorter held-out prompts")
+    return items
+
+
+def _engine(model, max_len: int, n: int) -> LocalEngine:
+    return LocalEngine(model, max_slots=max(1, min(64, n)), max_len=max_len).start()
+
+
+class _EngineModel:
+    """The model an evaluation engine is built from: the trained model itself, or for a LoRA model its merged
+    weights in a plain copy of the base model (loaded at the first evaluation, reused after)."""
+
+    def __init__(self, model, model_path: str, lora: bool):
+        self.model, self.model_path, self.lora, self.plain = model, model_path, lora, None
+
+    def __call__(self):
+        if not self.lora:
+            return self.model
+        from asyncrl.lora import merged_state_dict
+
+        if self.plain is None:
+            self.plain = load_model(self.model_path).eval()
+        self.plain.load_state_dict(merged_state_dict(self.model))
+        return self.plain
+
+
+def _save(model, tokenizer, path: Path, lora: bool) -> None:
+    if lora:
+        from asyncrl.lora import save_lora
+
+        save_lora(model, path, tokenizer)
+        return
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")  # as metrics.jsonl writes them
+    return value
 
 
 class _AgentTask:
@@ -128,23 +436,51 @@ class _AgentTask:
 
         return transcript_ids(self.renderer, item["transcript"], self.tools)
 
-    def evaluate(self, engine, items: list[dict], params: SamplingParams, max_len: int) -> dict:
+    def scorer(self, items: list[dict], max_new_tokens: int, max_len: int) -> "_AgentScorer":
+        params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True,
+                                stop_token_ids=(self.tokenizer.eos_token_id,))
+        return _AgentScorer(self, items, params, max_len)
+
+
+@dataclasses.dataclass
+class _AgentScorer:
+    """Held-out accuracy of an agentic task: its episodes run against an engine of the model."""
+
+    task: _AgentTask
+    items: list[dict]
+    params: SamplingParams
+    max_len: int
+
+    def __call__(self, model) -> dict:
         from asyncrl.agent.tasks.evaluate import evaluate_agent
 
-        return evaluate_agent(engine, self.tokenizer, items, self.episode, params, max_len)
+        engine = _engine(model, self.max_len, 64)
+        try:
+            return evaluate_agent(engine, self.task.tokenizer, self.items, self.task.episode, self.params,
+                                  self.max_len)
+        finally:
+            engine.stop()
+
+    def close(self) -> None:
+        pass
 
 
 def _agent_task(cfg: SFTConfig, tokenizer) -> _AgentTask | None:
-    """The agentic task being fine-tuned on (one whose generator names its episode function), else None."""
-    gen, _ = make_task(cfg.task.name, task_options(cfg.task))
+    """The agentic built-in task being fine-tuned on (one whose generator names its episode function), else
+    None. Only the built-in task (train_dataset.path empty or builtin:NAME, no mixture) can be one."""
+    path = cfg.train_dataset.path
+    if (path and not path.startswith("builtin:")) or getattr(cfg.train_dataset, "mixture", None):
+        return None
+    name = path[len("builtin:"):] or cfg.task.name
+    gen, _ = make_task(name, task_options(cfg.task))
     episode = getattr(gen, "episode", None)
     if not episode:
         return None
     tools = getattr(gen, "tools", None)
     if not _renders_tools(tokenizer, tools):
-        raise ConfigError(f"model.path: task '{cfg.task.name}' trains on tool-use transcripts, and this model's chat "
+        raise ConfigError(f"model.path: task '{name}' trains on tool-use transcripts, and this model's chat "
                           "template does not show the tools (make the model with `asyncrl init-model --task "
-                          f"{cfg.task.name}`)")
+                          f"{name}`)")
     return _AgentTask(tokenizer, tools, episode)
 
 
@@ -155,7 +491,3 @@ def _renders_tools(tokenizer, tools: list[dict] | None) -> bool:
         return True
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False)
     return all(t["function"]["name"] in text for t in tools)
-
-
-def _take(stream, n: int) -> list[dict]:
-    return [next(stream) for _ in range(n)]

@@ -378,11 +378,11 @@ class _PromptLimit:
                 log.warning("a prompt limit of %d tokens needs a tokenizer; prompts are not checked", self.max_tokens)
             yield from items
             return
-        from asyncrl.workflow.rlvr import chat_prompt_ids
+        from asyncrl.workflow.rlvr import item_prompt_ids
 
         in_a_row = 0
         for item in items:
-            ids = chat_prompt_ids(self.tokenizer, item["question"])
+            ids = item_prompt_ids(self.tokenizer, item)
             if self.max_tokens and len(ids) > self.max_tokens:
                 if self.counters.add("data_skipped_long") == 1:
                     log.warning("skipping a prompt of %d tokens, over the limit of %d (%s); further ones are "

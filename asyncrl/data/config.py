@@ -19,7 +19,7 @@ from asyncrl.data.formats import check_template
 from asyncrl.data.gym import PREFIX as GYM_PREFIX
 
 ROW_TYPES = ("auto", "gsm8k", "math", "qa", "code", "chat")
-ITEM_FIELDS = ("question", "answer", "solution", "tests", "fn_name")
+ITEM_FIELDS = ("question", "answer", "solution", "tests", "fn_name", "messages")
 BUILTIN_PREFIX = "builtin:"
 MIXTURE_KEYS = ("name", "path", "weight", "type", "fields", "prompt_template", "split", "gym_options", "valid_path",
                 "reward_fn", "reward_kwargs")

@@ -7,10 +7,17 @@ Recognised formats (``train_dataset.type``):
   ``The answer is 42.``
 - ``math`` (MATH / MATH-500): ``problem`` + ``solution`` with ``\\boxed{}``; ``answer`` is the given answer
   column or the last boxed expression of the solution.
-- ``qa``: ``question`` + ``answer``.
+- ``qa``: ``question`` + ``answer`` and/or a ``solution`` (``response``) text; a row without an answer can
+  be trained on by SFT, and scored only by a ``reward.fn`` that does not need one.
 - ``code`` (APPS / TACO / our samples): ``question`` + ``tests`` (see asyncrl.reward.code_reward) and an
   optional ``fn_name`` and ``solution`` (or APPS ``solutions``, a list). Other columns such as
   ``starter_code`` can go into the prompt through ``train_dataset.prompt_template``.
+- ``chat``: ``messages``, a conversation as a list of ``{role, content}`` turns (ShareGPT's ``{from, value}``
+  with ``human`` / ``gpt`` is read too) that ends with an assistant turn, and an optional ``answer``. The item
+  keeps the conversation as ``messages``; its ``question`` is the last user turn before the final assistant
+  turn, its ``solution`` the final assistant turn. The prompt is every turn before the final assistant one
+  (:func:`prompt_of`); SFT trains on the assistant turns. ``train_dataset.prompt_template`` rewrites that
+  last user turn. ``type: auto`` picks ``chat`` for a row with ``messages``.
 
 A field is read from the column named in ``train_dataset.fields`` or else from its usual names
 (``ALIASES``). Other columns ride along (custom reward functions receive them); a column named ``id`` is
@@ -30,10 +37,13 @@ from asyncrl.reward.math_reward import GSM8K_RE, last_boxed
 ALIASES = {
     "question": ("question", "problem", "prompt", "instruction", "query"),
     "answer": ("answer", "final_answer", "expected_answer", "target"),
-    "solution": ("solution", "solutions", "reference_solution", "canonical_solution"),
+    "solution": ("solution", "solutions", "reference_solution", "canonical_solution", "response"),
     "tests": ("tests", "input_output", "test_cases"),
     "fn_name": ("fn_name", "entry_point"),
+    "messages": ("messages", "conversations", "conversation"),
 }
+ROLES = {"system": "system", "developer": "developer", "user": "user", "assistant": "assistant", "tool": "tool",
+         "human": "user", "gpt": "assistant"}  # the last two: ShareGPT's names
 CALC_RE = re.compile(r"<<[^<>]*>>")
 
 
@@ -51,6 +61,8 @@ def field_value(record: dict, name: str, mapping: dict) -> tuple[str | None, Any
 def detect_type(record: dict, mapping: dict) -> str:
     """The format of a row from its fields (used for ``type: auto`` on the first good row)."""
     get = lambda name: field_value(record, name, mapping)[1]  # noqa: E731
+    if get("messages") is not None:
+        return "chat"
     if get("tests") is not None:
         return "code"
     answer, solution = get("answer"), get("solution")
@@ -58,30 +70,45 @@ def detect_type(record: dict, mapping: dict) -> str:
         return "gsm8k"
     if isinstance(solution, str) and "\\boxed" in solution:
         return "math"
-    if get("question") is not None and answer is not None:
+    if get("question") is not None and (answer is not None or isinstance(solution, str)):
         return "qa"
     raise ValueError(f"cannot tell the row format from its fields {sorted(record)}; set train_dataset.type "
-                     "and/or map columns with train_dataset.fields.question=COLUMN (and answer/tests)")
+                     "and/or map columns with train_dataset.fields.question=COLUMN (and answer/tests), or give "
+                     "chat rows a 'messages' list of {role, content} turns")
 
 
 def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
     """The item for one row; raises ValueError with a message that names the problem (not the row)."""
     if not isinstance(record, dict):
         raise ValueError(f"a row must be a JSON object, got {type(record).__name__}")
-    col, question = field_value(record, "question", mapping)
-    if not isinstance(question, str) or not question.strip():
-        where = f"column '{col}'" if col else f"any of the columns {list(ALIASES['question'])}"
-        raise ValueError(f"no question text in {where} (fields: {sorted(record)}); map it with "
-                         "train_dataset.fields.question=COLUMN")
-    item, used = NORMALIZERS[row_type](record, mapping)
-    item["question"] = question
-    used.add(col)
+    if row_type == "chat":
+        item, used = _chat(record, mapping)
+    else:
+        col, question = field_value(record, "question", mapping)
+        if not isinstance(question, str) or not question.strip():
+            where = f"column '{col}'" if col else f"any of the columns {list(ALIASES['question'])}"
+            raise ValueError(f"no question text in {where} (fields: {sorted(record)}); map it with "
+                             "train_dataset.fields.question=COLUMN")
+        item, used = NORMALIZERS[row_type](record, mapping)
+        item["question"] = question
+        used.add(col)
     if template:
         item["question"] = apply_template(template, {**record, **item})
+        if row_type == "chat":
+            item["messages"] = _with_last_question(item["messages"], item["question"])
     for key, value in record.items():
         if key not in used and key not in item:
             item["source_id" if key == "id" else key] = value
     return item
+
+
+def prompt_of(item: dict) -> str | list[dict]:
+    """What an item asks, for :func:`asyncrl.workflow.rlvr.chat_prompt_ids`: a chat item's turns before its
+    final assistant turn, else its ``question`` (one user turn)."""
+    messages = item.get("messages")
+    if not messages:
+        return item["question"]
+    return messages[:_final_assistant(messages)]
 
 
 def check_template(template: str) -> None:
@@ -144,11 +171,13 @@ def _math(record: dict, mapping: dict) -> tuple[dict, set]:
 
 def _qa(record: dict, mapping: dict) -> tuple[dict, set]:
     ans_col, answer = field_value(record, "answer", mapping)
-    if answer in (None, ""):
-        raise ValueError(f"no answer (fields: {sorted(record)}); map it with train_dataset.fields.answer=COLUMN")
     sol_col, solution = field_value(record, "solution", mapping)
-    item = {"answer": str(answer)}
-    if isinstance(solution, str):
+    has_solution = isinstance(solution, str) and bool(solution.strip())
+    if answer in (None, "") and not has_solution:
+        raise ValueError(f"no answer (fields: {sorted(record)}); map it with train_dataset.fields.answer=COLUMN "
+                         "(or give a solution / response for SFT)")
+    item = {} if answer in (None, "") else {"answer": str(answer)}
+    if has_solution:
         item["solution"] = solution
     return item, {ans_col, sol_col}
 
@@ -188,4 +217,71 @@ def _first_solution(solution: Any) -> str | None:
     return solution if isinstance(solution, str) and solution.strip() else None
 
 
-NORMALIZERS = {"gsm8k": _gsm8k, "math": _math, "qa": _qa, "code": _code}
+def _chat(record: dict, mapping: dict) -> tuple[dict, set]:
+    col, raw = field_value(record, "messages", mapping)
+    if raw is None:
+        raise ValueError(f"no conversation: no 'messages' list in column '{col or ALIASES['messages'][0]}' "
+                         f"(fields: {sorted(record)})")
+    messages = chat_messages(raw, col)
+    final = _final_assistant(messages)
+    if final is None:
+        raise ValueError(f"'{col}' has no assistant turn: nothing to train on")
+    if not messages[final]["content"].strip():
+        raise ValueError(f"{col}[{final}]: the final assistant turn is empty: nothing to train on")
+    if final != len(messages) - 1:
+        raise ValueError(f"{col}[{final + 1}]: a '{messages[final + 1]['role']}' turn follows the final assistant "
+                         "turn; a conversation ends with the assistant's reply")
+    user = _last_user(messages, final)
+    if user is None:
+        raise ValueError(f"'{col}' has no user turn before the final assistant turn")
+    if not messages[user]["content"].strip():
+        raise ValueError(f"{col}[{user}]: the user turn before the final assistant turn is empty")
+    item = {"messages": messages, "question": messages[user]["content"], "solution": messages[final]["content"]}
+    ans_col, answer = field_value(record, "answer", mapping)
+    if answer not in (None, ""):
+        item["answer"] = str(answer)
+    return item, {col, ans_col}
+
+
+def chat_messages(raw: Any, col: str = "messages") -> list[dict]:
+    """The turns of a conversation as chat templates take them (see :func:`asyncrl.agent.chat.normalize`),
+    from a list of ``{role, content}`` (or ShareGPT ``{from, value}``) objects or its JSON text; ValueError
+    naming the turn that is not one."""
+    from asyncrl.agent.chat import normalize
+
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ValueError(f"'{col}' is text, not a list of {{role, content}} turns") from None
+    if hasattr(raw, "tolist"):  # Parquet / Arrow lists arrive as arrays
+        raw = raw.tolist()
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"'{col}' must be a non-empty list of {{role, content}} turns, got {type(raw).__name__}")
+    turns = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise ValueError(f"{col}[{i}] must be an object with 'role' and 'content', got {type(m).__name__}")
+        role = m.get("role", m.get("from"))
+        if role not in ROLES:
+            raise ValueError(f"{col}[{i}]: role {role!r} is not one of {sorted(set(ROLES))}")
+        content = m.get("content", m.get("value"))
+        turns.append({**m, "role": ROLES[role], "content": content})
+    return normalize(turns)
+
+
+def _final_assistant(messages: list[dict]) -> int | None:
+    return next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant"), None)
+
+
+def _last_user(messages: list[dict], before: int) -> int | None:
+    return next((i for i in range(before - 1, -1, -1) if messages[i]["role"] == "user"), None)
+
+
+def _with_last_question(messages: list[dict], question: str) -> list[dict]:
+    """``messages`` with the user turn before the final assistant turn reading ``question``."""
+    user = _last_user(messages, _final_assistant(messages))
+    return [{**m, "content": question} if i == user else m for i, m in enumerate(messages)]
+
+
+NORMALIZERS = {"gsm8k": _gsm8k, "math": _math, "qa": _qa, "code": _code, "chat": _chat}

@@ -10,11 +10,21 @@ from asyncrl.engine.sampling import derive_seed
 from asyncrl.types import SamplingParams, Trajectory, TrajectoryGroup
 
 
-def chat_prompt_ids(tokenizer, question: str) -> list[int]:
-    """Token ids of a single user turn under the tokenizer's chat template, ready for the assistant."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                         tokenize=False)
+def chat_prompt_ids(tokenizer, question: str | list[dict]) -> list[int]:
+    """Token ids of a prompt under the tokenizer's chat template, ready for the assistant: ``question`` is a
+    single user turn's text, or the turns of a conversation (a chat item's prompt:
+    :func:`asyncrl.data.formats.prompt_of`)."""
+    messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def item_prompt_ids(tokenizer, item: dict) -> list[int]:
+    """An item's prompt ids: its ``prompt_ids`` when pre-tokenised, else its prompt under the chat template (a
+    chat item's turns before its final assistant turn, else its ``question`` as one user turn)."""
+    from asyncrl.data.formats import prompt_of
+
+    return item.get("prompt_ids") or chat_prompt_ids(tokenizer, prompt_of(item))
 
 
 class RLVRWorkflow:
@@ -33,7 +43,7 @@ class RLVRWorkflow:
         return dataclasses.replace(self.params, seed=derive_seed(self.seed, int(item["id"])))
 
     async def run(self, item: dict, engine: Engine) -> TrajectoryGroup | None:
-        prompt_ids = item.get("prompt_ids") or chat_prompt_ids(self.tokenizer, item["question"])
+        prompt_ids = item_prompt_ids(self.tokenizer, item)
         completions = await engine.generate(prompt_ids, self._params(item))
         texts = [self.tokenizer.decode(c.output_ids, skip_special_tokens=True) for c in completions]
         rewards = await asyncio.gather(*(self.reward.ascore(item, text) for text in texts))  # scored side by side

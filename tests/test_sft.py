@@ -1,0 +1,321 @@
+"""SFT on the user's own data: prompt + response rows and chat rows read as `asyncrl train` reads them, the loss
+on the response / assistant tokens only, packed rows giving the padded loss, bad rows named by file and line,
+over-long examples skipped and counted, evaluation with a reward function by import path, step checkpoints
+and the metrics file."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl import configlib
+from asyncrl.config import SFTConfig
+from asyncrl.configlib import ConfigError
+from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
+from asyncrl.data.formats import prompt_of
+from asyncrl.sft import MICRO_BATCH_TOKENS, chat_example, item_example, micro_batch_losses, sft, sft_batch
+from asyncrl.packing import plan_micro_batches
+
+from conftest import make_model
+
+TEMPLATES = Path(__file__).parent / "data_fixtures" / "chat_templates"
+PAIRS = [{"question": f"What is {a} plus {b}?", "response": f"{a}+{b}={a + b}. The answer is {a + b}.",
+          "answer": str(a + b)} for a in range(2, 8) for b in range(3, 7)]  # 24 rows
+CHATS = [{"messages": [{"role": "system", "content": "Answer with the sum."},
+                       {"role": "user", "content": f"Add {a} and {b}."},
+                       {"role": "assistant", "content": f"{a}+{b}={a + b}."},
+                       {"role": "user", "content": f"And {a} and {b + 1}?"},
+                       {"role": "assistant", "content": f"The answer is {a + b + 1}."}],
+          "answer": str(a + b + 1)} for a in range(2, 7) for b in range(3, 7)]  # 20 rows
+
+
+def always_one_reward(prompt, completion, **fields):
+    """1.0 for any completion of an item that reached the reward with its fields (the default verifier would
+    score an untrained model's answers 0)."""
+    return 1.0 if prompt and "answer" in fields else 0.0
+
+
+def write_jsonl(path: Path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def build(path, tokenizer, valid_size=2, **train):
+    return dataset_from_config(TaskConfig(), TrainDatasetConfig(path=path, **train),
+                               ValidDatasetConfig(size=valid_size), tokenizer=tokenizer)
+
+
+def config(tmp_path, model_dir, *overrides) -> SFTConfig:
+    return configlib.load(SFTConfig, None, [f"model.path={model_dir}", f"output={tmp_path / 'out'}", "threads=1",
+                                            "batch_size=4", "warmup_steps=1", "lr=3e-3", "valid_dataset.size=2",
+                                            "max_new_tokens=8", *overrides])
+
+
+def metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "sft_metrics.jsonl").read_text().splitlines()]
+
+
+def spans(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The runs of consecutive masked tokens."""
+    out, run = [], []
+    for t, m in zip(ids, mask):
+        if m:
+            run.append(t)
+        elif run:
+            out.append(run)
+            run = []
+    return out + ([run] if run else [])
+
+
+# ---- prompt + response rows -----------------------------------------------------------------------------
+def test_response_rows_mask_only_the_response(tmp_path, tokenizer):
+    data = build(write_jsonl(tmp_path / "pairs.jsonl", PAIRS), tokenizer)
+    item = next(data.train)
+    assert item["solution"] == next(r["response"] for r in PAIRS if r["question"] == item["question"])
+    (ids, n_prompt), untrained = item_example(tokenizer, item)
+    assert untrained == 0 and ids[:n_prompt] == item["prompt_ids"]
+    _, _, loss_mask = sft_batch([(ids, n_prompt)], tokenizer.pad_token_id)
+    trained = [ids[t + 1] for t in range(len(ids) - 1) if loss_mask[0, t]]  # the tokens predicted under the mask
+    assert trained == ids[n_prompt:] and trained[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(trained, skip_special_tokens=True) == item["solution"]
+
+
+def test_qa_rows_without_a_solution_train_on_the_answer(tmp_path, tokenizer):
+    rows = [{"question": f"Compute {i} + 1.", "answer": str(i + 1)} for i in range(10)]
+    item = next(build(write_jsonl(tmp_path / "qa.jsonl", rows), tokenizer).train)
+    (ids, n_prompt), _ = item_example(tokenizer, item)
+    assert tokenizer.decode(ids[n_prompt:], skip_special_tokens=True) == item["answer"]
+
+
+def test_prompt_response_pairs_need_no_answer(tmp_path, tokenizer):
+    rows = [{"prompt": f"Say {i}.", "response": f"{i}"} for i in range(10)]
+    data = build(write_jsonl(tmp_path / "pr.jsonl", rows), tokenizer)
+    item = next(data.train)
+    assert "answer" not in item and item["solution"] == item["question"][4:-1]
+    (ids, n_prompt), _ = item_example(tokenizer, item)
+    assert tokenizer.decode(ids[n_prompt:], skip_special_tokens=True) == item["solution"]
+
+
+def test_sft_on_response_rows_lowers_the_loss_and_writes_metrics(tmp_path, tiny_model_dir):
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "steps=12")
+    record = sft(cfg)
+    rows = metrics(cfg.output)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert all({"loss", "tokens", "elapsed_s"} <= set(r) and r["tokens"] > 0 for r in rows)
+    assert "eval_accuracy" in rows[-1] and "eval_accuracy" not in rows[0] and record == rows[-1]
+    assert sum(r["loss"] for r in rows[-3:]) / 3 < 0.7 * rows[0]["loss"]
+    assert (Path(cfg.output) / "config.json").exists() and (Path(cfg.output) / "sft_config.yaml").exists()
+
+
+# ---- chat rows ------------------------------------------------------------------------------------------
+def test_chat_rows_become_items_with_their_prompt(tmp_path, tokenizer):
+    data = build(write_jsonl(tmp_path / "chat.jsonl", CHATS), tokenizer)
+    item = next(data.train)
+    row = next(r for r in CHATS if r["messages"][3]["content"] == item["question"])
+    assert item["messages"] == row["messages"] and item["answer"] == row["answer"]
+    assert item["solution"] == row["messages"][-1]["content"]
+    assert prompt_of(item) == row["messages"][:-1]
+    assert data.reward_fn.__name__ == "math_reward"
+
+
+def test_chat_rows_from_parquet(tmp_path, tokenizer):
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    # Arrow gives every turn every key of any turn, as nulls
+    rows = [{**r, "messages": [{**m, "tool_call_id": None} for m in r["messages"]]} for r in CHATS]
+    path = tmp_path / "chat.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    item = next(build(str(path), tokenizer).train)
+    assert [m["role"] for m in item["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert all(set(m) == {"role", "content"} for m in item["messages"])
+    (ids, mask), _ = item_example(tokenizer, item)
+    assert [tokenizer.decode(r, skip_special_tokens=True) for r in spans(ids, mask)] == \
+        [m["content"] for m in item["messages"] if m["role"] == "assistant"]
+
+
+def test_chat_rows_in_sharegpt_form_and_templated(tmp_path, tokenizer):
+    rows = [{"conversations": [{"from": "human", "value": f"Add {i} and 1."}, {"from": "gpt", "value": f"{i + 1}"}]}
+            for i in range(10)]
+    item = next(build(write_jsonl(tmp_path / "share.jsonl", rows), tokenizer,
+                      prompt_template="{question} Be brief.").train)
+    assert item["messages"][0]["role"] == "user" and item["messages"][1]["role"] == "assistant"
+    assert item["question"].endswith(" Be brief.") and item["messages"][0]["content"] == item["question"]
+
+
+@pytest.mark.parametrize("template", [None, "qwen2.5.jinja"])
+def test_chat_mask_covers_exactly_the_assistant_turns(tmp_path, tokenizer, template):
+    tok = _with_template(tokenizer, template)
+    messages = CHATS[0]["messages"]
+    ids, mask, untrained = chat_example(tok, messages)
+    assert untrained == 0
+    assert ids == tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False).input_ids
+    runs = spans(ids, mask)
+    contents = [m["content"] for m in messages if m["role"] == "assistant"]
+    assert [tok.decode(r, skip_special_tokens=True) for r in runs] == contents
+    assert all(r[-1] == tok.eos_token_id for r in runs)  # each turn ends with the token generation stops at
+    content_tokens = sum(len(tok(c, add_special_tokens=False).input_ids) + 1 for c in contents)
+    assert sum(mask) == content_tokens  # nothing of the system / user turns or the role headers
+    text = tok.decode([t for t, m in zip(ids, mask) if not m], skip_special_tokens=True)
+    assert all(m["content"] in text for m in messages if m["role"] != "assistant")
+
+
+def test_chat_turns_the_template_renders_differently_are_left_untrained(tokenizer):
+    tok = _with_template(tokenizer, "qwen3.jinja")  # drops earlier turns' reasoning once a new query follows
+    messages = [{"role": "user", "content": "Add 2 and 3."},
+                {"role": "assistant", "content": "<think>\n2+3</think>\n\n5."},
+                {"role": "user", "content": "And 2 and 4?"}, {"role": "assistant", "content": "6."}]
+    ids, mask, untrained = chat_example(tok, messages)
+    assert untrained == 1
+    [run] = spans(ids, mask)
+    assert tok.decode(run, skip_special_tokens=True).endswith("6.")
+
+
+def _with_template(tokenizer, template):
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    if template:
+        tok.chat_template = (TEMPLATES / template).read_text()
+    return tok
+
+
+def test_sft_on_chat_rows_evaluates_with_a_reward_fn_by_import_path(tmp_path, tiny_model_dir):
+    path = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "steps=3",
+                 "reward.fn=test_sft:always_one_reward")
+    record = sft(cfg)
+    assert record["eval_accuracy"] == 1.0 and record["eval_reward_errors"] == 0
+    assert record["sft_turns_untrained"] == 0 and record["tokens"] > 0
+
+
+# ---- packing --------------------------------------------------------------------------------------------
+def test_packed_loss_and_gradients_equal_the_padded_ones():
+    model = make_model(vocab=64, hidden=32).train()
+    g = torch.Generator().manual_seed(0)
+    examples = []
+    for n in (30, 7, 12, 5, 22, 9, 3, 16):
+        ids = torch.randint(1, 64, (n,), generator=g).tolist()
+        examples.append((ids, max(1, n // 3)) if n % 2 else (ids, torch.randint(0, 2, (n,), generator=g).tolist()))
+    batch = sft_batch(examples, pad_id=0)
+    lengths = batch[1].sum(-1).tolist()
+    assert any(len(row) > 1 for mb in plan_micro_batches(lengths, MICRO_BATCH_TOKENS) for row in mb)
+    assert any(len(row) > 1 for mb in plan_micro_batches(lengths, 64) for row in mb)
+    results = []
+    for pack_rows, max_tokens in ((False, MICRO_BATCH_TOKENS), (True, MICRO_BATCH_TOKENS), (True, 64), (False, 64)):
+        model.zero_grad()
+        loss = sum(part.backward() or part.detach() for part in micro_batch_losses(
+            model, *batch, pack_rows=pack_rows, max_tokens=max_tokens))
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((loss, grads))
+    (loss0, grads0) = results[0]
+    for loss, grads in results[1:]:
+        assert torch.allclose(loss, loss0, atol=1e-5, rtol=0)
+        assert torch.allclose(grads, grads0, atol=1e-5, rtol=1e-4)
+
+
+# ---- errors, skips --------------------------------------------------------------------------------------
+def test_bad_rows_are_named_by_file_and_line(tmp_path, tokenizer, caplog):
+    rows = CHATS[:9] + [{"messages": [{"role": "user", "content": "hi"}]},  # line 10: no assistant turn
+                        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
+                                      {"role": "user", "content": "and?"}]},  # line 11: ends with a user turn
+                        {"messages": [{"role": "robot", "content": "hi"}]}]  # line 12: unknown role
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.data"):
+        data = build(path, tokenizer)
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert f"{path}:10" in logged and "no assistant turn" in logged
+    assert f"{path}:11" in logged and "follows the final assistant turn" in logged
+    assert f"{path}:12" in logged and "role 'robot'" in logged
+    assert data.stats()["data_bad_rows"] == 3
+    with pytest.raises(ConfigError, match=f"{path}:10: .*no assistant turn"):
+        build(path, tokenizer, skip_bad_rows=False)
+
+
+def test_sft_errors_name_the_key_and_the_file(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError, match="train_dataset.path: 'nope.jsonl' does not exist"):
+        sft(config(tmp_path, tiny_model_dir, "train_dataset.path=nope.jsonl", "steps=1"))
+    empty = write_jsonl(tmp_path / "empty.jsonl", ['{"question": "no target"}', "not json"])
+    with pytest.raises(ConfigError, match=f"(?s)train_dataset.path: no usable rows in '{empty}'.*"
+                                          f"{empty}:1: cannot tell.*{empty}:2: not valid JSON"):
+        sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={empty}", "steps=1"))
+    code_rows = [{"question": f"Print {i}.", "tests": [{"input": "", "output": f"{i}\n"}]} for i in range(12)]
+    code = write_jsonl(tmp_path / "code.jsonl", code_rows)  # no solutions: nothing to train on
+    with pytest.raises(ConfigError, match=f"train_dataset.path '{code}': no usable training example.*"
+                                          "sft_skipped_no_target"):
+        sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={code}", "steps=1"))
+
+
+def test_examples_over_max_length_are_skipped_and_counted(tmp_path, tiny_model_dir, caplog):
+    rows = PAIRS[:10] + [{"question": "Say it long.", "response": "1+1=2. " * 60, "answer": "2"}] * 4
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.sft"):
+        record = sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "steps=6", "max_length=80",
+                            "eval_every=0"))
+    assert record["sft_skipped_long"] >= 1
+    warned = [r.getMessage() for r in caplog.records if "longer than max_length=80" in r.getMessage()]
+    assert len(warned) == 1 and "sft_skipped_long" in warned[0]
+    with pytest.raises(ConfigError, match="no usable training example.*sft_skipped_long.*raise max_length"):
+        sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "steps=1", "max_length=5"))
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------------
+def test_save_every_writes_step_checkpoints_loadable_with_transformers(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "steps=4", "save_every=2")
+    sft(cfg)
+    out = Path(cfg.output)
+    assert sorted(p.name for p in out.glob("step*")) == ["step2", "step4"]
+    step2 = AutoModelForCausalLM.from_pretrained(out / "step2")
+    final = AutoModelForCausalLM.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out / "step2")
+    assert any(not torch.equal(a, b) for a, b in zip(step2.state_dict().values(), final.state_dict().values()))
+    step4 = AutoModelForCausalLM.from_pretrained(out / "step4")
+    assert all(torch.equal(a, b) for a, b in zip(step4.state_dict().values(), final.state_dict().values()))
+
+
+def test_lora_sft_trains_the_adapters_and_saves_them_with_a_merged_model(tmp_path, tiny_model_dir):
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "steps=4", "save_every=2", "eval_every=2",
+                 "model.lora.rank=4", "lr=1e-2")
+    sft(cfg)
+    out = Path(cfg.output)
+    rows = metrics(out)
+    assert "eval_accuracy" in rows[1] and "eval_accuracy" in rows[3]
+    for d in (out, out / "step2", out / "step4"):
+        assert (d / "adapter_config.json").exists() and (d / "adapter_model.safetensors").exists()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged").state_dict()
+    changed = {k for k in base if not torch.equal(base[k], merged[k])}
+    assert changed and all("proj" in k for k in changed)  # only the adapted layers moved
+
+
+# ---- the command ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_asyncrl_sft_command_on_a_jsonl(tmp_path, tiny_model_dir):
+    exe = Path(sys.executable).parent / "asyncrl"
+    if not exe.exists():
+        pytest.skip("the asyncrl entry point is not installed beside this interpreter (pip install -e .)")
+    train = write_jsonl(tmp_path / "train.jsonl", PAIRS)
+    valid = write_jsonl(tmp_path / "valid.jsonl", PAIRS[:3])
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([str(exe), "sft", f"model.path={tiny_model_dir}", f"train_dataset.path={train}",
+                           f"valid_dataset.path={valid}", f"output={out}", "steps=3", "batch_size=4", "threads=1",
+                           "eval_every=2", "max_new_tokens=8"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3] and "eval_accuracy" in rows[1] and "eval_accuracy" in rows[2]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 3
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
