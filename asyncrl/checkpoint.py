@@ -1,9 +1,12 @@
 """Checkpoints of a run, complete and atomic: ``RUN_DIR/checkpoints/stepN/`` and ``checkpoints/latest``.
 
 ``stepN/`` is a Hugging Face checkpoint (the policy and its tokenizer; ``critic/`` beside them), loadable with
-``AutoModelForCausalLM``, plus what a resumed run needs to go on as if nothing happened:
+``AutoModelForCausalLM``; with ``model.lora`` it holds the LoRA adapter instead (adapter_model.safetensors +
+adapter_config.json, for ``peft.PeftModel.from_pretrained(base, stepN)``) and the merged model with its tokenizer
+in ``stepN/merged/`` (``weights_dir``). Beside them, what a resumed run needs to go on as if nothing happened:
 
-- ``trainer.pt``: the optimizer and schedule state, the RNG states (Python, NumPy, torch);
+- ``trainer.pt``: the optimizer (of the adapters only, with LoRA) and schedule state, the RNG states (Python,
+  NumPy, torch);
 - ``run.json``: the version, the data position (items drawn from the prompt stream), the admission counters,
   the elapsed training time;
 - ``rollouts.pt``: the groups that were finished but not yet trained (tokens, log-probs, per-token versions,
@@ -117,6 +120,14 @@ def restore_training_state(trainer, path: Path) -> None:
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def weights_dir(checkpoint: Path | str) -> str:
+    """The Hugging Face directory of a checkpoint's policy weights: the checkpoint itself, or the merged export
+    of a LoRA checkpoint (whose adapter alone needs the base model)."""
+    from asyncrl.lora import MERGED_DIR, is_adapter_dir
+
+    return str(Path(checkpoint) / MERGED_DIR) if is_adapter_dir(checkpoint) else str(checkpoint)
 
 
 def read_latest(checkpoints: Path) -> str | None:

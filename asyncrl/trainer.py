@@ -31,6 +31,7 @@ from asyncrl.algo.offpolicy import loglinear_prox_logprobs
 from asyncrl.algo.shaping import place_at_last_token, shape_rewards
 from asyncrl.critic import CRITIC_DIR, VALUE_HEAD_FILE, ValueHead, load_value_head, save_critic
 from asyncrl.logprobs import logprobs_from_logits
+from asyncrl.lora import AdaptersOff, is_lora, merged_state_dict, save_lora
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.parallel import DataParallel
 from asyncrl.types import Batch
@@ -101,16 +102,19 @@ class Trainer:
         if dp is not None and critic != "none":
             raise ValueError("several trainer ranks train the policy only: use actor.critic=none (GRPO-family "
                              "advantages) or one rank")
+        if dp is not None and dp.fsdp and is_lora(model):
+            raise ValueError("LoRA trains with DDP or one rank, not FSDP")
         self.device, self.dp = torch.device(device), dp
         self.module = model.to(self.device).train()  # the model itself (its weights, config, save_pretrained)
         if pack_sequences:
-            check_packing(model)
+            check_packing(model.eval())  # without dropout (LoRA's), which would make the comparison random
+            model.train()
         self.model = model if dp is None else dp.wrap(model)  # what runs forward and backward
         self.algo = algo or Algorithm()
-        self.ref_model = ref_model
-        if ref_model is not None:
+        self.ref_model = ref_model  # a frozen model, or a callable one (AdaptersOff: the policy without LoRA)
+        if isinstance(ref_model, torch.nn.Module):
             ref_model.to(self.device).eval().requires_grad_(False)
-        params = list(model.parameters())
+        params = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters only
         self.value_head = self.critic_model = self.critic_optimizer = None
         if critic == "value_head":
             self.value_head = ValueHead(model.config.hidden_size).to(self.device)
@@ -449,13 +453,14 @@ class Trainer:
 
     # ---- weights -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """HF-named weights of the policy for publishing (live tensors; engines copy them). Sharded (FSDP): the
-        full weights gathered after the last step (``gather_weights``), on rank 0."""
+        """HF-named weights of the policy for publishing (live tensors; engines copy them); with LoRA the base
+        weights with the adapters merged (new tensors where adapted). Sharded (FSDP): the full weights gathered
+        after the last step (``gather_weights``), on rank 0."""
         if self.dp is not None and self.dp.fsdp:
             if self._full is None:
                 raise RuntimeError("FSDP weights are gathered by gather_weights() after each step")
             return self._full
-        return self.module.state_dict()
+        return merged_state_dict(self.module)
 
     def gather_weights(self) -> None:
         """FSDP: every rank calls this after a step; rank 0 then holds the full weights (one CPU copy)."""
@@ -519,12 +524,16 @@ class Trainer:
                     raise NonFiniteWeights(f"the {what} weight '{name}' holds NaN or inf values")
 
     def save(self, path: str, tokenizer=None) -> None:
-        """The policy in HF format at ``path``; a critic (separate model and/or value head) in
-        ``path/critic/``, which ``actor.critic_path`` loads back. Non-finite weights are refused."""
+        """The policy in HF format at ``path`` (with LoRA: the adapter there, the merged model and the tokenizer
+        in ``path/merged/``); a critic (separate model and/or value head) in ``path/critic/``, which
+        ``actor.critic_path`` loads back. Non-finite weights are refused."""
         self.check_finite()
-        self.module.save_pretrained(path, state_dict=self.state_dict())
-        if tokenizer is not None:
-            tokenizer.save_pretrained(path)
+        if is_lora(self.module):
+            save_lora(self.module, path, tokenizer)
+        else:
+            self.module.save_pretrained(path, state_dict=self.state_dict())
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
         if self.value_head is not None:
             save_critic(os.path.join(path, CRITIC_DIR), self.value_head, self.critic_model)
 
@@ -532,15 +541,19 @@ class Trainer:
 
 def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,
                   max_new_tokens: int | None = None, top_p: float = 1.0, top_k: int = 0, dp=None,
-                  device: str = "cpu") -> Trainer:
-    """The trainer for an ``ActorConfig``. ``model`` is the policy; a frozen reference model
-    (``actor.ref_model``) and a separate critic (``actor.critic=separate``) load from ``model_path``.
-    ``max_new_tokens`` (gconfig) is DAPO's L_max and Dr.GRPO's default normaliser."""
+                  device: str = "cpu", init_path: str | None = None) -> Trainer:
+    """The trainer for an ``ActorConfig``. ``model`` is the policy (a peft model: its LoRA adapters train); a
+    separate critic (``actor.critic=separate``) loads from ``model_path``, a frozen reference model
+    (``actor.ref_model``) from ``init_path`` (the run's starting checkpoint; default ``model_path``; with LoRA:
+    the policy with its adapters disabled) or its own directory. ``max_new_tokens`` (gconfig) is DAPO's L_max
+    and Dr.GRPO's default normaliser."""
     from asyncrl.models import load_model
 
     ref_model = None
-    if cfg.ref_model != "none":
-        ref_model = load_model(model_path if cfg.ref_model == "init" else cfg.ref_model)
+    if cfg.ref_model == "init" and is_lora(model):
+        ref_model = AdaptersOff(model)
+    elif cfg.ref_model != "none":
+        ref_model = load_model((init_path or model_path) if cfg.ref_model == "init" else cfg.ref_model)
     if cfg.critic_path and not os.path.isfile(os.path.join(cfg.critic_path, VALUE_HEAD_FILE)):
         raise FileNotFoundError(f"actor.critic_path: {os.path.join(cfg.critic_path, VALUE_HEAD_FILE)} not found "
                                 f"(a checkpoint's {CRITIC_DIR}/ directory holds it)")

@@ -23,7 +23,8 @@ import torch
 from asyncrl import configlib
 from asyncrl.algo import build_group_filter
 from asyncrl.buffer import RolloutBuffer
-from asyncrl.checkpoint import CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state
+from asyncrl.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
+                                weights_dir)
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
@@ -34,6 +35,7 @@ from asyncrl.critic import CRITIC_DIR
 from asyncrl.launch.placement import Allocation, PlacementError, allocate
 from asyncrl.launch.ranks import RankedTrainer
 from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
+from asyncrl.lora import apply_lora, load_adapter, trainable_summary
 from asyncrl.parallel import DataParallel
 from asyncrl.metrics import Console, MetricsLogger, StepMeter
 from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
@@ -161,13 +163,13 @@ def build_rank_trainer(cfg: TrainConfig, dp: DataParallel, resume: Path | None =
     """Ranks 1..N-1: the policy and its optimizer, nothing of the rollout side."""
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.actor.threads)
-    model_path = str(resume) if resume else check_model_dir(cfg.model.path)
-    model = load_model(model_path)
+    init_path, model_path = _paths(cfg, resume)
+    model = _policy(cfg, None, init_path, resume)
     shape_dtype = DTYPES[cfg.model.dtype]
     trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=None if shape_dtype == torch.float32 else shape_dtype,
                             max_new_tokens=cfg.gconfig.max_new_tokens, top_p=cfg.gconfig.top_p,
-                            top_k=cfg.gconfig.top_k, dp=dp, device=str(dp.device))
+                            top_k=cfg.gconfig.top_k, dp=dp, device=str(dp.device), init_path=init_path)
     if resume is not None:
         restore_training_state(trainer, resume)
     trainer.gather_weights()
@@ -192,13 +194,13 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     torch.set_num_threads(cfg.actor.threads)
     device = str(dp.device) if dp is not None else cfg.cluster.resolved_device()
     allocation = _allocation(cfg, device)
-    model_path = str(resume) if resume else check_model_dir(cfg.model.path)
+    init_path, model_path = _paths(cfg, resume)
     start = load_run_state(resume) if resume else RunState(version=0)
     if resume and cfg.actor.critic != "none":  # the critic comes back from the checkpoint too
         cfg = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, critic_path=str(resume / CRITIC_DIR)))
     tokenizer = load_tokenizer(model_path)  # the trainer thread's (evaluation, checkpoints)
     rollout_tokenizer = load_tokenizer(model_path)  # the rollout thread's: fast tokenizers are not thread-safe
-    model = load_model(model_path)  # master weights in float32; model.dtype sets the compute dtype
+    model = load_model(model_path)  # master weights in float32; model.dtype sets the compute dtype (engines' copy)
     shape = RunShape.of(cfg, model, tokenizer)
     room = shape.max_len - cfg.gconfig.max_new_tokens  # prompt tokens that fit beside a full completion
     if (cfg.train_dataset.max_prompt_tokens or 0) > room:
@@ -216,9 +218,14 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
         stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels,
         device=device))
-    trainer = build_trainer(cfg.actor, model, model_path=model_path, temperature=cfg.gconfig.temperature,
+    policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
+    trainer = build_trainer(cfg.actor, policy, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=shape.autocast_dtype, max_new_tokens=cfg.gconfig.max_new_tokens,
-                            top_p=cfg.gconfig.top_p, top_k=cfg.gconfig.top_k, dp=dp, device=device)
+                            top_p=cfg.gconfig.top_p, top_k=cfg.gconfig.top_k, dp=dp, device=device,
+                            init_path=init_path)
+    counts = trainable_summary(policy)
+    log.info("policy: %s trainable parameters of %s (%.2f%%)%s", f"{counts['trainable']:,}", f"{counts['total']:,}",
+             100 * counts["fraction"], f", LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.enabled else "")
     if resume is not None:
         restore_training_state(trainer, resume)
     if dp is not None:  # the engines above copied the whole model before FSDP sharded it
@@ -262,6 +269,41 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
                           w.max_nonfinite_steps),
     )
+
+
+def _paths(cfg: TrainConfig, resume: Path | None) -> tuple[str | None, str]:
+    """(the starting checkpoint ``model.path``, resolved; the HF directory of the weights the run starts from:
+    the same, or the resumed checkpoint's). A resumed run needs ``model.path`` only for LoRA (the base model)
+    and the reference model ``init``; otherwise it is None there."""
+    lora = cfg.model.lora
+    if lora.enabled and cfg.actor.parallel_mode == "fsdp" and cfg.actor.world_size > 1:
+        raise ConfigError(f"model.lora.rank={lora.rank} with actor.backend={cfg.actor.backend}: LoRA trains with "
+                          "ddp:dN or one rank (FSDP of adapters is not supported)")
+    if resume is None:
+        path = check_model_dir(cfg.model.path)
+        return path, path
+    needed = lora.enabled or cfg.actor.ref_model == "init"
+    return (check_model_dir(cfg.model.path) if needed else None), weights_dir(resume)
+
+
+def _policy(cfg: TrainConfig, model, init_path: str | None, resume: Path | None):
+    """The model the trainer trains: ``model`` (loaded from the run's weights if None), or with ``model.lora``
+    the base model (``model.path``) with LoRA adapters, a resumed run's loaded from its checkpoint. The adapters
+    start from ``cfg.seed`` whatever was drawn before (DDP starts every rank from rank 0's anyway)."""
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return model if model is not None else load_model(weights_dir(resume) if resume else init_path)
+    if model is None or resume is not None:  # the engines' model holds merged weights: train the base
+        model = load_model(init_path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = apply_lora(model, lora)
+    if resume is not None:
+        try:
+            load_adapter(model, resume)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"cannot resume the LoRA adapter of {resume}: {e}") from e
+    return model
 
 
 def _evaluator(cfg: TrainConfig, workflow, engine, trainer, tokenizer, items, reward, shape: RunShape) -> Evaluator:
