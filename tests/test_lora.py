@@ -285,3 +285,14 @@ def test_asyncrl_train_with_lora_end_to_end(tmp_path):
     step = tmp_path / "asyncrl" / "default" / "checkpoints" / "step3"
     assert (step / "adapter_model.safetensors").is_file() and (step / "merged" / "model.safetensors").is_file()
     load_model(str(step / "merged"))
+
+
+def test_the_lora_example_loads_with_rank_8_and_trains_under_5_percent_of_the_shipped_model():
+    """examples/lora.yaml (documented in docs/lora.md): rank 8 on every projection, actor.lr 1e-3, and its
+    adapters are under 5% of builtin:tiny-sft's parameters (the fraction the start-up log line reports)."""
+    cfg = configlib.load(TrainConfig, str(ROOT / "examples" / "lora.yaml"))
+    assert cfg.experiment_name == "lora" and cfg.model.path == "builtin:tiny-sft"
+    assert cfg.model.lora.rank == 8 and cfg.model.lora.target_modules == LoraConfig().target_modules
+    assert cfg.actor.lr == pytest.approx(1e-3)
+    model = apply_lora(load_model(resolve_model_path(cfg.model.path)), cfg.model.lora)
+    assert 0 < trainable_summary(model)["fraction"] < 0.05
