@@ -4,12 +4,13 @@
 
 writes three files of prompt + answer rows, e.g. ``{"prompt": "Sort alphabetically: pear fig apple",
 "answer": "apple fig pear"}``: ``sft.jsonl``, demonstrations of short lists (3 or 4 words; the answer is the
-SFT target), ``train.jsonl``, RL prompts of 3 to 6 words (the answer is only used by the reward), and
-``test.jsonl``, held-out prompts of 3 to 6 words that neither of the others repeats. The demonstrations cover
-the easy cases only, and a share of them (``--careless``, 30 % by default) are wrong: they repeat the words in
+SFT target), ``train.jsonl``, RL prompts of 3 to 5 words (the answer is only used by the reward), and
+``test.jsonl``, held-out prompts of 3 to 5 words that neither of the others repeats. The demonstrations cover
+the easy cases only, and a share of them (``--careless``, half by default) are wrong: they repeat the words in
 the order given, as a careless annotator would. SFT learns the mistakes with the rest; RL with the reward,
-on longer lists too, takes the model further. The task stands for any task of your own: a file of prompts with reference answers, and
-a reward function (``reward.py`` beside this file) that scores a completion against the row's fields.
+on longer lists too, takes the model further. The task stands for any task of your own: a file of prompts
+with reference answers, and a reward function (``reward.py`` beside this file) that scores a completion
+against the row's fields.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ def row(rng: random.Random, min_words: int, max_words: int, careless: float = 0.
     return {"prompt": "Sort alphabetically: " + " ".join(words), "answer": " ".join(answer)}
 
 
-def make(n_sft: int, n_train: int, n_test: int, seed: int = 0, careless: float = 0.3) -> dict[str, list[dict]]:
+def make(n_sft: int, n_train: int, n_test: int, seed: int = 0, careless: float = 0.5) -> dict[str, list[dict]]:
     """Rows of the three files: ``n_test`` distinct held-out rows, and training rows that never repeat one."""
     rng = random.Random(seed)
     test, seen = [], set()
     while len(test) < n_test:
-        r = row(rng, 3, 6)
+        r = row(rng, 3, 5)
         if r["prompt"] not in seen:
             seen.add(r["prompt"])
             test.append(r)
@@ -48,7 +49,7 @@ def make(n_sft: int, n_train: int, n_test: int, seed: int = 0, careless: float =
                 out.append(r)
         return out
 
-    return {"sft.jsonl": rows(n_sft, 4, careless), "train.jsonl": rows(n_train, 6), "test.jsonl": test}
+    return {"sft.jsonl": rows(n_sft, 4, careless), "train.jsonl": rows(n_train, 5), "test.jsonl": test}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft", type=int, default=5_000, help="SFT demonstrations (3 or 4 words)")
     p.add_argument("--train", type=int, default=20_000, help="RL prompts")
     p.add_argument("--test", type=int, default=200, help="held-out rows")
-    p.add_argument("--careless", type=float, default=0.3, help="share of SFT demonstrations left unsorted")
+    p.add_argument("--careless", type=float, default=0.5, help="share of SFT demonstrations left unsorted")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     files = make(args.sft, args.train, args.test, args.seed, args.careless)
