@@ -84,13 +84,17 @@ def test_problems_and_splits_are_deterministic():
 def test_lookup_tool_is_deterministic_and_forgiving_of_spelling():
     item = LookupTask().split(1, 1)[0]
     key, value = next(iter(item["facts"].items()))
-    assert lookup.lookup(item, key) == str(value)
-    assert lookup.lookup(item, "  " + key.upper() + " ") == str(value)
     thing, name = key.split(" of ")
-    assert lookup.lookup(item, f"{name}'s {thing}") == lookup.lookup(item, f"{name} {thing}") == str(value)
+    result = f"{name}: {value}"  # the box and its number, as the reference transcripts show it
+    assert re.fullmatch(r"box [1-9]\d: \d+", result)  # two-digit boxes
+    assert lookup.lookup(item, key) == result
+    assert lookup.lookup(item, "  " + key.upper() + " ") == result
+    assert lookup.lookup(item, f"{name}'s {thing}") == lookup.lookup(item, f"{name} {thing}") == result
+    assert lookup.lookup(item, name) == lookup.lookup(item, name.upper()) == result  # the box alone
+    assert lookup.lookup(item, f"{'cups' if thing != 'cups' else 'hats'} of {name}").startswith("no value")
     assert lookup.lookup(item, "Nobody apples").startswith("no value")
     assert lookup.lookup(item, None).startswith("error")
-    assert asyncio.run(lookup.call_tool(item, "lookup", json.dumps({"key": key}))) == str(value)
+    assert asyncio.run(lookup.call_tool(item, "lookup", json.dumps({"key": key}))) == result
     assert asyncio.run(lookup.call_tool(item, "lookup", "{not json")).startswith("error")
     assert asyncio.run(lookup.call_tool(item, "search", "{}")).startswith("error: no tool")
     assert asyncio.run(lookup.call_tool(item, "python", '{"code": "print(1)"}', python=False)).startswith("error")
@@ -203,3 +207,47 @@ def test_evaluate_episodes_scores_failures_as_zero(agent_tokenizer):
     out = asyncio.run(evaluate_episodes(proxy, items, flaky))
     assert out["eval_accuracy"] == pytest.approx(5 / 6) and out["eval_episode_failures"] == 1
     assert out["eval_calls_mean"] == pytest.approx(5 / 6) and not proxy.episodes
+
+
+# ---- the shipped checkpoint -------------------------------------------------------------------------------
+def test_the_shipped_tiny_agent_looks_numbers_up_and_solves_some_held_out_problems():
+    """builtin:tiny-agent, greedy, on 24 held-out problems through the in-process client: it solves some but not
+    all (RL has something to improve), and it uses its tool (2 lookups per problem on average when right)."""
+    import torch
+
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.models import load_model, load_tokenizer, resolve_model_path
+
+    torch.set_num_threads(2)
+    try:
+        path = resolve_model_path("builtin:tiny-agent")
+    except FileNotFoundError:
+        pytest.skip("builtin:tiny-agent is not shipped yet (docs/agents.md: the SFT recipe and where it stands)")
+    tokenizer, model = load_tokenizer(path), load_model(path)
+    items = LookupTask().split(10_000, 24)
+    tool_calls = []
+
+    async def counting(client, item):
+        create = client.chat.completions.create
+        n = 0
+
+        async def create_and_count(**kwargs):
+            nonlocal n
+            reply = await create(**kwargs)
+            n += len(reply.choices[0].message.tool_calls or [])
+            return reply
+
+        client.chat.completions.create = create_and_count
+        reward = await episode(client, item)
+        tool_calls.append(n)
+        return reward
+
+    params = SamplingParams(max_new_tokens=64, greedy=True, stop_token_ids=(tokenizer.eos_token_id,))
+    max_len = model.config.max_position_embeddings
+    engine = LocalEngine(model, max_slots=32, max_len=max_len, stop_token_ids=params.stop_token_ids).start()
+    try:
+        out = evaluate_agent(engine, tokenizer, items, counting, params, max_len)
+    finally:
+        engine.stop()
+    assert 0 < out["eval_accuracy"] < 1 and out["eval_episode_failures"] == 0, out
+    assert statistics.mean(tool_calls) > 1.5, tool_calls

@@ -1,18 +1,23 @@
 """The built-in agentic task ``lookup``: questions about made-up entities whose numbers only a tool knows.
 
-A problem names a thing and two or three numbered boxes, e.g. ``How many apples do box 417 and box 238 have
-together?``; the numbers are drawn per problem and kept in the item (``item["facts"]``: ``{"apples of box
-417": 37, "apples of box 238": 15}``), so no model can know them: it has to call ``lookup`` once per entity, then
-combine the results (``37 + 15 = 52`` / ``The answer is 52.``; reward 1 if the final answer is right). Some
-problems add or take away a number given in the question. A ``python`` tool runs code in the reward sandbox
-(:mod:`asyncrl.reward.sandbox`); no problem needs it, and the reference transcripts use it rarely
-(``python_frac``), so the task stays fast on a CPU.
+A problem names a thing and one to three numbered boxes (``box 10`` to ``box 99``), e.g. ``How many apples do
+box 41 and box 23 have together?``; the numbers are drawn per problem and kept in the item (``item["facts"]``:
+``{"apples of box 41": 37, "apples of box 23": 15}``), so no model can know them: it has to call ``lookup`` once
+per box, then combine the results (``37 + 15 = 52`` / ``The answer is 52.``; reward 1 if the final answer is
+right). The tool answers with the box and its number (``box 41: 37``), so the working copies a number from a
+labelled line. Some problems add or take away a number given in the question. The key of a fact is the box
+(``box 41``; the full ``apples of box 41`` is accepted too, as is ``box 41's apples``): every fact of a problem counts the same
+thing, and the reference transcripts name only the box, so a tiny model copies digits it knows from arithmetic
+rather than a word it would have to learn to pick out of three phrasings. A ``python`` tool runs code in the
+reward sandbox (:mod:`asyncrl.reward.sandbox`); no problem needs it, and the reference transcripts use it only
+with ``python_frac`` > 0 (0 by default), so the task stays fast on a CPU.
 
 Options (the ``task.*`` keys): ``min_terms``/``max_terms`` bound the numbers in a problem (every one a fact to
 look up, or the last one given in the question), ``max_operand`` the largest number, ``ops`` the operators
-(``+`` and ``-``), ``direct_frac`` the fraction of reference transcripts (used by SFT) that do not look every
-fact up: half of them answer at once with made-up numbers, half look the first fact up and make the others up.
-A model fine-tuned on such a mixture sometimes guesses; RL has to discover that looking up pays.
+(``+`` and ``-``), ``direct_frac`` the fraction of reference transcripts (used by SFT) that look nothing up and
+answer at once with made-up numbers. A model fine-tuned on such a mixture sometimes guesses; RL has to discover
+that looking up pays. (A guessing transcript has no tool result before its working, so the turn after
+lookups always copies what they returned.)
 
 The episode (:func:`episode`) talks to the model through an OpenAI client only: it sends the question with
 the tools, runs the tool calls the model makes (the proxy returns them parsed, hermes syntax
@@ -35,15 +40,16 @@ from typing import ClassVar, Iterator
 ANSWER_RE = re.compile(r"answer is\s*(-?\d+)")
 OPS = "+-"
 
-NAMES = tuple(f"box {n}" for n in range(100, 1000))
-"""900 entities, named by number: a tiny model copies a number into its tool call with the skill it has from
-arithmetic (its digit tokens come from the arithmetic checkpoint); made-up words were new tokens to it, and a
-4-layer model fine-tuned for 400 steps invented names instead of copying them (0 of 100 held-out solved)."""
+NAMES = tuple(f"box {n}" for n in range(10, 100))
+"""90 entities, named by a two-digit number: a tiny model copies a number into its tool call with the skill it
+has from arithmetic (its digit tokens come from the arithmetic checkpoint); made-up words were new tokens to it,
+and a 4-layer model fine-tuned for 400 steps invented names instead of copying them (0 of 100 held-out solved).
+Three-digit boxes (box 100 - box 999) were miscopied (box 634 called as box 644): two digits are less to copy."""
 THINGS = ("apples", "coins", "books", "shells", "stamps", "marbles", "cards", "pens", "keys", "cups", "hats",
           "rings")
 
 LOOKUP_TOOL = {"type": "function", "function": {
-    "name": "lookup", "description": "The number stored under a key, such as 'apples of box 417'.",
+    "name": "lookup", "description": "The number stored under a key: a box, such as 'box 41'.",
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
 PYTHON_TOOL = {"type": "function", "function": {
     "name": "python", "description": "Run Python code; returns what it prints.",
@@ -71,7 +77,7 @@ class LookupTask:
     max_operand: int = 99
     ops: str = "+-"
     direct_frac: float = 0.0
-    python_frac: float = 0.05
+    python_frac: float = 0.0
     episode: ClassVar[str] = "asyncrl.agent.tasks.lookup:episode"
     """The episode function that runs (and scores) a problem of this task."""
     tools: ClassVar[list[dict]] = TOOLS
@@ -135,8 +141,8 @@ class LookupTask:
         """The reference conversation for ``item``: the user turn, then assistant turns (their ``content`` is
         the text the model writes, tool calls included) and tool results. Which kind is decided by the
         question's hash, so the problem streams do not depend on ``direct_frac``: a full one (every fact looked
-        up, then the working; ``python_frac`` of them compute with the python tool), or with ``direct_frac``
-        an imperfect one (no lookup at all, or only the first) whose missing numbers are made up."""
+        up by its box, then the working; ``python_frac`` of them compute with the python tool), or with
+        ``direct_frac`` a guess (no lookup at all, the working with made-up numbers)."""
         question = item["question"]
         keys, values = list(item["facts"]), list(item["facts"].values())
         if item["given"] is not None:
@@ -146,21 +152,18 @@ class LookupTask:
         made_up = random.Random(question + "#made-up")
         messages = [{"role": "user", "content": question}]
         if u < self.direct_frac:
-            looked_up = 0 if (u < self.direct_frac / 2 or len(keys) == 1) else 1
-            shown = values[:looked_up]
-            for i, v in enumerate(values[looked_up:], start=looked_up):
+            shown = []
+            for i, v in enumerate(values):
                 if i >= len(keys):  # a number given in the question
                     shown.append(v)
                 elif i and ops[i - 1] == "-":  # made up, but never below zero
                     shown.append(made_up.randint(1, max(1, min(values_total(shown, ops), self.max_operand))))
                 else:
                     shown.append(made_up.randint(2, self.max_operand))
-            for key, value in zip(keys[:looked_up], values):
-                messages += _lookup_turn(key, value)
             messages.append({"role": "assistant", "content": working(shown, ops)})
             return messages
-        for key, value in zip(keys, values):
-            messages += _lookup_turn(key, value)
+        for name, value in zip(item["names"], values):
+            messages += _lookup_turn(name, value)
         if len(values) > 1 and _unit_hash(question + "#python") < self.python_frac:
             code = "print(" + " ".join([str(values[0])] + [f"{op} {v}" for op, v in zip(ops, values[1:])]) + ")"
             messages += [{"role": "assistant", "content": tool_call_text("python", {"code": code})},
@@ -171,9 +174,14 @@ class LookupTask:
         return messages
 
 
+def tool_result(key: str, value: int) -> str:
+    """What the lookup tool returns for the fact ``key`` (``apples of box 41``): its box and number, ``box 41: 37``."""
+    return f"{key.split(' of ', 1)[-1]}: {value}"
+
+
 def _lookup_turn(key: str, value: int) -> list[dict]:
     return [{"role": "assistant", "content": tool_call_text("lookup", {"key": key})},
-            {"role": "tool", "content": str(value)}]
+            {"role": "tool", "content": tool_result(key, value)}]
 
 
 def values_total(values: list[int], ops: list[str]) -> int:
@@ -240,21 +248,23 @@ def lookup_reward(prompt: str, completion: str, answer: str, **_) -> float:
 
 # ---- tools ---------------------------------------------------------------------------------------------
 def normalize_key(key: str) -> str:
-    """Case and spacing ignored; ``box 417's apples`` and ``box 417 apples`` read as ``apples of box 417``."""
+    """Case and spacing ignored; ``box 41's apples`` and ``box 41 apples`` read as ``apples of box 41``
+    (a key that ends in a number, ``box 41``, stays as it is)."""
     words = str(key).replace("'s ", " ").casefold().split()
-    if len(words) >= 2 and "of" not in words:
+    if len(words) >= 2 and "of" not in words and not words[-1].isdigit():
         words = [words[-1], "of", *words[:-1]]
     return " ".join(words)
 
 
 def lookup(item: dict, key) -> str:
-    """The lookup tool: the item's fact stored under ``key`` (case and spacing ignored)."""
+    """The lookup tool: the item's fact stored under ``key``, the full key (``apples of box 41``) or just the
+    box (``box 41``); case and spacing ignored. The result names the box it is of: ``box 41: 37``."""
     if not isinstance(key, str) or not key.strip():
-        return "error: lookup needs a key, e.g. a name and a thing"
+        return "error: lookup needs a key, e.g. 'box 41'"
     wanted = normalize_key(key)
     for k, v in item["facts"].items():
-        if normalize_key(k) == wanted:
-            return str(v)
+        if wanted in (normalize_key(k), normalize_key(k.split(" of ", 1)[-1])):
+            return tool_result(k, v)
     return f"no value for {key!r}"
 
 
