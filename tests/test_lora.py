@@ -21,6 +21,7 @@ from asyncrl.configlib import ConfigError  # noqa: E402
 from asyncrl.lora import (AdaptersOff, LoraConfig, apply_lora, is_lora, merged_state_dict, save_lora,  # noqa: E402
                           trainable_summary)
 from asyncrl.models import load_model, resolve_model_path  # noqa: E402
+from test_parallel import _batch  # noqa: E402  (groups of 3 samples of varied lengths and rewards)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,23 +39,6 @@ def _lora_model(rank=8, seed=0, path=None):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     return model
-
-
-def _batch(n_groups=4, seed=0):
-    """Groups of 3 samples with different lengths and rewards (some signal in every group)."""
-    from asyncrl.data.collate import collate
-    from asyncrl.types import Trajectory, TrajectoryGroup
-
-    g = torch.Generator().manual_seed(seed)
-    groups = []
-    for k in range(n_groups):
-        trajs = []
-        for j in range(3):
-            p = torch.randint(1, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-            o = torch.randint(1, 300, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
-            trajs.append(Trajectory(p, o, [-1.5] * len(o), [0] * len(o), float((k + j) % 3)))
-        groups.append(TrajectoryGroup(trajs))
-    return collate(groups, pad_id=0)
 
 
 def _adapters(model) -> dict[str, torch.Tensor]:
@@ -111,7 +95,7 @@ def test_one_step_moves_the_adapters_and_the_published_weights_not_the_base_weig
     trainer = Trainer(model, lr=1e-2)
     base = {k: v.clone() for k, v in model.state_dict().items() if ".lora_" not in k}
     adapters, published = _adapters(model), {k: v.clone() for k, v in trainer.state_dict().items()}
-    stats = trainer.step(_batch())
+    stats = trainer.step(_batch(4))
     assert stats["grad_norm"] > 0 and stats["nonfinite_skipped"] == 0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in base.items())  # the base weights stay
     assert all(not torch.equal(p, adapters[n]) for n, p in _adapters(model).items())
@@ -137,7 +121,7 @@ def test_a_lora_checkpoint_loads_in_peft_and_gives_the_logits_of_its_merged_expo
     path = resolve_model_path("builtin:tiny-sft")
     model = _lora_model(path=path)
     trainer = Trainer(model, lr=1e-2)
-    trainer.step(_batch())
+    trainer.step(_batch(4))
     ckpt = Checkpointer(tmp_path, trainer, tokenizer).save(1, RunState(version=1))
     assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "adapter_config.json").is_file()
     assert weights_dir(ckpt) == str(ckpt / "merged") and (ckpt / "merged" / "tokenizer.json").is_file()
