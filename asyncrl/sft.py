@@ -40,14 +40,13 @@ from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data import make_task
 from asyncrl.data.config import dataset_from_config, task_options
-from asyncrl.data.formats import prompt_of
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import evaluate
 from asyncrl.logprobs import logprobs_from_logits, token_logprobs
 from asyncrl.models import check_model_dir, load_model, load_tokenizer
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.types import SamplingParams
-from asyncrl.workflow.rlvr import chat_prompt_ids
+from asyncrl.workflow.rlvr import chat_prompt_ids, item_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -369,8 +368,7 @@ def _eval_items(valid: list[dict], tokenizer, max_prompt: int) -> list[dict]:
     prompts over ``max_prompt`` tokens are dropped with a warning."""
     items, dropped = [], 0
     for it in valid:
-        if it.get("messages") or not it.get("prompt_ids"):
-            it = {**it, "prompt_ids": chat_prompt_ids(tokenizer, prompt_of(it))}
+        it = {**it, "prompt_ids": item_prompt_ids(tokenizer, it)}
         if len(it["prompt_ids"]) > max_prompt:
             dropped += 1
             continue
