@@ -42,7 +42,11 @@ class TaskConfig:
     ops: str = "+-"
     """Operators drawn from: one or more of '+', '-', '*' ('*' multiplies by one digit), e.g. '+-*'."""
     direct_frac: float = 0.0
-    """Fraction in [0, 1] of reference solutions (used by SFT) that state the answer without the working."""
+    """Fraction in [0, 1] of reference solutions (used by SFT) that state the answer without the working (the
+    lookup task: without looking anything up, a made-up answer)."""
+    direct_things: list[str] = field(default_factory=list)
+    """The lookup task only: the things (apples, coins, ...) whose questions get direct_frac's guesses; empty =
+    every thing."""
 
     def validate(self) -> None:
         make_task(self.name, task_options(self))

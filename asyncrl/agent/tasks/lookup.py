@@ -15,9 +15,9 @@ with ``python_frac`` > 0 (0 by default), so the task stays fast on a CPU.
 Options (the ``task.*`` keys): ``min_terms``/``max_terms`` bound the numbers in a problem (every one a fact to
 look up, or the last one given in the question), ``max_operand`` the largest number, ``ops`` the operators
 (``+`` and ``-``), ``direct_frac`` the fraction of reference transcripts (used by SFT) that look nothing up and
-answer at once with made-up numbers. A model fine-tuned on such a mixture sometimes guesses; RL has to discover
-that looking up pays. (A guessing transcript has no tool result before its working, so the turn after
-lookups always copies what they returned.)
+state a made-up answer at once (``The answer is 57.``), ``direct_things`` the things whose questions get such
+guesses (empty: every thing). A model fine-tuned on such a mixture guesses where its demonstrations did, as a
+model does that believes it knows a fact; RL has to discover that looking up pays.
 
 The episode (:func:`episode`) talks to the model through an OpenAI client only: it sends the question with
 the tools, runs the tool calls the model makes (the proxy returns them parsed, hermes syntax
@@ -77,6 +77,7 @@ class LookupTask:
     max_operand: int = 99
     ops: str = "+-"
     direct_frac: float = 0.0
+    direct_things: tuple[str, ...] = ()
     python_frac: float = 0.0
     episode: ClassVar[str] = "asyncrl.agent.tasks.lookup:episode"
     """The episode function that runs (and scores) a problem of this task."""
@@ -99,6 +100,13 @@ class LookupTask:
         for name in ("direct_frac", "python_frac"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if isinstance(self.direct_things, str) or not all(isinstance(t, str) for t in self.direct_things):
+            raise ValueError(f"direct_things must be a list of things, got {self.direct_things!r}")
+        unknown = sorted(set(self.direct_things) - set(THINGS))
+        if unknown:
+            raise ValueError(f"direct_things names no thing of the lookup task: {unknown} (the things: "
+                             f"{', '.join(THINGS)})")
+        object.__setattr__(self, "direct_things", tuple(self.direct_things))
 
     def problem(self, rng: random.Random) -> dict:
         n_terms = rng.randint(self.min_terms, self.max_terms)
@@ -142,25 +150,25 @@ class LookupTask:
         the text the model writes, tool calls included) and tool results. Which kind is decided by the
         question's hash, so the problem streams do not depend on ``direct_frac``: a full one (every fact looked
         up by its box, then the working; ``python_frac`` of them compute with the python tool), or with
-        ``direct_frac`` a guess (no lookup at all, the working with made-up numbers)."""
+        ``direct_frac`` (for a thing of ``direct_things``, or any thing if it is empty) a guess: no lookup, a
+        made-up answer."""
         question = item["question"]
         keys, values = list(item["facts"]), list(item["facts"].values())
         if item["given"] is not None:
             values.append(item["given"])
         ops = list(item["ops"])
         u = _unit_hash(question)
-        made_up = random.Random(question + "#made-up")
         messages = [{"role": "user", "content": question}]
-        if u < self.direct_frac:
-            shown = []
+        if u < self.direct_frac and (not self.direct_things or item["thing"] in self.direct_things):
+            made_up, shown = random.Random(question + "#made-up"), []
             for i, v in enumerate(values):
                 if i >= len(keys):  # a number given in the question
                     shown.append(v)
-                elif i and ops[i - 1] == "-":  # made up, but never below zero
+                elif i and ops[i - 1] == "-":
                     shown.append(made_up.randint(1, max(1, min(values_total(shown, ops), self.max_operand))))
                 else:
                     shown.append(made_up.randint(2, self.max_operand))
-            messages.append({"role": "assistant", "content": working(shown, ops)})
+            messages.append({"role": "assistant", "content": f"The answer is {values_total(shown, ops)}."})
             return messages
         for name, value in zip(item["names"], values):
             messages += _lookup_turn(name, value)
