@@ -64,7 +64,9 @@ def test_readme_commands_are_all_covered():
     known = {"make train", "make test", "asyncrl train", "asyncrl sft", "asyncrl eval --model PATH",
              "asyncrl serve --model PATH --port N", "asyncrl report RUN_DIR", "asyncrl init-model --out DIR",
              "asyncrl train --help-config", "asyncrl init-model --out outputs/tiny-init",
-             "asyncrl sft --config examples/sft_tiny.yaml", "asyncrl sft --config examples/sft_tiny_mix.yaml"}
+             "asyncrl sft --config examples/sft_tiny.yaml", "asyncrl sft --config examples/sft_tiny_mix.yaml",
+             "asyncrl init-model --task lookup --init-from builtin:tiny-sft --out outputs/agent-init",
+             "asyncrl sft --config examples/sft_agent.yaml", "asyncrl train --config examples/agent_lookup.yaml"}
     commands = {_usage_placeholders(c) for c in readme_commands()}
     assert commands == known, f"README commands without a runner here: {commands - known}"
 
@@ -142,3 +144,14 @@ def test_checkpoint_recipe(workdir):
     _run([_asyncrl(), "sft", "--config", "examples/sft_tiny.yaml", *SFT_BUDGET], workdir)
     _run([_asyncrl(), "sft", "--config", "examples/sft_tiny_mix.yaml", *SFT_BUDGET], workdir)
     assert (workdir / "outputs" / "tiny-sft-mix" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_agent_checkpoint_recipe(workdir):
+    """The commands that reproduce builtin:tiny-agent and train it with RL, with tiny budgets."""
+    _run([_asyncrl(), "init-model", "--task", "lookup", "--init-from", "builtin:tiny-sft", "--out",
+          "outputs/agent-init"], workdir)
+    _run([_asyncrl(), "sft", "--config", "examples/sft_agent.yaml", *SFT_BUDGET, "save_every=0"], workdir)
+    assert (workdir / "outputs" / "tiny-agent" / "config.json").exists()
+    _run([_asyncrl(), "train", "--config", "examples/agent_lookup.yaml", "output_dir=outputs", *TRAIN_BUDGET], workdir)
+    assert (workdir / "outputs" / "agent_lookup" / "default" / "metrics.jsonl").exists()

@@ -135,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parser = argparse.ArgumentParser(prog="python -m asyncrl.agent.tasks.evaluate", description=main.__doc__)
-    parser.add_argument("--model", default="outputs/tiny-agent")
+    parser.add_argument("--model", default="builtin:tiny-agent")
     parser.add_argument("--task", default="lookup")
     parser.add_argument("--min-terms", type=int, default=2)
     parser.add_argument("--max-terms", type=int, default=3)
+    parser.add_argument("--max-operand", type=int, default=9, help="largest number in a box (task.max_operand)")
     parser.add_argument("--size", type=int, default=200, help="held-out problems (valid_dataset.size)")
     parser.add_argument("--seed", type=int, default=10_000, help="held-out split seed (valid_dataset.seed)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.models import load_model, load_tokenizer
 
     torch.set_num_threads(args.threads)
-    gen, _ = make_task(args.task, {"min_terms": args.min_terms, "max_terms": args.max_terms})
+    gen, _ = make_task(args.task, {"min_terms": args.min_terms, "max_terms": args.max_terms,
+                                   "max_operand": args.max_operand})
     items = gen.split(args.seed, args.size)
     tokenizer, model = load_tokenizer(args.model), load_model(args.model)
     max_len = min(model.config.max_position_embeddings, 1024)
