@@ -2,6 +2,8 @@
 
     python bench/agent_async.py                       # η = 0, 1, 2, 4; 3 attempts; tool latency median 1 s, p99 8 s
     python bench/agent_async.py --steps 10 --etas 0,4 --latency 0.5 --p99 4
+    python bench/agent_async.py --task lookup --steps 30 --etas 0,2,4 --batch 8 --n 8 --latency 0.5 --p99 4 \
+        --eval-every 10 --target 0.15                 # the lookup task from builtin:tiny-agent (examples/agent_lookup.yaml)
 
 Each arm is one ``asyncrl train`` process with ``workflow.name=agent`` and the episode of
 ``bench/agent_env.py`` (answer, wait for a slow checker tool with log-normal latency, retry if wrong), on the shipped
@@ -9,6 +11,9 @@ model, same seed, prompts and batch shape (``--batch`` groups of ``--n`` episode
 thread split differ (sync: both cores for each phase; async: one core each for the trainer and the engine,
 at the same time). It prints, per arm: wall time for ``--steps`` steps, time per step, the speedup over η = 0,
 the generator's busy fraction, the trainer's wait, tool time per episode and staleness.
+
+With ``--task lookup`` each arm is ``asyncrl train --config examples/agent_lookup.yaml`` instead: the built-in
+lookup task from ``builtin:tiny-agent``, every ``lookup`` call delayed by the latency.
 
 Held-out accuracy: the fraction of problems an episode solves (greedy, no tool latency in evaluation).
 In a synchronous step every episode of the batch must finish, so the step waits for the slowest chain of tool
@@ -34,10 +39,15 @@ REPO = Path(__file__).resolve().parent.parent
 def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
     sync = eta == 0
     threads = ["actor.threads=2", "rollout.threads=2"] if sync else ["actor.threads=1", "rollout.threads=1"]
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"output_dir={out}", f"experiment_name=eta{eta}",
-           "progress_bar=false", "report=false", "workflow.name=agent", "agent.episode=agent_env:episode",
-           "agent.client=inprocess", f"agent.options={{attempts: {args.attempts}, tool_latency_s: {args.latency}, "
-           f"tool_latency_p99_s: {args.p99}}}", f"rollout.max_head_offpolicyness={eta}",
+    if args.task == "lookup":
+        task = ["--config", str(REPO / "examples" / "agent_lookup.yaml"),
+                f"agent.options={{tool_latency_s: {args.latency}, tool_latency_p99_s: {args.p99}}}"]
+    else:
+        task = ["workflow.name=agent", "agent.episode=agent_env:episode", "agent.client=inprocess",
+                f"agent.options={{attempts: {args.attempts}, tool_latency_s: {args.latency}, "
+                f"tool_latency_p99_s: {args.p99}}}"]
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", *task, f"output_dir={out}", f"experiment_name=eta{eta}",
+           "progress_bar=false", "report=false", "max_train_time_s=0", f"rollout.max_head_offpolicyness={eta}",
            f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}",
            f"gconfig.max_new_tokens={args.max_new_tokens}", f"evaluator.freq_steps={args.eval_every}",
            f"valid_dataset.size={args.eval_size}",
@@ -70,6 +80,8 @@ def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=("checker", "lookup"), default="checker",
+                   help="checker: bench/agent_env.py on the arithmetic model; lookup: examples/agent_lookup.yaml")
     p.add_argument("--etas", default="0,1,2,4")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=4, help="prompt groups per step (B)")
@@ -77,15 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attempts", type=int, default=3, help="LLM calls per episode at most (each checked by the tool)")
     p.add_argument("--latency", type=float, default=1.0, help="tool latency median, seconds")
     p.add_argument("--p99", type=float, default=8.0, help="tool latency 99th percentile, seconds")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per LLM call (default 48; lookup: 64)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation (greedy episodes, no tool latency)")
     p.add_argument("--eval-size", type=int, default=100)
     p.add_argument("--target", type=float, default=0.08, help="time to this much above the step-0 accuracy")
     p.add_argument("--out", default=str(REPO / "outputs" / "bench" / "agent_async"))
     args = p.parse_args(argv)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 64 if args.task == "lookup" else 48
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    print(f"# agent_async: {args.steps} steps of {args.batch}x{args.n} episodes, up to {args.attempts} checked attempts, tool latency "
+    print(f"# agent_async ({args.task}): {args.steps} steps of {args.batch}x{args.n} episodes, up to {args.attempts} checked attempts, tool latency "
           f"median {args.latency}s p99 {args.p99}s; {cpu()}")
     results = [run_arm(int(e), args, out) for e in args.etas.split(",")]
     base = next((r for r in results if r["eta"] == 0), None)
