@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_new_tokens is None:
         args.max_new_tokens = 64 if args.task == "lookup" else 48
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
-    print(f"# agent_async ({args.task}): {args.steps} steps of {args.batch}x{args.n} episodes, up to {args.attempts} checked attempts, tool latency "
+    shape = f"up to {args.attempts} checked attempts" if args.task == "checker" else "lookups of 1-3 boxes"
+    print(f"# agent_async ({args.task}): {args.steps} steps of {args.batch}x{args.n} episodes, {shape}, tool latency "
           f"median {args.latency}s p99 {args.p99}s; {cpu()}")
     results = [run_arm(int(e), args, out) for e in args.etas.split(",")]
     base = next((r for r in results if r["eta"] == 0), None)
