@@ -54,6 +54,7 @@ class ArithTask:
             raise ValueError(f"direct_frac must be in [0, 1], got {self.direct_frac}")
         if self.direct_things:
             raise ValueError("direct_things is an option of the lookup task (task.name=lookup), not of arith")
+        object.__setattr__(self, "direct_things", tuple(self.direct_things))  # hashable, as every field
 
     def problem(self, rng: random.Random) -> dict:
         n_terms = rng.randint(self.min_terms, self.max_terms)
