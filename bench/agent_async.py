@@ -41,7 +41,8 @@ def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
     threads = ["actor.threads=2", "rollout.threads=2"] if sync else ["actor.threads=1", "rollout.threads=1"]
     if args.task == "lookup":
         task = ["--config", str(REPO / "examples" / "agent_lookup.yaml"),
-                f"agent.options={{tool_latency_s: {args.latency}, tool_latency_p99_s: {args.p99}}}"]
+                f"agent.options={{max_turns: 6, python: true, tool_latency_s: {args.latency}, "  # the YAML's,
+                f"tool_latency_p99_s: {args.p99}}}"]  # as the override replaces the whole dict
     else:
         task = ["workflow.name=agent", "agent.episode=agent_env:episode", "agent.client=inprocess",
                 f"agent.options={{attempts: {args.attempts}, tool_latency_s: {args.latency}, "

@@ -105,7 +105,8 @@ def test_lookup_tool_is_deterministic_and_forgiving_of_spelling():
 
 def test_task_options_are_checked():
     for bad in ({"ops": "+*"}, {"min_terms": 0}, {"max_terms": 1, "min_terms": 2}, {"direct_frac": 2.0},
-                {"max_operand": 1}, {"direct_things": ("pears",)}, {"direct_things": "apples"}):
+                {"max_operand": 1}, {"direct_things": ("pears",)}, {"direct_things": "apples"},
+                {"direct_things": ("apples",)}):  # the last: direct_things without direct_frac
         with pytest.raises(ValueError):
             LookupTask(**bad)
 
@@ -122,8 +123,8 @@ def test_guessing_transcripts_only_for_the_things_named_in_direct_things():
         if item["thing"] in ("apples", "coins"):
             guessed[guess] += 1
     assert 0.55 < guessed[True] / (guessed[True] + guessed[False]) < 0.85
-    everywhere = LookupTask(direct_frac=0.7).split(10_000, 400)
-    assert {it["thing"] for it in everywhere if len(it["transcript"]) == 2 and "?" in it["question"]} > {"apples"}
+    everywhere = LookupTask(direct_frac=0.7).split(10_000, 400)  # no direct_things: every thing gets guesses
+    assert {it["thing"] for it in everywhere if len(it["transcript"]) == 2} == set(lookup.THINGS)
 
 
 def test_latency_is_log_normal_with_the_given_median_and_p99():

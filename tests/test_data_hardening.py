@@ -48,7 +48,8 @@ def questions(data, n=200) -> set[str]:
     (dict(direct_frac=1.5), r"task.direct_frac must be in \[0, 1\], got 1.5"),
     (dict(direct_frac=-0.1), r"task.direct_frac must be in \[0, 1\]"),
     (dict(direct_things=["apples"]), "task.direct_things is an option of the lookup task"),
-    (dict(name="lookup", min_terms=2, direct_things=["apples", "pears"]),
+    (dict(name="lookup", min_terms=2, direct_things=["apples"]), r"set task.direct_frac > 0"),
+    (dict(name="lookup", min_terms=2, direct_frac=0.5, direct_things=["apples", "pears"]),
      r"task.direct_things names no thing of the lookup task: \['pears'\]"),
     (dict(name="algebra"), r"no built-in task 'algebra': task.name .* one of \['arith', 'lookup'\]"),
 ])

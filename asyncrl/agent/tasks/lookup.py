@@ -106,6 +106,9 @@ class LookupTask:
         if unknown:
             raise ValueError(f"direct_things names no thing of the lookup task: {unknown} (the things: "
                              f"{', '.join(THINGS)})")
+        if self.direct_things and not self.direct_frac:
+            raise ValueError("direct_things picks the questions that get guessing transcripts; with "
+                             "task.direct_frac 0 there are none: set task.direct_frac > 0 or leave direct_things empty")
         object.__setattr__(self, "direct_things", tuple(self.direct_things))
 
     def problem(self, rng: random.Random) -> dict:
@@ -164,7 +167,7 @@ class LookupTask:
             for i, v in enumerate(values):
                 if i >= len(keys):  # a number given in the question
                     shown.append(v)
-                elif i and ops[i - 1] == "-":
+                elif i and ops[i - 1] == "-":  # the made-up total may still end below zero, as a guess can
                     shown.append(made_up.randint(1, max(1, min(values_total(shown, ops), self.max_operand))))
                 else:
                     shown.append(made_up.randint(2, self.max_operand))
