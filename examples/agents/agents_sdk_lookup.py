@@ -4,7 +4,10 @@ is that its model is the chat-completions model over the client asyncrl hands in
 the episode's key)::
 
     asyncrl train --config examples/agent_lookup.yaml agent.episode=examples.agents.agents_sdk_lookup:episode \\
-        agent.client=openai
+        agent.client=openai "agent.options={max_turns: 6}"
+
+(``agent.options`` replaced: the YAML's are the built-in episode's keyword arguments, which this one does not
+take.)
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from agents.exceptions import AgentsException
 
-from asyncrl.agent.tasks.lookup import extract_answer, lookup
+from asyncrl.agent.tasks.lookup import LOOKUP_TOOL, extract_answer, lookup
 
 set_tracing_disabled(True)  # no traces sent anywhere
 
@@ -20,10 +23,11 @@ set_tracing_disabled(True)  # no traces sent anywhere
 async def episode(client, item: dict, max_turns: int = 6) -> float:
     @function_tool
     def lookup_number(key: str) -> str:
-        """The number stored under a key, such as 'apples of Name'."""
+        """The number stored under a key."""
         return lookup(item, key)
 
-    lookup_number.name = "lookup"  # the name the tiny agent model was fine-tuned to call
+    lookup_number.name = "lookup"  # the name and description the tiny agent model was fine-tuned on
+    lookup_number.description = LOOKUP_TOOL["function"]["description"]
     agent = Agent(name="lookup", instructions=None, tools=[lookup_number],
                   model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
                   model_settings=ModelSettings())

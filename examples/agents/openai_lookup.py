@@ -6,7 +6,10 @@ runs one problem against any OpenAI-compatible server. Trained by asyncrl withou
 is the episode's own (``agent.client=openai``)::
 
     asyncrl train --config examples/agent_lookup.yaml agent.episode=examples.agents.openai_lookup:episode \\
-        agent.client=openai
+        agent.client=openai "agent.options={max_turns: 6}"
+
+(``agent.options`` replaced: the YAML's are the built-in episode's keyword arguments, which this one does not
+take.)
 """
 
 from __future__ import annotations
