@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from asyncrl.types import TrajectoryGroup
 
 
-def capacity(eta: int, version: int, batch_size: int, accepted: int, running: int, max_concurrent: int = 0) -> int:
-    """How many more groups may start now; may be negative."""
-    cap = (eta + version + 1) * batch_size - (accepted + running)
+def capacity(max_staleness: int, version: int, batch_size: int, accepted: int, running: int,
+             max_concurrent: int = 0) -> int:
+    """How many more groups may start now (AReaL's gate, with η = ``max_staleness``); may be negative."""
+    cap = (max_staleness + version + 1) * batch_size - (accepted + running)
     if max_concurrent > 0:
         cap = min(cap, max_concurrent - running)
     return cap
@@ -43,7 +44,7 @@ class RolloutBuffer:
     """Thread-safe counters, the ready groups, and the rules that link them."""
 
     def __init__(self, batch_size: int, max_staleness: int, max_concurrent: int = 0, on_change=None):
-        self.batch_size, self.eta, self.max_concurrent = batch_size, max_staleness, max_concurrent
+        self.batch_size, self.max_staleness, self.max_concurrent = batch_size, max_staleness, max_concurrent
         self.version = 0
         self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
         self.rejected = 0
@@ -62,13 +63,11 @@ class RolloutBuffer:
 
     def capacity(self) -> int:
         with self._cv:
-            return capacity(self.eta, self.version, self.batch_size, self.accepted, self.running,
-                            self.max_concurrent)
+            return self._capacity()
 
     def try_admit(self) -> Ticket | None:
         with self._cv:
-            if capacity(self.eta, self.version, self.batch_size, self.accepted, self.running,
-                        self.max_concurrent) <= 0:
+            if self._capacity() <= 0:
                 return None
             ticket = Ticket(next(self._seq), self.version)
             self._running[ticket.seq] = ticket
@@ -162,6 +161,10 @@ class RolloutBuffer:
                     "groups_accepted": self.accepted, "groups_rejected": self.rejected}
 
     # ---- internals (hold the lock) -----------------------------------------------------------------------
+    def _capacity(self) -> int:
+        return capacity(self.max_staleness, self.version, self.batch_size, self.accepted, self.running,
+                        self.max_concurrent)
+
     def _pick(self) -> list[int] | None:
         candidates = [(t.version, 0, t.seq) for t, _ in self._ready.values()]
         candidates += [(t.version, 1, t.seq) for t in self._running.values()]

@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from asyncrl.trainer.base import Checkpointable
+
 RUN_STATE = "run.json"
 TRAINER_STATE = "trainer.pt"
 ROLLOUTS = "rollouts.pt"
@@ -57,7 +59,9 @@ class RunState:
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, trainer, tokenizer, keep: int = 3):
+    """Writes ``trainer``'s checkpoints into ``run_dir/checkpoints``, keeping the last ``keep``."""
+
+    def __init__(self, run_dir: Path, trainer: Checkpointable, tokenizer, keep: int = 3):
         self.dir, self.trainer, self.tokenizer = Path(run_dir) / "checkpoints", trainer, tokenizer
         self.keep = max(1, keep)
         self.last: int | None = None  # the version saved last

@@ -127,7 +127,7 @@ def _dispatch(args) -> int:
         overrides.insert(0, f"model.path={args.model}")
     cfg = configlib.load(cls, args.config, overrides)
     if args.command == "train":
-        from asyncrl.controller import train
+        from asyncrl.launch.train import train
 
         record = train(cfg)
     elif args.command == "sft":
@@ -166,7 +166,7 @@ def _init_model(args) -> int:
         documents = read_corpus(args.corpus, "--corpus")
         tokenizer = build_tokenizer(with_template_words(documents), vocab_size=args.vocab_size or 1024)
     elif args.task == "lookup":  # at 512 tokens a made-up name is an onset and a rhyme: few tokens to copy
-        from asyncrl.agent.tasks.lookup import LookupTask, build_agent_tokenizer
+        from asyncrl.data.lookup import LookupTask, build_agent_tokenizer
 
         tokenizer = build_agent_tokenizer(LookupTask(), vocab_size=args.vocab_size or 512)
     else:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from asyncrl.agent.workflow import AgentConfig
-from asyncrl.algo.config import ActorConfig
+from asyncrl.trainer.config import ActorConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
-from asyncrl.launch.config import LAUNCHERS, ClusterConfig
+from asyncrl.placement import LAUNCHERS, ClusterConfig
 from asyncrl.lora import LoraConfig
 from asyncrl.metrics import StatsLoggerConfig
 from asyncrl.reward.config import RewardConfig

@@ -2,7 +2,9 @@
 
 Every error names the key, where it came from (file and line, or the command line) and, for unknown keys,
 the nearest valid key. Field documentation is the string literal under each field (cleanrl's habit), read
-from the source with ``ast`` for ``--help-config``.
+from the source with ``ast`` for ``--help-config``. A section may keep old key names working for a release with a
+class attribute ``RENAMED = {"old": "new.dotted"}`` (relative to the section): the old key is read into the new
+one, with a deprecation warning.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import logging
 import math
 import textwrap
 import types
@@ -19,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -184,8 +190,17 @@ def _override_value(item: str, raw: str):
 def _merge(cfg, data: dict, prefix: str, where, valid: list[str]) -> None:
     cls = type(cfg)
     names = {f.name: f for f in dataclasses.fields(cls)}
+    renamed = getattr(cls, "RENAMED", {})
     for key, value in data.items():
         dotted = prefix + str(key)
+        if key not in names and key in renamed:
+            new = renamed[key]
+            log.warning("%s: '%s' is deprecated: use '%s' (the old name stops working in the next release)",
+                        where(dotted), dotted, prefix + new)
+            for part in reversed(new.split(".")):
+                value = {part: value}
+            _merge(cfg, value, prefix, where, valid)
+            continue
         if key not in names:
             near = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{near[0]}'?" if near else f"; valid keys here: {sorted(names)}"

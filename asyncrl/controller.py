@@ -1,101 +1,121 @@
-"""The asynchronous train loop: admit -> rollout -> buffer -> train -> publish -> version.
+"""The asynchronous train loop over the built parts of a run (``Parts``).
 
-Generation runs continuously in its own threads (the engine loop and the rollout event loop, which admits
-prompts through the staleness gate); this thread trains on each batch as soon as it is ready, publishes the
-new weights (in-flight requests continue under them) and raises the version, which opens the gate for more
-prompts. The parts are built by ``asyncrl.launch.assemble``; this module only runs them.
+Two halves run at the same time:
+
+- **generation**, in its own threads, started by ``Parts.start_generation``: the engine decodes every running
+  request; the rollout loop (``asyncrl.rollout.RolloutRunner``) admits item after item through the staleness
+  gate of the buffer (``RolloutBuffer.try_admit``: a group may start while
+  ``accepted + running < (max_staleness + version + 1) * batch_size``), runs ``workflow.run(item, engine)``
+  for each as a task of its own, and puts each finished group into the buffer (``RolloutBuffer.finish``);
+- **training**, in this thread (``run``): take B groups as soon as they are ready (``RolloutBuffer.take``,
+  oldest admission first, so no trained token is more than ``max_staleness`` versions old), train on them,
+  publish the new weights to the engine (in-flight requests continue under them), raise the version (which
+  opens the gate for B more groups), log, evaluate and save when due.
+
+The parts are built by ``asyncrl.launch.build.assemble`` and run by ``asyncrl.launch.train``; this module only
+runs them, and knows them by their Protocols.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from asyncrl.config import TrainConfig
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.checkpoint import CheckpointError, Checkpointer, RunState
 from asyncrl.data.collate import collate
-from asyncrl.data.config import source_lookup
-from asyncrl import parallel
-from asyncrl.configlib import ConfigError
-from asyncrl.launch.build import Parts, assemble, build_rank_trainer
-from asyncrl.launch.ranks import serve_rank, spawn_ranks
-from asyncrl.launch.resume import resume_point
-from asyncrl.launch.signals import GracefulStop
+from asyncrl.engine.base import Engine
+from asyncrl.metrics import MetricsLogger, StepMeter
+from asyncrl.publish import Publisher
+from asyncrl.rollout import RolloutRunner
+from asyncrl.timeline import Timeline
+from asyncrl.trainer import Trainer
+from asyncrl.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run RL training as configured; returns the last metrics record. A run that fails or is stopped by the
-    watchdog after training at least one step leaves a checkpoint of its last weights (if they are finite)."""
-    if cfg.launcher == "ray" and "ASYNCRL_RAY_RANK" not in os.environ:  # the driver; the ranks it starts have it
-        from asyncrl.launch import ray as ray_launcher
+@dataclass(frozen=True)
+class LoopPlan:
+    """The loop's settings as plain values."""
 
-        return ray_launcher.run(cfg)
-    resume = _resume_point(cfg)
-    dp, ranks = _trainer_ranks(cfg, resume)
-    if dp is not None and dp.rank > 0:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: rank 0 stops this one
-        serve_rank(build_rank_trainer(cfg, dp, resume), dp)
-        return {}
-    run_dir = None
-    try:
-        with GracefulStop() as stop, assemble(cfg, dp, resume) as parts:
-            run_dir, stop.buffer = parts.run_dir, parts.buffer
-            parts.meter.source_of = source_lookup(cfg.train_dataset)  # a mixture's metrics per source
-            try:
-                return run(parts)
-            except Exception as e:  # a failure, the watchdog or a signal (StopRequested): keep what was trained
-                _save_last(parts)
-                dead = ranks.failed() if ranks is not None else []
-                if dead:  # the collective that failed is the symptom; the rank's death is the cause
-                    raise RuntimeError(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
-                                       "its last checkpoint") from e
+    total_steps: int
+    max_time_s: float  # 0 = no limit
+    batch_timeout_s: float
+    eval_every: int  # 0 = only at the start and the end
+    save_every: int  # 0 = by time, and at the end
+    save_every_s: float  # 0 = not by time
+    stop_if_unsaved: bool  # a checkpoint that cannot be written stops the run
+    pad_id: int
+
+    def evaluate_at(self, version: int) -> bool:
+        return bool(self.eval_every) and version % self.eval_every == 0
+
+    def save_at(self, version: int, since_last_save_s: float) -> bool:
+        return (bool(self.save_every) and version % self.save_every == 0) or \
+            (bool(self.save_every_s) and since_last_save_s >= self.save_every_s)
+
+    def out_of_time(self, elapsed_s: float) -> bool:
+        return bool(self.max_time_s) and elapsed_s >= self.max_time_s
+
+
+@dataclass
+class Parts:
+    """Everything the loop runs on, built and closed by ``asyncrl.launch.build.assemble``."""
+
+    run_dir: Path
+    plan: LoopPlan
+    trainer: Trainer
+    engine: Engine  # the rollout engine (started)
+    publisher: Publisher  # new weights -> the engine
+    buffer: RolloutBuffer  # the staleness gate and the finished groups
+    rollout: RolloutRunner  # admission and one workflow task per group, in the rollout thread
+    evaluate: Callable[[int], dict]  # held-out metrics of a version (asyncrl.evaluate.Evaluator)
+    checkpoints: Checkpointer
+    logger: MetricsLogger
+    timeline: Timeline
+    meter: StepMeter
+    watchdog: Watchdog
+    start: RunState  # where the run starts (version 0, or a checkpoint's)
+
+    def start_generation(self) -> None:
+        """Generation begins: admission opens, the timeline samples the engine, rates count from now."""
+        self.rollout.start()
+        self.timeline.start()
+        self.meter.start(self.start.elapsed_s)
+
+    def save(self, version: int) -> None:
+        """A complete checkpoint of ``version``: the weights and the trainer's state (optimizer, RNGs), and the
+        rollout side's: the groups finished but not trained, the items in flight, the data position and the
+        admission counters (``RunState``)."""
+        snap = self.buffer.snapshot()
+        state = RunState(version, snap["drawn"], snap["accepted"], snap["rejected"], self.meter.elapsed(),
+                         self.timeline.now(), snap["ready"], snap["inflight"])
+        try:
+            self.checkpoints.save(version, state)
+        except CheckpointError:
+            if self.plan.stop_if_unsaved:
                 raise
-    finally:  # after every part is closed: nothing competes with the plots, and the files are complete
-        if ranks is not None:
-            ranks.close()
-        if cfg.report and run_dir is not None:
-            _write_report(run_dir)
-
-
-def _resume_point(cfg: TrainConfig):
-    """The checkpoint this run continues from, if any. Ranks started by this process learn it from the
-    environment (``ASYNCRL_RESUME``), so that all ranks load the same one."""
-    if "ASYNCRL_RESUME" in os.environ:
-        return Path(os.environ["ASYNCRL_RESUME"]) if os.environ["ASYNCRL_RESUME"] else None
-    point = resume_point(cfg)
-    if point is not None:
-        log.info("resuming from %s", point)
-    return point
-
-
-def _trainer_ranks(cfg: TrainConfig, resume):
-    """This process's place among the trainer ranks: (None, None) for one rank; else the process group, and the
-    other ranks' processes when this one started them (launcher=local without torchrun's environment)."""
-    world = cfg.actor.world_size
-    if world == 1:
-        return None, None
-    ranks = None
-    if "WORLD_SIZE" not in os.environ:
-        from asyncrl.engine.spawn import free_port
-
-        ranks = spawn_ranks(cfg, world, cfg.cluster.master_port or free_port(), resume)
-    elif int(os.environ["WORLD_SIZE"]) != world:
-        raise ConfigError(f"actor.backend={cfg.actor.backend} asks for {world} ranks, but WORLD_SIZE is "
-                          f"{os.environ['WORLD_SIZE']} (torchrun --nproc-per-node must match)")
-    import torch
-
-    rank = int(os.environ["RANK"])
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
-                          if cfg.cluster.resolved_device() == "cuda" else "cpu")
-    timeout = cfg.rollout.batch_timeout_s + 600  # a rank waits for rank 0's next batch at most this long
-    return parallel.from_env(cfg.actor.parallel_mode, device, timeout), ranks
+            log.warning("no checkpoint of version %d (saver.on_error=continue)", version, exc_info=True)
+        self.meter.last_save = self.meter.elapsed()
 
 
 def run(p: Parts) -> dict:
-    """The loop: one batch, one optimizer step, one new version per iteration."""
+    """Train from ``p.start`` to the planned number of steps (or time); returns the last metrics record. A
+    failure, the watchdog or a signal (``StopRequested``) ends the loop with a checkpoint of the last weights
+    trained, if they are finite and not saved already."""
+    try:
+        return _loop(p)
+    except Exception:
+        save_last(p)
+        raise
+
+
+def _loop(p: Parts) -> dict:
+    """The loop: one batch, one ``Trainer.step`` (``actor.ppo_n_minibatches`` optimizer steps), one new
+    version per iteration."""
     plan, tl, record = p.plan, p.timeline, {}
     if p.start.version == 0:
         with tl.span("eval", 0):
@@ -128,23 +148,14 @@ def run(p: Parts) -> dict:
     return record
 
 
-def _save_last(parts: Parts) -> None:
+def save_last(p: Parts) -> None:
     """A checkpoint of the weights the run stops with, if they are those of the last step logged and not saved
     already (refused, and said, if they are not finite)."""
-    version = parts.trainer.steps_done
-    if version == 0 or parts.checkpoints.last == version or parts.logger.last_step != version:
+    version = p.trainer.steps_done
+    if version == 0 or p.checkpoints.last == version or p.logger.last_step != version:
         return
     try:
-        parts.save(version)
+        p.save(version)
         log.info("the run stops: checkpoint of version %d saved", version)
     except Exception as e:  # noqa: BLE001 - the reason the run stopped matters more
         log.error("the run stops: no checkpoint of version %d: %s", version, e)
-
-
-def _write_report(run_dir) -> None:
-    from asyncrl.report import write_report
-
-    try:
-        log.info("run report: %s", write_report(run_dir))
-    except Exception as e:  # noqa: BLE001 - a finished run never fails for its report
-        log.warning("no run report: %s", e)

@@ -28,7 +28,7 @@ from asyncrl.configlib import ConfigError
 from asyncrl.engine.sampling import derive_seed
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.types import Completion, SamplingParams
-from asyncrl.workflow.rlvr import item_prompt_ids
+from asyncrl.data.formats import item_prompt_ids
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import time
 from asyncrl.engine.base import Engine
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.types import SamplingParams, WeightUpdate
-from asyncrl.workflow.rlvr import item_prompt_ids
+from asyncrl.data.formats import item_prompt_ids
 
 log = logging.getLogger(__name__)
 

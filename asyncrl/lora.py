@@ -16,6 +16,10 @@ import torch
 from asyncrl.configlib import ConfigError
 
 
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The modules that get adapters by default: every linear layer of a Llama/Qwen decoder block."""
+
+
 @dataclass
 class LoraConfig:
     rank: int = 0
@@ -24,8 +28,7 @@ class LoraConfig:
     """LoRA scaling numerator: the update is B @ A * alpha / rank."""
     dropout: float = 0.0
     """Dropout on the adapter's input."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                          "up_proj", "down_proj"])
+    target_modules: list[str] = field(default_factory=lambda: list(TARGET_MODULES))
     """Module names that get adapters (matched as peft does: by the last part of the module name)."""
 
     @property
@@ -68,22 +71,24 @@ def is_lora(model) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
-def apply_lora(model, cfg: LoraConfig):
-    """``model`` with LoRA adapters on the modules ``cfg.target_modules`` names (a ``peft`` model in which only
-    the adapters train), or ``model`` unchanged when ``cfg.rank`` is 0. peft injects the adapters into ``model``
-    itself: take what it needs from the plain model (e.g. an engine's copy of the weights) before. A name that
-    matches no module, or a module peft cannot adapt, is a ``ConfigError`` naming ``model.lora.target_modules``."""
-    if not cfg.enabled:
+def apply_lora(model, rank: int, alpha: float = 16.0, dropout: float = 0.0,
+               target_modules: list[str] | tuple[str, ...] = TARGET_MODULES):
+    """``model`` with LoRA adapters of ``rank`` on the modules ``target_modules`` names (a ``peft`` model in which
+    only the adapters train; the update is ``B @ A * alpha / rank``), or ``model`` unchanged when ``rank`` is 0.
+    peft injects the adapters into ``model`` itself: take what it needs from the plain model (e.g. an engine's
+    copy of the weights) before. A name that matches no module, or a module peft cannot adapt, is a
+    ``ConfigError`` naming ``model.lora.target_modules``."""
+    if rank <= 0:
         return model
     peft = _peft()
-    _check_targets(model, cfg.target_modules)
-    config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                             target_modules=list(cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+    _check_targets(model, target_modules)
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
+                             bias="none", task_type="CAUSAL_LM")
     try:
         return peft.get_peft_model(model, config)
     except (ValueError, TypeError) as e:  # e.g. a target that is not a layer type peft adapts
         why = " ".join(str(e).split())[:200] or type(e).__name__
-        raise ConfigError(f"model.lora.target_modules={list(cfg.target_modules)}: peft cannot adapt them: {why}") \
+        raise ConfigError(f"model.lora.target_modules={list(target_modules)}: peft cannot adapt them: {why}") \
             from None
 
 

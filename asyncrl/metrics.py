@@ -156,27 +156,28 @@ class Console:
 class MetricsLogger:
     """Writes each step's record to every configured sink."""
 
-    def __init__(self, run_dir: Path, cfg: StatsLoggerConfig | None = None, run_name: str = "",
-                 config: dict | None = None, console: Console | None = None):
-        cfg = cfg or StatsLoggerConfig()
+    def __init__(self, run_dir: Path, *, tensorboard: bool = False, wandb_project: str | None = None,
+                 run_name: str = "", config: dict | None = None, console: Console | None = None):
+        """Writes ``run_dir/metrics.jsonl`` and ``ledger.jsonl``; also TensorBoard event files if
+        ``tensorboard``, and a W&B run in ``wandb_project`` (named ``run_name``, with ``config``) if given."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.console = console
         self._file = self.path.open("a")
         self._ledger = (Path(run_dir) / "ledger.jsonl").open("a")
         self.last_step: int | None = None  # the step of the last record written
         self._tb = self._wandb = None
-        if cfg.tensorboard:
+        if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise RuntimeError("stats_logger.tensorboard=true needs `pip install tensorboard`") from e
             self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
-        if cfg.wandb:
+        if wandb_project:
             try:
                 import wandb
             except ImportError as e:
                 raise RuntimeError("stats_logger.wandb=true needs `pip install wandb`") from e
-            self._wandb = wandb.init(project=cfg.wandb_project, name=run_name or None, dir=str(run_dir),
+            self._wandb = wandb.init(project=wandb_project, name=run_name or None, dir=str(run_dir),
                                      config=config or {})
 
     def log(self, record: dict) -> None:

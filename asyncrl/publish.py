@@ -455,3 +455,21 @@ class DistReceiver:
             self._joining = None
             if group_name in (None, self._name):
                 self._group, self._name = None, None
+
+
+TRANSPORTS = ("inprocess", "disk", "dist")
+
+
+def build_publisher(transport: str, engines: list, *, timeout_s: float = 60.0, weight_dir: str | None = None,
+                    dist_backend: str = "gloo", bucket_mb: int = 64, master_address: str = "127.0.0.1") -> Publisher:
+    """The publisher of ``transport`` (one of ``TRANSPORTS``) that reaches ``engines``; call ``close()`` at the
+    end. ``weight_dir`` is the disk transport's (None: a temporary one), the ``dist_*`` arguments are the
+    broadcast's."""
+    if transport == "inprocess":
+        return InProcessPublisher(engines, timeout_s=timeout_s)
+    if transport == "disk":
+        return DiskPublisher(engines, weight_dir, timeout_s=timeout_s)
+    if transport == "dist":
+        return DistPublisher(engines, backend=dist_backend, bucket_mb=bucket_mb, timeout_s=timeout_s,
+                             master_address=master_address)
+    raise ValueError(f"unknown weight transport '{transport}' (one of {list(TRANSPORTS)})")

@@ -46,7 +46,7 @@ from asyncrl.logprobs import logprobs_from_logits, token_logprobs
 from asyncrl.models import check_model_dir, load_model, load_tokenizer
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.types import SamplingParams
-from asyncrl.workflow.rlvr import chat_prompt_ids, item_prompt_ids
+from asyncrl.data.formats import chat_prompt_ids, item_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def sft(cfg: SFTConfig) -> dict:
         if lora:
             from asyncrl.lora import apply_lora
 
-            model = apply_lora(model, cfg.model.lora)
+            model = apply_lora(model, **dataclasses.asdict(cfg.model.lora))
         record = _train(cfg, model, tokenizer, examples, data.stats, score,
                         _EngineModel(model, model_path, lora), out)
     finally:
@@ -470,7 +470,7 @@ def _agent_task(cfg: SFTConfig, tokenizer) -> _AgentTask | None:
     if (path and not path.startswith("builtin:")) or getattr(cfg.train_dataset, "mixture", None):
         return None
     name = path[len("builtin:"):] or cfg.task.name
-    gen, _ = make_task(name, task_options(cfg.task))
+    gen, _ = make_task(name, task_options(cfg.task, name))
     episode = getattr(gen, "episode", None)
     if not episode:
         return None

@@ -29,7 +29,7 @@ async def main(args) -> None:
 
     from asyncrl.agent.chat import ChatRenderer
     from asyncrl.agent.client import InProcessClient
-    from asyncrl.agent.http import build_app
+    from asyncrl.server.agent import build_app
     from asyncrl.agent.proxy import AgentProxy
     from asyncrl.engine.local import LocalEngine
     from asyncrl.models import load_model, load_tokenizer

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
-from asyncrl.controller import train
+from asyncrl.launch.train import train
 from asyncrl.metrics import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -15,12 +15,12 @@ printed with its traceback and recorded; the other sections still run):
    B = 1, 64, 256 prompts of ``--prompt-len`` tokens, ``--new-tokens`` each (no early stop). Decode tokens/s
    = B (N - 1) / (t_N - t_1) from a call of N tokens and one of 1 token (prefill excluded); call tokens/s
    = B N / t_N. Best of ``--repeats``. Target: engine >= 1.5x HF at B = 64.
-2. ``trainer``: tokens/s of ``Trainer.step`` (GRPO advantages, decoupled PPO loss, AdamW; float32 master
+2. ``trainer``: tokens/s of ``PolicyTrainer.step`` (GRPO advantages, decoupled PPO loss, AdamW; float32 master
    weights, autocast in ``--dtype``) on a batch of long-tailed lengths, with sequence packing and padded.
 3. ``weight_sync``: in-process hand-over trainer -> engine on the same device (``InProcessPublisher``), ms,
    with the engine idle and with sequences running (those are re-prefilled under the new weights).
 4. ``rl``: the same number of RL steps synchronous (eta = 0) and asynchronous (eta = 2) with the real parts
-   (``LocalEngine`` in its thread, ``RolloutBuffer`` staleness gate, ``RolloutRunner``, ``Trainer``,
+   (``LocalEngine`` in its thread, ``RolloutBuffer`` staleness gate, ``RolloutRunner``, ``PolicyTrainer``,
    ``InProcessPublisher``) and a reward-free dummy task whose prompts each ask for a fixed number of tokens,
    drawn per group from a long-tailed distribution (most answers short, a tail ``--tail-x`` times longer; EOS
    ignored). Reports step time, generator idle fraction, trainer wait fraction and the speedup. Target:
@@ -124,7 +124,8 @@ def long_tailed_lengths(n: int, short: int, tail_x: int, seed: int) -> list[int]
 
 # ---- 1. engine vs HF generate -------------------------------------------------------------------------------
 def section_engine(args, ctx) -> dict:
-    from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.requests import NO_STOP_TOKENS
     from asyncrl.types import SamplingParams
 
     size, device, dtype = ctx["size"], ctx["device"], ctx["dtype"]
@@ -203,10 +204,10 @@ def synthetic_groups(vocab: int, groups: int, n: int, prompt_len: int, lengths: 
 
 
 def make_trainer(model, ctx, pack: bool):
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
 
     autocast = None if ctx["dtype"] == torch.float32 else ctx["dtype"]
-    return Trainer(model.train(), lr=1e-6, mb_max_tokens=ctx["size"]["mb_max_tokens"], pack_sequences=pack,
+    return PolicyTrainer(model.train(), lr=1e-6, mb_max_tokens=ctx["size"]["mb_max_tokens"], pack_sequences=pack,
                    autocast_dtype=autocast, device=ctx["device"])
 
 
@@ -246,7 +247,8 @@ def section_trainer(args, ctx) -> dict:
 
 # ---- 3. weight sync -------------------------------------------------------------------------------------------
 def section_weight_sync(args, ctx) -> dict:
-    from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.requests import NO_STOP_TOKENS
     from asyncrl.publish import InProcessPublisher
     from asyncrl.types import SamplingParams
 
@@ -297,7 +299,7 @@ class FixedLengthTask:
         self.n = n
 
     async def run(self, item: dict, engine):
-        from asyncrl.engine.local import NO_STOP_TOKENS
+        from asyncrl.engine.requests import NO_STOP_TOKENS
         from asyncrl.types import SamplingParams, Trajectory, TrajectoryGroup
 
         params = SamplingParams(n=self.n, max_new_tokens=item["tokens"], temperature=1.0,

@@ -3,10 +3,10 @@ and the cost of the weights published each step.
 
     python bench/lora.py [--rank 8] [--repeats 3] [--threads 1]
 
-A train step is ``Trainer.step`` (the RL step the loop runs: forward, decoupled PPO loss, backward, gradient
+A train step is ``PolicyTrainer.step`` (the RL step the loop runs: forward, decoupled PPO loss, backward, gradient
 clipping, AdamW) on one fixed batch of 4 groups x 2 samples (~40-token prompts, ~60-token completions), after one
 warm-up step; the median of ``--repeats``. Optimizer state is the bytes of AdamW's tensors after a step (its two
-moments per trained parameter). "Publish" is ``Trainer.state_dict()``, what the loop hands the engines each step:
+moments per trained parameter). "Publish" is ``PolicyTrainer.state_dict()``, what the loop hands the engines each step:
 the live tensors for full fine-tuning, the weights with the adapters merged (new tensors) for LoRA. Models: the
 shipped tiny-sft and a ~100M-parameter Qwen2 (as bench/checkpoint.py builds it).
 """
@@ -48,14 +48,14 @@ def fixed_batch(vocab: int, n_groups: int = 4, n_samples: int = 2, seed: int = 0
 def bench(model_path: str, rank: int, repeats: int) -> dict:
     import torch
 
-    from asyncrl.lora import LoraConfig, apply_lora, trainable_summary
+    from asyncrl.lora import apply_lora, trainable_summary
     from asyncrl.models import load_model
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
 
     model = load_model(model_path)
     torch.manual_seed(0)
-    model = apply_lora(model, LoraConfig(rank=rank))
-    trainer = Trainer(model, lr=1e-4)
+    model = apply_lora(model, rank=rank)
+    trainer = PolicyTrainer(model, lr=1e-4)
     batch = fixed_batch(min(model.config.vocab_size, 320))
     trainer.step(batch)  # warm-up; AdamW's moments exist from here on
     steps, publish = [], []

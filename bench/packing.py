@@ -2,7 +2,7 @@
 
     python bench/packing.py [--model builtin:tiny-sft] [--steps 5] [--threads 1]
 
-Each mode runs the same ``Trainer.step`` (forward, backward, optimizer) on the same batches and reports real
+Each mode runs the same ``PolicyTrainer.step`` (forward, backward, optimizer) on the same batches and reports real
 (non-padding) training tokens per second:
 
 - ``packed``: micro-batches of <= mb_max_tokens positions whose rows, as wide as the longest sample, are
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from asyncrl.trainer import Trainer
+from asyncrl.trainer import PolicyTrainer
 from asyncrl.types import Batch
 
 
@@ -76,7 +76,7 @@ def load(model_path: str | None):
 
 
 def run(mode: str, model, batches, mb_max_tokens: int) -> dict:
-    trainer = Trainer(model, pack_sequences=mode == "packed", mb_max_tokens=mb_max_tokens, lr=1e-6)
+    trainer = PolicyTrainer(model, pack_sequences=mode == "packed", mb_max_tokens=mb_max_tokens, lr=1e-6)
     if mode == "padded, arrival order":
         trainer._plan = lambda lengths: arrival_order(lengths, mb_max_tokens)
     trainer.step(batches[0])  # warm-up

@@ -59,7 +59,8 @@ def _median_ms(publish, state_dicts, repeats: int, first_version: int = 1) -> fl
 def bench_model(path: str, args) -> dict[str, float]:
     import torch
 
-    from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.requests import NO_STOP_TOKENS
     from asyncrl.engine.remote import RemoteEngine
     from asyncrl.engine.spawn import asyncrl_server, vllm_server
     from asyncrl.models import load_model

@@ -5,10 +5,9 @@ import asyncio
 import json
 
 import pytest
-import torch
 
 from asyncrl.agent.chat import ChatRenderer
-from asyncrl.agent.proxy import AgentProxy, ProxyError
+from asyncrl.agent.proxy import AgentProxy
 from asyncrl.agent.session import Episode
 from asyncrl.agent.workflow import AgentWorkflow
 from asyncrl.types import Completion, SamplingParams
@@ -74,7 +73,11 @@ def test_three_turns_with_tool_calls_train_the_exact_engine_tokens(tokenizer, cl
         pytest.importorskip("openai")
         pytest.importorskip("fastapi")
     engine = ScriptedEngine(tokenizer, SCRIPT)
-    workflow = AgentWorkflow(_context(tokenizer), episode="test_agent:tool_episode", client=client, export=export)
+    serve = None
+    if client == "openai":
+        from asyncrl.server.agent import serve_proxy as serve
+    workflow = AgentWorkflow(_context(tokenizer), episode="test_agent:tool_episode", client=client, export=export,
+                             serve=serve)
     try:
         group = asyncio.run(workflow.run({"id": 7, "question": "What is 6 x 7?"}, engine))
     finally:
@@ -157,7 +160,7 @@ def test_keys_isolate_episodes_over_http(tokenizer):
     pytest.importorskip("fastapi")
     import httpx
 
-    from asyncrl.agent.http import build_app
+    from asyncrl.server.agent import build_app
     from asyncrl.server.app import ServerThread
 
     proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), _context(tokenizer).params, 512,

@@ -31,7 +31,10 @@ def test_example_agent_trains_through_the_proxy(tokenizer, module):
     if "sdk" in module:
         pytest.importorskip("agents")
     engine = ScriptedEngine(tokenizer, [_call("apples of Zob"), _call("apples of Quil"), "37 + 15 = 52\nThe answer is 52."])
-    workflow = AgentWorkflow(_context(tokenizer), episode=f"{module}:episode", client="openai", export="individual")
+    from asyncrl.server.agent import serve_proxy
+
+    workflow = AgentWorkflow(_context(tokenizer), episode=f"{module}:episode", client="openai", export="individual",
+                             serve=serve_proxy)
     try:
         group = asyncio.run(workflow.run(ITEM, engine))
     finally:

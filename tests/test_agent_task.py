@@ -15,8 +15,10 @@ from asyncrl.agent.chat import ChatRenderer, normalize
 from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy
 from asyncrl.agent.tasks import lookup
+from asyncrl.data import lookup as lookup_task
 from asyncrl.agent.tasks.evaluate import evaluate_agent, evaluate_episodes
-from asyncrl.agent.tasks.lookup import TOOLS, LookupTask, episode, tool_call_text
+from asyncrl.agent.tasks.lookup import episode
+from asyncrl.data.lookup import TOOLS, LookupTask, tool_call_text
 from asyncrl.agent.tasks.transcripts import assistant_ids, transcript_ids
 from asyncrl.types import Completion, SamplingParams
 
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def agent_tokenizer():
-    return lookup.build_agent_tokenizer(LookupTask(), vocab_size=512, n_problems=2000)
+    return lookup_task.build_agent_tokenizer(LookupTask(), vocab_size=512, n_problems=2000)
 
 
 class TranscriptEngine:
@@ -124,7 +126,7 @@ def test_guessing_transcripts_only_for_the_things_named_in_direct_things():
             guessed[guess] += 1
     assert 0.55 < guessed[True] / (guessed[True] + guessed[False]) < 0.85
     everywhere = LookupTask(direct_frac=0.7).split(10_000, 400)  # no direct_things: every thing gets guesses
-    assert {it["thing"] for it in everywhere if len(it["transcript"]) == 2} == set(lookup.THINGS)
+    assert {it["thing"] for it in everywhere if len(it["transcript"]) == 2} == set(lookup_task.THINGS)
 
 
 def test_latency_is_log_normal_with_the_given_median_and_p99():
@@ -157,7 +159,7 @@ def test_a_perfect_agent_solves_every_problem_and_a_guesser_fails(agent_tokenize
     it = next(it for it in items if len(it["facts"]) >= 2 and it["given"] is None)
     first_key, first = next(iter(it["facts"].items()))
     values = list(it["facts"].values())
-    made_up = lookup.working([first, values[1] + 1] + values[2:], list(it["ops"]))
+    made_up = lookup_task.working([first, values[1] + 1] + values[2:], list(it["ops"]))
     assert _play(agent_tokenizer, it, [tool_call_text("lookup", {"key": first_key}), made_up])[0] == 0.0
 
 
@@ -196,7 +198,7 @@ def test_the_template_renders_tool_calls_as_the_model_writes_them(agent_tokenize
             parsed.append(m)
     raw = agent_tokenizer.apply_chat_template(item["transcript"], tools=TOOLS, tokenize=False)
     assert agent_tokenizer.apply_chat_template(normalize(parsed), tools=TOOLS, tokenize=False) == raw
-    assert lookup.tools_text(TOOLS) in raw
+    assert lookup_task.tools_text(TOOLS) in raw
     assert agent_tokenizer.convert_ids_to_tokens(agent_tokenizer("<tool_call>").input_ids) == ["<tool_call>"]
 
 

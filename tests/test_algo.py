@@ -93,7 +93,7 @@ def test_registries_list_every_algorithm():
 
 def test_group_filter_implements_dynamic_sampling():
     from asyncrl.algo import build_group_filter
-    from asyncrl.algo.config import ActorConfig
+    from asyncrl.trainer.config import ActorConfig
     from asyncrl.types import Trajectory, TrajectoryGroup
 
     def group(*rewards):
@@ -106,7 +106,7 @@ def test_group_filter_implements_dynamic_sampling():
 
 
 def _validate(**kw):
-    from asyncrl.algo.config import ActorConfig
+    from asyncrl.trainer.config import ActorConfig
 
     eta = kw.pop("eta", 2)
     n = kw.pop("n", 8)

@@ -8,25 +8,25 @@ from asyncrl.types import Trajectory, TrajectoryGroup
 
 
 def test_capacity_staleness_limit():
-    assert capacity(eta=2, version=0, batch_size=4, accepted=0, running=0) == 12
+    assert capacity(max_staleness=2, version=0, batch_size=4, accepted=0, running=0) == 12
 
 
 def test_capacity_grows_with_version():
-    assert capacity(eta=2, version=5, batch_size=4, accepted=0, running=0) == 32
+    assert capacity(max_staleness=2, version=5, batch_size=4, accepted=0, running=0) == 32
 
 
 def test_running_and_accepted_reduce_capacity():
-    assert capacity(eta=0, version=0, batch_size=10, accepted=0, running=3) == 7
-    assert capacity(eta=0, version=0, batch_size=10, accepted=5, running=0) == 5
-    assert capacity(eta=2, version=0, batch_size=4, accepted=3, running=2) == 7
+    assert capacity(max_staleness=0, version=0, batch_size=10, accepted=0, running=3) == 7
+    assert capacity(max_staleness=0, version=0, batch_size=10, accepted=5, running=0) == 5
+    assert capacity(max_staleness=2, version=0, batch_size=4, accepted=3, running=2) == 7
 
 
 def test_capacity_can_be_negative():
-    assert capacity(eta=0, version=0, batch_size=4, accepted=5, running=3) == -4
+    assert capacity(max_staleness=0, version=0, batch_size=4, accepted=5, running=3) == -4
 
 
 def test_max_concurrent_caps_capacity():
-    assert capacity(eta=8, version=0, batch_size=4, accepted=0, running=3, max_concurrent=5) == 2
+    assert capacity(max_staleness=8, version=0, batch_size=4, accepted=0, running=3, max_concurrent=5) == 2
 
 
 def test_synchronous_when_eta_zero():

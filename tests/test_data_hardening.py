@@ -15,7 +15,7 @@ from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data import file_dataset, task_dataset
 from asyncrl.data.arith import ArithTask
-from asyncrl.data.config import (TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config,
+from asyncrl.data.config import (LookupOptions, TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config,
                                  eval_set_from_config, prompt_limit)
 
 ROWS = [{"question": f"Compute {i} + 1.", "answer": str(i + 1)} for i in range(20)]
@@ -47,10 +47,10 @@ def questions(data, n=200) -> set[str]:
     (dict(max_operand=1), "task.max_operand must be >= 2, got 1"),
     (dict(direct_frac=1.5), r"task.direct_frac must be in \[0, 1\], got 1.5"),
     (dict(direct_frac=-0.1), r"task.direct_frac must be in \[0, 1\]"),
-    (dict(direct_things=["apples"]), "task.direct_things is an option of the lookup task"),
-    (dict(name="lookup", min_terms=2, direct_things=["apples"]), r"set task.direct_frac > 0"),
-    (dict(name="lookup", min_terms=2, direct_frac=0.5, direct_things=["apples", "pears"]),
-     r"task.direct_things names no thing of the lookup task: \['pears'\]"),
+    (dict(lookup=LookupOptions(["apples"])), r"task.lookup.\* are options of the lookup task"),
+    (dict(name="lookup", min_terms=2, lookup=LookupOptions(["apples"])), r"set task.direct_frac > 0"),
+    (dict(name="lookup", min_terms=2, direct_frac=0.5, lookup=LookupOptions(["apples", "pears"])),
+     r"task.lookup.direct_things names no thing of the lookup task: \['pears'\]"),
     (dict(name="algebra"), r"no built-in task 'algebra': task.name .* one of \['arith', 'lookup'\]"),
 ])
 def test_bad_task_options_are_refused_up_front(options, match):

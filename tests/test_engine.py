@@ -4,7 +4,8 @@ import dataclasses
 import pytest
 import torch
 
-from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.sampling import filter_logits, sample
 from asyncrl.types import SamplingParams, WeightUpdate
 from conftest import make_model, reference_logprobs

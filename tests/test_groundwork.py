@@ -11,7 +11,8 @@ from asyncrl import configlib
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.controller import run, train
+from asyncrl.controller import run
+from asyncrl.launch.train import train
 from asyncrl.launch.build import assemble
 from asyncrl.metrics import read_metrics
 from asyncrl.rollout import RolloutFailures, RolloutRunner
@@ -175,7 +176,7 @@ def test_on_policy_behaviour_weight_is_one_under_top_p_and_top_k(top_p, top_k):
     from asyncrl.algo.offpolicy import behaviour_weight
     from asyncrl.data.collate import collate
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
     from asyncrl.types import SamplingParams
     from conftest import make_model
 
@@ -186,7 +187,7 @@ def test_on_policy_behaviour_weight_is_one_under_top_p_and_top_k(top_p, top_k):
                                for c in group]) for group in engine.generate_batch([[1, 2, 3], [7, 8]], params)]
     batch = collate(groups, pad_id=0)
     for trainer_top_p, trainer_top_k, on_policy in ((top_p, top_k, True), (1.0, 0, False)):
-        trainer = Trainer(model, temperature=1.3, top_p=trainer_top_p, top_k=trainer_top_k)
+        trainer = PolicyTrainer(model, temperature=1.3, top_p=trainer_top_p, top_k=trainer_top_k)
         prox = trainer.logprobs(batch)
         weight, _, _ = behaviour_weight(prox, batch.behav_logprobs, batch.loss_mask)
         w = weight[batch.loss_mask.bool()]

@@ -2,6 +2,7 @@
 ``peft.PeftModel.from_pretrained``) with a merged export, a LoRA run resumes with its adapters, and two DDP ranks
 give the update of one. Bad targets and a missing peft are one-line refusals."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -32,7 +33,7 @@ def _lora_model(rank=8, seed=0, path=None):
 
     model = load_model(path) if path else make_model(320, seed=7)
     torch.manual_seed(seed)
-    model = apply_lora(model, LoraConfig(rank=rank))
+    model = apply_lora(model, rank=rank)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -46,19 +47,19 @@ def _adapters(model) -> dict[str, torch.Tensor]:
 
 
 def test_only_the_adapters_train_and_they_are_under_5_percent_of_the_shipped_model():
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
 
     path = resolve_model_path("builtin:tiny-sft")
     plain = load_model(path)
-    assert not is_lora(plain) and apply_lora(plain, LoraConfig(rank=0)) is plain
+    assert not is_lora(plain) and apply_lora(plain, rank=0) is plain
     assert trainable_summary(plain)["fraction"] == 1.0
-    model = apply_lora(load_model(path), LoraConfig(rank=8))
+    model = apply_lora(load_model(path), rank=8)
     counts = trainable_summary(model)
     assert is_lora(model) and 0 < counts["fraction"] < 0.05
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
-    optimized = [p for g in Trainer(model).optimizer.param_groups for p in g["params"]]
+    optimized = [p for g in PolicyTrainer(model).optimizer.param_groups for p in g["params"]]
     assert sum(p.numel() for p in optimized) == counts["trainable"]
 
 
@@ -86,13 +87,13 @@ def test_merged_weights_are_peft_merge_and_unload_under_the_base_names_and_leave
 def test_one_step_moves_the_adapters_and_the_published_weights_not_the_base_weights(tmp_path):
     from asyncrl.engine.local import LocalEngine
     from asyncrl.publish import read_weights, write_weights
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
     from asyncrl.types import SamplingParams, WeightUpdate
     from conftest import make_model
 
     engine = LocalEngine(make_model(320, seed=7), max_slots=4, max_len=64, native_kernels=False)
     model = _lora_model()
-    trainer = Trainer(model, lr=1e-2)
+    trainer = PolicyTrainer(model, lr=1e-2)
     base = {k: v.clone() for k, v in model.state_dict().items() if ".lora_" not in k}
     adapters, published = _adapters(model), {k: v.clone() for k, v in trainer.state_dict().items()}
     stats = trainer.step(_batch(4))
@@ -116,11 +117,11 @@ def test_a_lora_checkpoint_loads_in_peft_and_gives_the_logits_of_its_merged_expo
     from transformers import AutoModelForCausalLM
 
     from asyncrl.checkpoint import Checkpointer, RunState, TRAINER_STATE, weights_dir
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
 
     path = resolve_model_path("builtin:tiny-sft")
     model = _lora_model(path=path)
-    trainer = Trainer(model, lr=1e-2)
+    trainer = PolicyTrainer(model, lr=1e-2)
     trainer.step(_batch(4))
     ckpt = Checkpointer(tmp_path, trainer, tokenizer).save(1, RunState(version=1))
     assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "adapter_config.json").is_file()
@@ -142,13 +143,13 @@ def test_a_target_that_matches_nothing_or_no_layer_is_one_line(monkeypatch):
     from conftest import make_model
 
     with pytest.raises(ConfigError, match=r"model\.lora\.target_modules: 'qq_proj' matches no module") as e:
-        apply_lora(make_model(), LoraConfig(rank=4, target_modules=["q_proj", "qq_proj"]))
+        apply_lora(make_model(), rank=4, target_modules=["q_proj", "qq_proj"])
     assert "\n" not in str(e.value) and "q_proj" in str(e.value)
     with pytest.raises(ConfigError, match=r"model\.lora\.target_modules: 'mlp' is a Qwen2MLP"):
-        apply_lora(make_model(), LoraConfig(rank=4, target_modules=["mlp"]))
+        apply_lora(make_model(), rank=4, target_modules=["mlp"])
     monkeypatch.setitem(sys.modules, "peft", None)  # peft not installed
     with pytest.raises(ConfigError, match=r'lora extra: pip install -e "\.\[lora\]"'):
-        apply_lora(make_model(), LoraConfig(rank=4))
+        apply_lora(make_model(), rank=4)
 
 
 def _cfg(tmp_path, model_path, *extra):
@@ -174,7 +175,8 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
     from safetensors.torch import load_file
 
     from asyncrl import cli
-    from asyncrl.controller import run, train
+    from asyncrl.controller import run
+    from asyncrl.launch.train import train
     from asyncrl.launch.build import assemble
     from asyncrl.launch.resume import resume_point
 
@@ -218,10 +220,10 @@ def _ddp_rank(rank, world, port, out):
     torch.set_num_threads(1)
     from asyncrl import parallel
     from asyncrl.launch.ranks import combine, split
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
 
     dp = parallel.from_env("ddp", torch.device("cpu"), timeout_s=120)
-    trainer = Trainer(_lora_model(), lr=1e-2, max_grad_norm=0.0, dp=dp, pack_sequences=True)
+    trainer = PolicyTrainer(_lora_model(), lr=1e-2, max_grad_norm=0.0, dp=dp, pack_sequences=True)
     stats = dp.gather(trainer.step(split(_batch(5), world)[rank]))
     if rank == 0:
         out.put(({k: v.numpy().copy() for k, v in trainer.state_dict().items()}, combine(stats)))
@@ -230,9 +232,9 @@ def _ddp_rank(rank, world, port, out):
 
 
 def test_two_ddp_ranks_train_the_adapters_as_one_rank_does():
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
 
-    single = Trainer(_lora_model(), lr=1e-2, max_grad_norm=0.0, pack_sequences=True)
+    single = PolicyTrainer(_lora_model(), lr=1e-2, max_grad_norm=0.0, pack_sequences=True)
     before = {k: v.clone() for k, v in single.state_dict().items()}
     stats = single.step(_batch(5))
     ctx = mp.get_context("spawn")
@@ -278,5 +280,5 @@ def test_the_lora_example_loads_with_rank_8_and_trains_under_5_percent_of_the_sh
     assert cfg.experiment_name == "lora" and cfg.model.path == "builtin:tiny-sft"
     assert cfg.model.lora.rank == 8 and cfg.model.lora.target_modules == LoraConfig().target_modules
     assert cfg.actor.lr == pytest.approx(1e-3)
-    model = apply_lora(load_model(resolve_model_path(cfg.model.path)), cfg.model.lora)
+    model = apply_lora(load_model(resolve_model_path(cfg.model.path)), **dataclasses.asdict(cfg.model.lora))
     assert 0 < trainable_summary(model)["fraction"] < 0.05

@@ -181,7 +181,7 @@ def test_help_config_documents_the_mixture():
 
 @pytest.mark.slow
 def test_train_on_a_two_source_mixture_reports_each_source(tmp_path, tiny_model_dir):
-    from asyncrl.controller import train
+    from asyncrl.launch.train import train
     from asyncrl.metrics import read_metrics
 
     entries = [{"name": "ones", "path": _file(tmp_path, "ones", 30), "reward_fn": "rewards_for_tests:one_reward"},

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from asyncrl.launch.placement import PlacementError, allocate, parse
+from asyncrl.placement import PlacementError, allocate, parse
 from asyncrl.launch.ranks import combine, split
 from asyncrl.parallel import shard_groups
 
@@ -35,11 +35,11 @@ def _batch(n_groups=5, seed=0):
 def _trainer(dp=None, **kw):
     """AdamW, or SGD (``sgd=True``): AdamW's first steps turn float noise in gradients that are nearly zero
     into updates of up to ±lr, so multi-step comparisons use SGD, whose update is the gradient itself."""
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
     from conftest import make_model
 
     sgd = kw.pop("sgd", False)
-    trainer = Trainer(make_model(320, seed=7), lr=1e-2, max_grad_norm=0.0, dp=dp,
+    trainer = PolicyTrainer(make_model(320, seed=7), lr=1e-2, max_grad_norm=0.0, dp=dp,
                       pack_sequences=kw.pop("pack", True), **kw)
     if sgd:
         trainer.optimizer = torch.optim.SGD(trainer.optimizer.param_groups[0]["params"], lr=1.0)
@@ -149,7 +149,7 @@ def test_allocation_places_trainer_first_then_servers():
 
 def test_device_falls_back_to_cpu_without_a_gpu(monkeypatch):
     from asyncrl.configlib import ConfigError
-    from asyncrl.launch.config import ClusterConfig
+    from asyncrl.placement import ClusterConfig
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert ClusterConfig().resolved_device() == "cpu"

@@ -9,7 +9,7 @@ import yaml
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
-from asyncrl.controller import train
+from asyncrl.launch.train import train
 from asyncrl.metrics import read_metrics
 from asyncrl.models import load_model
 

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from asyncrl.engine.local import NO_STOP_TOKENS, LocalEngine
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.remote import RemoteEngine
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models import build_tiny_model, load_model

@@ -15,7 +15,8 @@ pytest.importorskip("ray")
 
 from asyncrl import configlib  # noqa: E402
 from asyncrl.config import TrainConfig  # noqa: E402
-from asyncrl.launch.ray import Bundle, bundle_plan, sbatch_script  # noqa: E402
+from asyncrl.launch.ray import Bundle, bundle_plan  # noqa: E402
+from asyncrl.launch.slurm import sbatch_script  # noqa: E402
 
 
 def _cfg(*extra):
@@ -78,7 +79,7 @@ def _tagged(tag: str) -> list[str]:
 
 @pytest.mark.slow
 def test_ray_run_two_ranks_one_server(tmp_path, tiny_model_dir, monkeypatch):
-    from asyncrl.controller import train
+    from asyncrl.launch.train import train
     from asyncrl.metrics import read_metrics
 
     tag = f"asyncrl-ray-test-{uuid.uuid4().hex}"

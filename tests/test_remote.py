@@ -246,7 +246,7 @@ def test_controller_with_asyncrl_servers_by_config_alone(tmp_path, tiny_model_di
     remote client, pushes each version over the weight transport and stops the servers at the end."""
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
-    from asyncrl.controller import train
+    from asyncrl.launch.train import train
 
     cfg = configlib.load(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=3",

@@ -53,7 +53,7 @@ def run_dir(tmp_path):
 
 def test_summary_numbers(run_dir):
     s = summarize(load_run(run_dir), target=0.5)
-    assert s.steps == N_STEPS and s.eta == 2 and s.wall_s == pytest.approx(N_STEPS * STEP_S)
+    assert s.steps == N_STEPS and s.max_staleness == 2 and s.wall_s == pytest.approx(N_STEPS * STEP_S)
     assert (s.initial_accuracy, s.final_accuracy) == (pytest.approx(0.2), pytest.approx(0.6))
     # accuracy 0.2 + 0.4 * step / 24 first reaches 0.5 at the step-20 evaluation (step 18 is not evaluated)
     assert (s.time_to_target_s, s.steps_to_target) == (pytest.approx(20 * STEP_S), 20)
@@ -186,7 +186,7 @@ def test_the_command_for_the_main_cli(run_dir, monkeypatch, capsys):
 def test_report_of_a_real_run(tmp_path, tiny_model_dir):
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
-    from asyncrl.controller import train
+    from asyncrl.launch.train import train
 
     train(configlib.load(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=3",
@@ -197,7 +197,7 @@ def test_report_of_a_real_run(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "asyncrl" / "default"
     assert (run_dir / "report.html").is_file()  # asyncrl train writes the report at the end of every run
     s = summarize(load_run(run_dir))
-    assert s.steps == 3 and s.eta == 1 and s.wall_s > 0 and s.gen_tokens_per_s > 0
+    assert s.steps == 3 and s.max_staleness == 1 and s.wall_s > 0 and s.gen_tokens_per_s > 0
     assert s.final_accuracy is not None and s.staleness_max <= 1
     text = write_report(run_dir).read_text()
     assert text.count('<img class="plot"') == 4

@@ -188,11 +188,11 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     import errno
 
     from asyncrl import cli
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
 
     train, valid = _dataset(tmp_path, 40)
     args = _args(tmp_path, tiny_model_dir, train, valid, 4)[3:]
-    save = Trainer.save
+    save = PolicyTrainer.save
 
     def fills_the_disk(self, path, tokenizer=None):
         if self.steps_done == 3:
@@ -200,7 +200,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
             raise OSError(errno.ENOSPC, "No space left on device")
         return save(self, path, tokenizer)
 
-    monkeypatch.setattr(Trainer, "save", fills_the_disk)
+    monkeypatch.setattr(PolicyTrainer, "save", fills_the_disk)
     code = cli.main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "the disk is full" in err[0] and "step2" in err[0], err

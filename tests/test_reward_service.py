@@ -248,7 +248,7 @@ def test_build_from_config():
 def test_training_continues_when_the_reward_hangs(tmp_path, tiny_model_dir):
     """Half the samples hang: they time out, are counted, score the default, and the run finishes."""
     from asyncrl.config import TrainConfig
-    from asyncrl.controller import train
+    from asyncrl.launch.train import train
 
     cfg = configlib.load(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=2",

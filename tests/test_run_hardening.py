@@ -10,7 +10,8 @@ import torch
 
 from asyncrl import cli, configlib
 from asyncrl.config import TrainConfig
-from asyncrl.controller import run, train
+from asyncrl.controller import run
+from asyncrl.launch.train import train
 from asyncrl.launch.build import assemble
 from asyncrl.metrics import MetricsLogger, read_metrics
 from asyncrl.watchdog import TrainingHalted, Watchdog
@@ -142,7 +143,7 @@ def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_appli
     from asyncrl.algo.algorithm import Algorithm
     from asyncrl.algo.losses import decoupled_ppo
     from asyncrl.data.collate import collate
-    from asyncrl.trainer import Trainer
+    from asyncrl.trainer import PolicyTrainer
     from asyncrl.types import Trajectory, TrajectoryGroup
     from conftest import make_model
 
@@ -154,7 +155,7 @@ def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_appli
         return (per_token if len(calls) == 1 else per_token * math.nan), stats
 
     model = make_model(320)
-    trainer = Trainer(model, Algorithm(loss_fn=nan_after_first), ppo_n_minibatches=3, lr=1e-2)
+    trainer = PolicyTrainer(model, Algorithm(loss_fn=nan_after_first), ppo_n_minibatches=3, lr=1e-2)
     groups = [TrajectoryGroup([Trajectory([1, 2, 3], [4, 5, 6], [-1.0] * 3, [0] * 3, float(r)) for r in (0, 1, 0)])
               for _ in range(2)]
     batch = collate(groups, pad_id=0)

@@ -19,7 +19,8 @@ import httpx
 import pytest
 import torch
 
-from asyncrl.engine.local import LocalEngine, VersionConflict
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.requests import VersionConflict
 from asyncrl.engine.remote import RemoteEngine, ServerError
 from asyncrl.engine.spawn import asyncrl_server, free_port
 from asyncrl.models import build_tiny_model

@@ -10,11 +10,11 @@ from conftest import make_model
 
 from asyncrl.algo.advantages import gae, reinforce_pp
 from asyncrl.algo.aggregate import AGGREGATIONS
-from asyncrl.algo.config import ActorConfig
+from asyncrl.trainer.config import ActorConfig
 from asyncrl.algo.kl import k1, k3
 from asyncrl.algo.algorithm import Algorithm, build_algorithm
 from asyncrl.logprobs import token_logprobs
-from asyncrl.trainer import Trainer, build_trainer
+from asyncrl.trainer import PolicyTrainer, build_trainer
 from asyncrl.types import Batch
 
 LONG_TAIL = [9, 12, 12, 14, 15, 16, 18, 20, 22, 25, 30, 41, 60, 95, 150, 200]  # many short, a few long
@@ -53,8 +53,8 @@ def test_token_logprobs_keeps_the_padded_api():
 def test_packed_and_padded_logprobs_agree(mb_max_tokens):
     model = make_model()
     batch = make_batch(LONG_TAIL)
-    padded = Trainer(model, mb_max_tokens=mb_max_tokens).logprobs(batch)
-    packed = Trainer(model, mb_max_tokens=mb_max_tokens, pack_sequences=True).logprobs(batch)
+    padded = PolicyTrainer(model, mb_max_tokens=mb_max_tokens).logprobs(batch)
+    packed = PolicyTrainer(model, mb_max_tokens=mb_max_tokens, pack_sequences=True).logprobs(batch)
     valid = batch.attention_mask[:, 1:].bool()
     assert (packed - padded)[valid].abs().max() < 1e-6
     assert (packed[~valid] == 0).all() and (padded[~valid] == 0).all()
@@ -67,7 +67,7 @@ def test_packed_and_padded_steps_compute_the_same_loss_and_gradients(agg):
     stats, gradients = [], []
     for pack_sequences, mb in ((False, 8192), (True, 8192), (True, 200), (False, 300)):
         model = make_model()
-        trainer = Trainer(model, algo, pack_sequences=pack_sequences, mb_max_tokens=mb, max_grad_norm=0.0)
+        trainer = PolicyTrainer(model, algo, pack_sequences=pack_sequences, mb_max_tokens=mb, max_grad_norm=0.0)
         stats.append(trainer.step(batch))
         gradients.append(grads(model))
     for s, g in zip(stats[1:], gradients[1:]):
@@ -82,7 +82,7 @@ def test_all_masked_batch_trains_nothing_and_reports_no_nan():
     batch.loss_mask.zero_()
     model = make_model()
     before = copy.deepcopy(model.state_dict())
-    stats = Trainer(model, pack_sequences=True).step(batch)
+    stats = PolicyTrainer(model, pack_sequences=True).step(batch)
     assert stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
     assert all(math.isfinite(v) for v in stats.values())
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
@@ -90,14 +90,14 @@ def test_all_masked_batch_trains_nothing_and_reports_no_nan():
 
 def test_minibatches_recompute_the_proximal_policy_or_approximate_it(monkeypatch):
     batch = make_batch(LONG_TAIL[:8])
-    recompute = Trainer(make_model(), ppo_n_minibatches=2, pack_sequences=True)
+    recompute = PolicyTrainer(make_model(), ppo_n_minibatches=2, pack_sequences=True)
     calls = []
     original = recompute.logprobs
     monkeypatch.setattr(recompute, "logprobs", lambda b, model=None: calls.append(1) or original(b, model))
     stats = recompute.step(batch, version=2)
     assert calls == [1] and math.isfinite(stats["loss"])
 
-    loglinear = Trainer(make_model(), Algorithm(loglinear_prox=True), ppo_n_minibatches=2)
+    loglinear = PolicyTrainer(make_model(), Algorithm(loglinear_prox=True), ppo_n_minibatches=2)
     monkeypatch.setattr(loglinear, "logprobs", lambda *a, **k: pytest.fail("loglinear must skip the pass"))
     stats = loglinear.step(batch, version=2)
     assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
@@ -106,7 +106,7 @@ def test_minibatches_recompute_the_proximal_policy_or_approximate_it(monkeypatch
 def test_value_head_critic_learns_and_stays_out_of_the_published_weights():
     batch = make_batch([12, 14, 10, 16], group_size=2)
     model = make_model()
-    trainer = Trainer(model, Algorithm(adv_fn=gae, gamma=1.0, lam=0.95), critic="value_head", pack_sequences=True)
+    trainer = PolicyTrainer(model, Algorithm(adv_fn=gae, gamma=1.0, lam=0.95), critic="value_head", pack_sequences=True)
     assert torch.equal(trainer.values(batch), torch.zeros_like(batch.behav_logprobs))  # zero-initialised head
     stats = trainer.step(batch)
     assert stats["value_loss"] > 0 and "value_clip_frac" in stats
@@ -121,7 +121,7 @@ def test_separate_critic_has_its_own_model_and_optimizer():
     batch = make_batch([12, 14, 10, 16], group_size=2)
     critic = Qwen2Model(make_model(seed=3).config)
     before = copy.deepcopy(critic.state_dict())
-    trainer = Trainer(make_model(), Algorithm(adv_fn=gae), critic="separate", critic_model=critic, critic_lr=1e-3)
+    trainer = PolicyTrainer(make_model(), Algorithm(adv_fn=gae), critic="separate", critic_model=critic, critic_lr=1e-3)
     stats = trainer.step(batch)  # the zero-initialised head gives the trunk no gradient on the first step
     assert stats["critic_grad_norm"] > 0 and stats["value_loss"] > 0
     trainer.step(batch)
@@ -132,19 +132,19 @@ def test_kl_in_the_loss_against_an_identical_reference_is_zero():
     batch = make_batch([12, 14, 10, 16])
     model = make_model()
     algo = Algorithm(kl_fn=k3, kl_ctl=0.1, kl_in_loss=True)
-    with_kl = Trainer(model, algo, ref_model=copy.deepcopy(model))
+    with_kl = PolicyTrainer(model, algo, ref_model=copy.deepcopy(model))
     stats = with_kl.step(batch)
     assert stats["kl_loss"] == pytest.approx(0.0, abs=1e-6)
     # k3's gradient vanishes at π = π_ref, so the first step's gradient is the policy loss's alone
     plain = make_model()
-    Trainer(plain, Algorithm()).step(batch)
+    PolicyTrainer(plain, Algorithm()).step(batch)
     assert (grads(model) - grads(plain)).abs().max() < 1e-6
 
 
 def test_kl_in_the_reward_lowers_the_reward_of_tokens_that_moved_away():
     batch = make_batch([12, 14])
     ref = make_model(seed=5)
-    trainer = Trainer(make_model(), Algorithm(adv_fn=reinforce_pp, kl_fn=k1, kl_ctl=0.5), ref_model=ref)
+    trainer = PolicyTrainer(make_model(), Algorithm(adv_fn=reinforce_pp, kl_fn=k1, kl_ctl=0.5), ref_model=ref)
     ref_logp = trainer.logprobs(batch, ref)
     adv, _, stats = trainer._advantages(batch, ref_logp, None)
     mask = batch.loss_mask
@@ -180,7 +180,7 @@ def test_build_trainer_loads_reference_and_critic_from_the_model_path(tiny_model
 @pytest.mark.parametrize("kind", ["value_head", "separate"])
 def test_a_saved_critic_loads_back_through_critic_path(tiny_model_dir, tmp_path, kind):
     from asyncrl.models import load_model
-    from asyncrl.critic import CRITIC_DIR
+    from asyncrl.trainer.critic import CRITIC_DIR
 
     batch = make_batch([12, 14, 10, 16], group_size=2)
     cfg = ActorConfig(critic=kind, adv_estimator="gae", lr=1e-2, critic_lr=1e-2)
@@ -215,7 +215,7 @@ def test_critic_path_without_a_critic_is_refused():
 def _bandit(algo: Algorithm, steps: int = 6, **trainer_kw) -> tuple[float, float]:
     """P(first completion token < 160) before and after ``steps`` on-policy steps rewarding exactly that."""
     model = make_model(seed=0)
-    trainer = Trainer(model, algo, lr=3e-3, pack_sequences=True, **trainer_kw)
+    trainer = PolicyTrainer(model, algo, lr=3e-3, pack_sequences=True, **trainer_kw)
     g = torch.Generator().manual_seed(0)
     prompt, G, n = torch.tensor([5, 6, 7]), 4, 8
     probs = []

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from asyncrl.engine.local import NO_STOP_TOKENS
+from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.remote import RemoteEngine
 from asyncrl.engine.spawn import vllm_server
 from asyncrl.models import build_tiny_model
@@ -165,7 +165,7 @@ def test_one_rl_step_end_to_end(engine, server, models, tmp_path):
     """The controller, by config alone, trains against the vLLM server (disk transport, abort on update)."""
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
-    from asyncrl.controller import train
+    from asyncrl.launch.train import train
 
     path = models[0]
     cfg = configlib.load(TrainConfig, None, [

@@ -10,6 +10,7 @@ behaviour log-probs wrong; ``max_tokens`` may only lower the run's ``gconfig.max
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import secrets
 import time
 import uuid
@@ -30,6 +31,23 @@ class ProxyError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, admin_key: str | None) -> None:
+    """Refuse (ValueError) a proxy on a network interface without an admin key."""
+    if not is_loopback(host) and not admin_key:
+        raise ValueError(f"the agent proxy binds '{host}', which is not loopback: set an admin key too (anyone "
+                         "who can reach it could otherwise use the engine)")
 
 
 class AgentProxy:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.client import InProcessClient
-from asyncrl.agent.proxy import AgentProxy
+from asyncrl.agent.proxy import AgentProxy, check_bind
 from asyncrl.configlib import ConfigError
 from asyncrl.plugins import load_object
 from asyncrl.types import TrajectoryGroup
@@ -79,8 +79,6 @@ class AgentConfig:
             resolve_episode(self.episode)
         except ValueError as e:
             raise ConfigError(f"agent.episode: {e}") from e
-        from asyncrl.agent.http import check_bind
-
         try:
             check_bind(self.proxy_host, self.admin_key)
         except ValueError as e:
@@ -96,12 +94,14 @@ def resolve_episode(spec: str):
 
 
 class AgentWorkflow:
-    """Runs the episodes of an item through the proxy and exports their calls as one group."""
+    """Runs the episodes of an item through the proxy and exports their calls as one group. ``serve(proxy, host,
+    port, admin_key)`` puts the proxy on HTTP (a handle with ``url`` and ``close()``, e.g.
+    ``asyncrl.server.agent.serve_proxy``); the ``openai`` client needs it, the in-process one does not."""
 
     def __init__(self, context, *, episode: str, timeout_s: float = 300.0,
                  export: str = "individual", turn_discount: float = 1.0, tool_parser: str = "hermes",
                  client: str = "auto", proxy_host: str = "127.0.0.1", proxy_port: int = 0, admin_key: str = "",
-                 options: dict | None = None):
+                 options: dict | None = None, serve=None):
         self.episode_fn, self.options = resolve_episode(episode), dict(options or {})
         stop_token_id, max_len = context.stop_token_ids[0], context.max_len
         self.n, self.timeout_s, self.export, self.gamma = context.params.n, timeout_s, export, turn_discount
@@ -111,23 +111,21 @@ class AgentWorkflow:
         self.use_http = client == "openai" or (client == "auto" and _has_openai())
         self.server = self.http = None
         if self.use_http:
-            self._serve(context.tokenizer, stop_token_id, proxy_host, proxy_port, admin_key)
+            if serve is None:
+                raise ValueError("agent.client=openai needs the proxy on HTTP, and no server was given (serve=None)")
+            self._serve(serve, context.tokenizer, stop_token_id, proxy_host, proxy_port, admin_key)
         self.episodes = self.failures = self.history_edits = self.retries = 0
         self.tool_s = 0.0  # time episodes spent outside LLM calls (tools, the agent's own code)
         self._logged: set[str] = set()
 
-    def _serve(self, tokenizer, stop_token_id: int, host: str, port: int, admin_key: str) -> None:
+    def _serve(self, serve, tokenizer, stop_token_id: int, host: str, port: int, admin_key: str) -> None:
         """The HTTP proxy on a thread of its own, with a tokenizer of its own (fast tokenizers are not safe
         across threads)."""
         import httpx
 
-        from asyncrl.agent.http import build_app, check_bind
-        from asyncrl.server.app import ServerThread
-
-        check_bind(host, admin_key)
         self.proxy.renderer = ChatRenderer(copy.deepcopy(tokenizer), stop_token_id)
         self.proxy.tokenizer = self.proxy.renderer.tokenizer
-        self.server = ServerThread(build_app(self.proxy, admin_key or None), host, port)
+        self.server = serve(self.proxy, host, port, admin_key or None)
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s + 60),
                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
 

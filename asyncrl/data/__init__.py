@@ -28,15 +28,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from asyncrl.agent.tasks.lookup import LookupTask, lookup_reward
+from asyncrl.data.lookup import LookupTask, lookup_reward
 from asyncrl.configlib import ConfigError
 from asyncrl.data.arith import ArithTask, arith_reward
-from asyncrl.data.formats import apply_template, detect_type, to_item
+from asyncrl.data.formats import apply_template, detect_type, item_prompt_ids, to_item
 from asyncrl.data.sources import Row, RowError, read_rows, resolve_path
 
 log = logging.getLogger(__name__)
 
 TASKS = {"arith": (ArithTask, arith_reward), "lookup": (LookupTask, lookup_reward)}
+LOOKUP_OWN = ("direct_things",)  # options of the lookup task alone: the keys task.lookup.*
 BAD_ROWS_LOGGED = 5
 MAX_SKIPS_IN_A_ROW = 10_000
 LIMIT_KEY = "train_dataset.max_prompt_tokens; by default the model's context minus gconfig.max_new_tokens"
@@ -60,8 +61,9 @@ def make_task(name: str, options: dict):
     cls, reward_fn = TASKS[name]
     try:
         return cls(**options), reward_fn
-    except ValueError as e:
-        raise ConfigError(f"task.{e}") from None
+    except ValueError as e:  # the message starts with the option's name
+        option = str(e).split(" ", 1)[0]
+        raise ConfigError(f"task.{'lookup.' if option in LOOKUP_OWN else ''}{e}") from None
 
 
 def task_dataset(name: str, options: dict, *, seed: int = 0, valid_seed: int = 10_000, valid_size: int = 200,
@@ -378,8 +380,6 @@ class _PromptLimit:
                 log.warning("a prompt limit of %d tokens needs a tokenizer; prompts are not checked", self.max_tokens)
             yield from items
             return
-        from asyncrl.workflow.rlvr import item_prompt_ids
-
         in_a_row = 0
         for item in items:
             ids = item_prompt_ids(self.tokenizer, item)

@@ -37,8 +37,6 @@ class ArithTask:
     ops: str = "+-"
     max_value: int = 999
     direct_frac: float = 0.0
-    direct_things: tuple = ()
-    """An option of the lookup task (task.* keys are shared); must stay empty here."""
 
     def __post_init__(self):
         """A bad option raises ValueError; the message starts with the option's name."""
@@ -52,9 +50,6 @@ class ArithTask:
             raise ValueError(f"max_operand must be >= 2, got {self.max_operand}")
         if not 0 <= self.direct_frac <= 1:
             raise ValueError(f"direct_frac must be in [0, 1], got {self.direct_frac}")
-        if self.direct_things:
-            raise ValueError("direct_things is an option of the lookup task (task.name=lookup), not of arith")
-        object.__setattr__(self, "direct_things", tuple(self.direct_things))  # hashable, as every field
 
     def problem(self, rng: random.Random) -> dict:
         n_terms = rng.randint(self.min_terms, self.max_terms)

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 from asyncrl.configlib import ConfigError
 from asyncrl.data import (Dataset, MixtureSchedule, file_dataset, file_eval_set, gym_dataset, make_task,
@@ -24,6 +24,14 @@ BUILTIN_PREFIX = "builtin:"
 MIXTURE_KEYS = ("name", "path", "weight", "type", "fields", "prompt_template", "split", "gym_options", "valid_path",
                 "reward_fn", "reward_kwargs")
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclass
+class LookupOptions:
+    """The options of the lookup task only."""
+
+    direct_things: list[str] = field(default_factory=list)
+    """The things (apples, coins, ...) whose questions get direct_frac's guesses; empty = every thing."""
 
 
 @dataclass
@@ -44,11 +52,15 @@ class TaskConfig:
     direct_frac: float = 0.0
     """Fraction in [0, 1] of reference solutions (used by SFT) that state the answer without the working (the
     lookup task: without looking anything up, a made-up answer)."""
-    direct_things: list[str] = field(default_factory=list)
-    """The lookup task only: the things (apples, coins, ...) whose questions get direct_frac's guesses; empty =
-    every thing."""
+    lookup: LookupOptions = field(default_factory=LookupOptions)
+    """Options of the lookup task (task.name=lookup) only."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"direct_things": "lookup.direct_things"}
 
     def validate(self) -> None:
+        if self.name != "lookup" and self.lookup != LookupOptions():
+            raise ConfigError(f"task.lookup.* are options of the lookup task (task.name=lookup), not of "
+                              f"'{self.name}'")
         make_task(self.name, task_options(self))
 
 
@@ -196,7 +208,7 @@ def dataset_from_config(task: TaskConfig, train: TrainDatasetConfig, valid: Vali
     common = dict(seed=train.seed, valid_seed=valid.seed, valid_size=valid.size, tokenizer=tokenizer,
                   max_prompt_tokens=prompt_limit(train.max_prompt_tokens, default_max_prompt_tokens))
     if kind == "builtin":
-        return task_dataset(name or task.name, task_options(task), template=train.prompt_template, **common)
+        return task_dataset(name or task.name, task_options(task, name), template=train.prompt_template, **common)
     if kind == "gym":
         return gym_dataset(name, train.gym_options, template=train.prompt_template, **common)
     return file_dataset(train.path, split=train.split, shuffle=train.shuffle, valid_path=valid.path,
@@ -302,9 +314,12 @@ def prompt_limit(configured: int | None, default: int | None) -> int | None:
     return default
 
 
-def task_options(task: TaskConfig) -> dict:
-    """The built-in task's options: every ``task.*`` key but ``name``."""
-    return {f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.name != "name"}
+def task_options(task: TaskConfig, name: str = "") -> dict:
+    """The options of the built-in task ``name`` (default ``task.name``): the shared ``task.*`` keys, and
+    those of its own section."""
+    shared = {f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.name not in ("name", "lookup")}
+    own = dataclasses.asdict(task.lookup) if (name or task.name) == "lookup" else {}
+    return {**shared, **own}
 
 
 def _row_options(train: TrainDatasetConfig) -> dict:

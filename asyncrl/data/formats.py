@@ -31,6 +31,7 @@ import re
 import string
 from typing import Any
 
+from asyncrl.data.chat import normalize
 from asyncrl.reward.code_reward import BadTestsError, parse_tests
 from asyncrl.reward.math_reward import GSM8K_RE, last_boxed
 
@@ -109,6 +110,21 @@ def prompt_of(item: dict) -> str | list[dict]:
     if not messages:
         return item["question"]
     return messages[:_final_assistant(messages)]
+
+
+def chat_prompt_ids(tokenizer, question: str | list[dict]) -> list[int]:
+    """Token ids of a prompt under the tokenizer's chat template, ready for the assistant: ``question`` is a
+    single user turn's text, or the turns of a conversation (a chat item's prompt:
+    :func:`asyncrl.data.formats.prompt_of`)."""
+    messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def item_prompt_ids(tokenizer, item: dict) -> list[int]:
+    """An item's prompt ids: its ``prompt_ids`` when pre-tokenised, else its prompt under the chat template (a
+    chat item's turns before its final assistant turn, else its ``question`` as one user turn)."""
+    return item.get("prompt_ids") or chat_prompt_ids(tokenizer, prompt_of(item))
 
 
 def check_template(template: str) -> None:
@@ -244,11 +260,9 @@ def _chat(record: dict, mapping: dict) -> tuple[dict, set]:
 
 
 def chat_messages(raw: Any, col: str = "messages") -> list[dict]:
-    """The turns of a conversation as chat templates take them (see :func:`asyncrl.agent.chat.normalize`),
+    """The turns of a conversation as chat templates take them (see :func:`asyncrl.data.chat.normalize`),
     from a list of ``{role, content}`` (or ShareGPT ``{from, value}``) objects or its JSON text; ValueError
     naming the turn that is not one."""
-    from asyncrl.agent.chat import normalize
-
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)

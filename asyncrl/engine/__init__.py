@@ -1,6 +1,6 @@
 """Inference engines behind one Protocol (``base.Engine``), built from the ``rollout`` config section.
 
-``rollout.backend`` (``asyncrl.launch.placement``):
+``rollout.backend`` (``asyncrl.placement``):
 - ``local`` (= ``local:d1``): ``LocalEngine``, the built-in engine in this process;
 - ``asyncrl:dN``: N ``asyncrl serve`` processes on 127.0.0.1, driven by a ``RemoteEngine`` (started by
   ``engine.start()``, ended by ``engine.stop()``);
@@ -17,7 +17,6 @@ import torch
 
 from asyncrl.engine.config import RolloutConfig
 from asyncrl.engine.local import LocalEngine
-from asyncrl.publish import DiskPublisher, DistPublisher, InProcessPublisher
 
 
 def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dtype, max_len: int, seed: int,
@@ -71,16 +70,3 @@ def _server(cfg: RolloutConfig, kind: str, tp: int, model_path: str, dtype: torc
     return spawn.sglang_server(cfg.server_python or sys.executable, model_path, "--random-seed", str(seed), "--tp-size", str(tp),
                                "--context-length", str(max_len), "--dtype", dtype_name,
                                startup_timeout_s=timeout, wait=False, env=env, host=host, port=port)
-
-
-def build_publisher(cfg: RolloutConfig, engines: list):
-    """The weight transport (``cfg.weight_transport``) that reaches ``engines``; call ``close()`` at the end."""
-    transport = cfg.resolved_transport
-    if transport == "inprocess":
-        return InProcessPublisher(engines, timeout_s=cfg.weight_sync_timeout_s)
-    if transport == "disk":
-        return DiskPublisher(engines, cfg.weight_dir or None, timeout_s=cfg.weight_sync_timeout_s)
-    if transport == "dist":
-        return DistPublisher(engines, backend=cfg.dist_backend, bucket_mb=cfg.dist_bucket_mb,
-                             timeout_s=cfg.weight_sync_timeout_s, master_address=cfg.dist_master_addr)
-    raise ValueError(f"unknown rollout.weight_transport '{cfg.weight_transport}'")

@@ -1,5 +1,7 @@
-"""The engine seams. The train loop and workflows see three members (``Engine``); starting and stopping,
-pausing and the counters are separate small Protocols, used only by what needs them."""
+"""The engine seams. Workflows see three members (``Engine``); starting and stopping (``Lifecycle``, used by
+the launcher) and the counters (``Metered``, read by the timeline and the step meter) are separate small
+Protocols, used only by what needs them. Also the continuation of samples an abort cut short, shared by the
+clients of remote servers."""
 
 from __future__ import annotations
 
@@ -27,20 +29,13 @@ class Engine(Protocol):
     def update_weights(self, update: WeightUpdate, timeout: float | None = None) -> None: ...
 
 
+@runtime_checkable
 class Lifecycle(Protocol):
     """Something that runs threads, processes or connections between ``start`` and ``stop``."""
 
     def start(self): ...
 
     def stop(self) -> None: ...
-
-
-class Pausable(Protocol):
-    """Decoding that can be held at a token boundary (requests keep their state) and continued."""
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -52,7 +47,10 @@ class EngineStats:
     interruptions: int = 0  # weight updates (or aborts) that hit in-flight requests
 
 
+@runtime_checkable
 class Metered(Protocol):
+    """An engine whose counters can be read at any time, from any thread."""
+
     def stats(self) -> EngineStats: ...
 
 

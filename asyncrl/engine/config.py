@@ -80,7 +80,7 @@ class RolloutConfig:
 
         if self.max_context < 0:
             raise ConfigError(f"rollout.max_context must be 0 (the default) or positive, got {self.max_context}")
-        from asyncrl.launch.placement import ROLLOUT_KINDS, PlacementError, parse
+        from asyncrl.placement import ROLLOUT_KINDS, PlacementError, parse
 
         try:
             parse(self.backend, "rollout.backend", ROLLOUT_KINDS)
@@ -125,7 +125,7 @@ class RolloutConfig:
 
     @property
     def placement(self):
-        from asyncrl.launch.placement import ROLLOUT_KINDS, parse
+        from asyncrl.placement import ROLLOUT_KINDS, parse
 
         return parse(self.backend, "rollout.backend", ROLLOUT_KINDS)
 

@@ -6,24 +6,11 @@ position ``max_len`` is a scratch column that padding writes into). One function
 decode and re-prefill after a weight update: it appends a chunk of tokens to a contiguous range of slots and
 returns the logits of each row's last token.
 
-Layout choices measured on this CPU (docs/engine.md): fused qkv and gate/up projections; weights stored
-transposed and contiguous for ``x @ W``; the rows of the q/k projections permuted so that rotary pairs are
-adjacent, which makes the rotary embedding one complex multiply, in place, for q and k together (dot products
-between q and k are unchanged by a permutation applied to both); the 1/sqrt(head_dim) score scale folded into
-q's rotation; keys and values written to the cache by one ``index_copy_`` and read in place (the K or V block
-of a range of slots is one strided batch: no copy per step); everything that depends only on
-positions (rotations, the additive mask, the write index) computed once per forward, not once per layer; the
-residual adds fused into the output projections (``addmm``); grouped-query attention as two batched matmuls
-over only the used cache length, the softmax along the contiguous key axis (no repeated K/V, no transposed
-copies).
-
-Device: ``Decoder(..., device=)`` (default the CPU) puts the weights, the KV cache, the rotary table and every
-buffer there, and every forward makes its tensors there. ``forward`` takes its token and position tensors on
-either side; positions read on the host (the used cache length) are read from host tensors, so a step on a GPU
-queues its kernels without waiting for them, and the caller's read of the sampled tokens is the step's one
-synchronisation. The native kernels (kernels.c) are CPU code: on another device the torch path runs. Weights
-are copied from wherever the state dict lives straight into the decoder's device (a GPU trainer's tensors
-never pass through host memory).
+The layout choices (fused projections, transposed weights, rotary pairs made adjacent, the cache read in
+place, position-only work done once per forward) are explained, with their measurements, in docs/engine.md.
+``Decoder(..., device=)`` (default the CPU) puts the weights, the KV cache and every buffer there; a step on a
+GPU queues its kernels without waiting for them (the caller's read of the sampled tokens is its one
+synchronisation). The native kernels (kernels.c) are CPU code: on another device the torch path runs.
 """
 
 from __future__ import annotations

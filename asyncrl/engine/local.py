@@ -32,68 +32,15 @@ import contextlib
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 
 from asyncrl.engine.base import EngineStats, continue_all
 from asyncrl.engine.decoder import Decoder, Weights, resolve_device
-from asyncrl.engine.sampling import RowParams, counter_uniforms, derive_seed, sample_rows
+from asyncrl.engine.requests import (CPU, INTERRUPT_MODES, MAX_VERSION, PendingUpdate, Request, SampleState,
+                                     VersionConflict, check_request, ends_with_stop_string, state_dict_of)
+from asyncrl.engine.sampling import RowParams, counter_uniforms, sample_rows
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
-
-INTERRUPT_MODES = ("recompute", "abort", "drain")
-
-MAX_VERSION = 2**63 - 1
-"""Weight versions are int64 wherever they are stored (tensors of per-token versions, safetensors metadata)."""
-
-_CPU = torch.device("cpu")  # where the loop builds its per-step token ids and positions
-
-NO_STOP_TOKENS = (-1,)
-"""``SamplingParams.stop_token_ids`` that no token matches: a sample runs to ``max_new_tokens`` (an empty tuple
-means the engine's default, the model's end-of-sequence tokens)."""
-
-
-class VersionConflict(ValueError):
-    """A weight update whose version is below the one being served: versions never go backwards, so that every
-    token's version says which weights produced it, and a late update cannot undo a newer one."""
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: Future
-    done: list = field(default_factory=list)
-
-
-@dataclass
-class _Seq:
-    req: _Request
-    index: int
-    tokens: list[int]  # prompt + output; the last output token is not in the KV cache yet
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    draw_seed: int | None = None  # the seed of this sample's draws (its request's seed and its index)
-
-    def __post_init__(self):
-        if self.req.params.seed is not None:
-            self.draw_seed = derive_seed(self.req.params.seed, self.index)
-
-    @property
-    def cached(self) -> int:  # positions held in the KV cache
-        return len(self.tokens) - 1
-
-
-@dataclass
-class _Pending:
-    """A weight update prepared off the loop, waiting for the next token boundary."""
-
-    version: int
-    weights: Weights
-    applied: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None  # why installing failed (set before ``applied``)
-
 
 class LocalEngine:
     """Continuous-batching engine over a ``Decoder``. Thread-safe entry points: ``submit``, ``generate``,
@@ -130,11 +77,11 @@ class LocalEngine:
         if self._stream is not None:  # the weights and the cache were just written on the caller's stream
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
         self._version = version
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._active: list[_Seq] = []
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._active: list[SampleState] = []
         self._rows: RowParams | None = None  # sampling parameters of _active, rebuilt when it changes
         self._scratch: torch.Tensor | None = None  # the sampler's (slots, V) buffer
-        self._update: _Pending | None = None
+        self._update: PendingUpdate | None = None
         self._abort = False
         self._paused = False
         self._stopped = False
@@ -158,7 +105,7 @@ class LocalEngine:
         ``abort`` (a weight update in abort mode, or ``abort()``). Stop strings (``params.stop``) end a
         sample once its decoded output contains one (needs ``tokenizer``)."""
         self.check_request(prompt_ids, params)
-        req = _Request(list(prompt_ids), params, Future())
+        req = Request(list(prompt_ids), params, Future())
         with self._cv:
             if self._stopped:
                 raise RuntimeError("engine is stopped")
@@ -168,20 +115,8 @@ class LocalEngine:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError with the reason if this engine cannot serve the request."""
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        if params.n > self.max_slots:
-            raise ValueError(f"n={params.n} samples exceed the engine's {self.max_slots} slots")
-        if len(prompt_ids) + params.max_new_tokens > self.max_len:
-            raise ValueError(
-                f"prompt of {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} exceeds the "
-                f"engine's max_len {self.max_len}"
-            )
-        vocab = self.decoder.shape.vocab
-        if max(prompt_ids) >= vocab or min(prompt_ids) < 0:
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need an engine with a tokenizer")
+        check_request(prompt_ids, params, max_slots=self.max_slots, max_len=self.max_len,
+                      vocab=self.decoder.shape.vocab, has_tokenizer=self.tokenizer is not None)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """``params.n`` finished samples; samples cut short by an abort are continued concurrently."""
@@ -212,7 +147,7 @@ class LocalEngine:
                 raise RuntimeError(f"engine is stopped; weight update to version {update.version} not applied")
             self._check_version(update.version)  # before the (long) conversion
             try:
-                weights = self.decoder.prepare(_state_dict_of(update))
+                weights = self.decoder.prepare(state_dict_of(update))
             except Exception as e:
                 e.add_note(f"while preparing the weights of version {update.version} (the old weights keep serving)")
                 raise
@@ -224,7 +159,7 @@ class LocalEngine:
                 self._install(update.version, weights)
                 self._interrupt_running()
                 return
-            pending = _Pending(update.version, weights)
+            pending = PendingUpdate(update.version, weights)
             with self._cv:
                 self._update = pending
                 self._cv.notify_all()
@@ -365,7 +300,7 @@ class LocalEngine:
         if admit:
             self._admit()
         if self._active:
-            seqs, cpu = self._active, _CPU  # token ids and positions on the host (the decoder moves them)
+            seqs, cpu = self._active, CPU  # token ids and positions on the host (the decoder moves them)
             tokens = torch.tensor([s.tokens[-1] for s in seqs], device=cpu)[:, None]
             start = torch.tensor([s.cached for s in seqs], device=cpu)
             logits = self.decoder.forward(tokens, 0, start, torch.ones(len(seqs), dtype=torch.long, device=cpu))
@@ -376,7 +311,7 @@ class LocalEngine:
         self._count(busy_s=time.perf_counter() - t0)
 
     def _admit(self) -> None:
-        new: list[_Request] = []
+        new: list[Request] = []
         free = self.max_slots - len(self._active)
         with self._cv:
             while self._waiting and self._waiting[0].params.n <= free:
@@ -385,19 +320,19 @@ class LocalEngine:
                 new.append(req)
         if not new:
             return
-        base, cpu = len(self._active), _CPU
+        base, cpu = len(self._active), CPU
         lengths = torch.tensor([len(r.prompt_ids) for r in new], device=cpu)
         tokens = torch.zeros(len(new), int(lengths.max()), dtype=torch.long, device=cpu)
         for i, r in enumerate(new):
             tokens[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids, device=cpu)
         logits = self.decoder.forward(tokens, base, torch.zeros(len(new), dtype=torch.long, device=cpu), lengths)
         # one prefill row per prompt sits in slots base..base+len(new); copies for the other samples follow
-        seqs: list[_Seq] = [_Seq(r, 0, list(r.prompt_ids)) for r in new]
+        seqs: list[SampleState] = [SampleState(r, 0, list(r.prompt_ids)) for r in new]
         rows = list(range(len(new)))
         for i, r in enumerate(new):
             first = base + len(seqs)
             self.decoder.copy_slot(base + i, range(first, first + r.params.n - 1), len(r.prompt_ids))
-            seqs += [_Seq(r, j, list(r.prompt_ids)) for j in range(1, r.params.n)]
+            seqs += [SampleState(r, j, list(r.prompt_ids)) for j in range(1, r.params.n)]
             rows += [i] * (r.params.n - 1)
         self._active.extend(seqs)
         self._rows = None
@@ -407,7 +342,7 @@ class LocalEngine:
         self._sample_into(seqs, logits[index], RowParams.of([s.req.params for s in seqs], self.device))
         self._retire()
 
-    def _sample_into(self, seqs: list[_Seq], logits: torch.Tensor, rows: RowParams) -> None:
+    def _sample_into(self, seqs: list[SampleState], logits: torch.Tensor, rows: RowParams) -> None:
         kernels = self.decoder.kernels
         if self._scratch is None and (kernels is not None or not rows.all_greedy):
             self._scratch = torch.empty(self.max_slots, self.decoder.shape.vocab, device=self.device)
@@ -426,7 +361,7 @@ class LocalEngine:
             s.versions.append(version)
         self._count(tokens=len(seqs))
 
-    def _uniforms(self, seqs: list[_Seq], rows: RowParams) -> torch.Tensor | None:
+    def _uniforms(self, seqs: list[SampleState], rows: RowParams) -> torch.Tensor | None:
         """Counter-based draws when some request has a seed (``SamplingParams.seed``): a seeded sample's draw
         depends on its seed, its index among the request's samples and the token's position only; unseeded
         rows draw from the engine's generator. None when no request is seeded (the generator alone)."""
@@ -445,7 +380,7 @@ class LocalEngine:
             p = s.req.params
             if s.output_ids[-1] in (p.stop_token_ids or self.default_stop):
                 reason = "stop"
-            elif p.stop and _ends_with_stop_string(self.tokenizer, s.output_ids, p.stop):
+            elif p.stop and ends_with_stop_string(self.tokenizer, s.output_ids, p.stop):
                 reason = "stop"
             elif len(s.output_ids) >= p.max_new_tokens or len(s.tokens) >= self.max_len:
                 reason = "length"
@@ -485,7 +420,7 @@ class LocalEngine:
         if self.interrupt_mode == "abort":
             self._abort_running()
             return
-        t0, cpu = time.perf_counter(), _CPU
+        t0, cpu = time.perf_counter(), CPU
         for a in range(0, len(self._active), self.recompute_chunk):
             chunk = self._active[a : a + self.recompute_chunk]
             lengths = torch.tensor([s.cached for s in chunk], device=cpu)
@@ -509,22 +444,3 @@ class LocalEngine:
         for r in reqs:
             if not r.future.done():
                 r.future.set_exception(error)
-
-
-def _state_dict_of(update: WeightUpdate) -> dict[str, torch.Tensor]:
-    if update.state_dict is not None:
-        return update.state_dict
-    if update.path is not None:
-        from asyncrl.publish import read_weights
-
-        return read_weights(update.path)
-    raise ValueError(f"weight update to version {update.version} carries neither a state_dict nor a path")
-
-
-def _ends_with_stop_string(tokenizer, output_ids: list[int], stops: tuple[str, ...]) -> bool:
-    """Whether the decoded output now contains one of ``stops``. Only the tail that the newest token can
-    have completed is decoded (a stop string of m characters spans at most m tokens, plus a few for byte
-    tokens that decode to partial characters)."""
-    window = max(len(s) for s in stops) + 4
-    text = tokenizer.decode(output_ids[-window:], skip_special_tokens=False)
-    return any(s in text for s in stops)

@@ -1,10 +1,11 @@
-"""Assembly: a ``TrainConfig`` becomes the parts of a run, built inside one exit stack that closes each
-part, in reverse order, on every path (a failure half-way through start-up closes what was built).
+"""Assembly: a ``TrainConfig`` becomes the ``asyncrl.controller.Parts`` of a run, built inside one exit stack
+that closes each part, in reverse order, on every path (a failure half-way through start-up closes what was
+built). This is where config sections become plain arguments.
 
 Everything that can refuse the configuration (the model directory, the data, the reward function, the
-engine) is checked before the run directory is created. The controller receives the built ``Parts`` and
-only runs the loop (``asyncrl.controller``). Single process, threads: the trainer (the caller's thread),
-the engine loop, the rollout event loop; evaluation runs on a second engine pinned to the trained version.
+engine) is checked before the run directory is created. Single process, threads: the trainer (the caller's
+thread), the engine loop, the rollout event loop; evaluation runs on a second engine pinned to the trained
+version.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -25,18 +26,21 @@ from asyncrl.algo import build_group_filter
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
                                 weights_dir)
+from asyncrl.controller import LoopPlan, Parts
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
-from asyncrl.engine import build_engine, build_publisher
+from asyncrl.engine import build_engine
+from asyncrl.engine.base import Lifecycle
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import Evaluator
-from asyncrl.critic import CRITIC_DIR
-from asyncrl.launch.placement import Allocation, PlacementError, allocate
-from asyncrl.launch.ranks import RankedTrainer
+from asyncrl.trainer.critic import CRITIC_DIR
+from asyncrl.placement import Allocation, PlacementError, allocate
+from asyncrl.launch.ranks import RANK_ENV, RankedTrainer
 from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
 from asyncrl.lora import apply_lora, load_adapter, trainable_summary
 from asyncrl.parallel import DataParallel
+from asyncrl.publish import build_publisher
 from asyncrl.metrics import Console, MetricsLogger, StepMeter
 from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
 from asyncrl.reward import build_reward_service
@@ -45,7 +49,7 @@ from asyncrl.timeline import Timeline
 from asyncrl.trainer import build_trainer
 from asyncrl.types import SamplingParams
 from asyncrl.watchdog import Watchdog
-from asyncrl.workflow import WorkflowContext, build_workflow
+from asyncrl.workflow import Closable, Counted, Evaluating, Workflow, WorkflowContext, build_workflow
 
 log = logging.getLogger(__name__)
 
@@ -90,67 +94,6 @@ class RunShape:
                                   temperature=g.temperature, stop_token_ids=eos))
 
 
-@dataclass(frozen=True)
-class LoopPlan:
-    """The loop's settings as plain values."""
-
-    total_steps: int
-    max_time_s: float  # 0 = no limit
-    batch_timeout_s: float
-    eval_every: int  # 0 = only at the start and the end
-    save_every: int  # 0 = by time, and at the end
-    save_every_s: float  # 0 = not by time
-    stop_if_unsaved: bool  # a checkpoint that cannot be written stops the run
-    pad_id: int
-
-    def evaluate_at(self, version: int) -> bool:
-        return bool(self.eval_every) and version % self.eval_every == 0
-
-    def save_at(self, version: int, since_last_save_s: float) -> bool:
-        return (bool(self.save_every) and version % self.save_every == 0) or \
-            (bool(self.save_every_s) and since_last_save_s >= self.save_every_s)
-
-    def out_of_time(self, elapsed_s: float) -> bool:
-        return bool(self.max_time_s) and elapsed_s >= self.max_time_s
-
-
-@dataclass
-class Parts:
-    run_dir: Path
-    plan: LoopPlan
-    trainer: object  # asyncrl.trainer.Trainer
-    engine: object  # the rollout engine (started)
-    publisher: object  # asyncrl.publish.Publisher
-    buffer: RolloutBuffer
-    rollout: RolloutRunner
-    evaluate: Evaluator  # evaluate(version) -> metrics
-    checkpoints: Checkpointer
-    logger: MetricsLogger
-    timeline: Timeline
-    meter: StepMeter
-    watchdog: Watchdog
-    start: RunState  # where the run starts (version 0, or a checkpoint's)
-
-    def start_generation(self) -> None:
-        """Rollouts begin: admission opens, the timeline samples the engine, rates count from now."""
-        self.rollout.start()
-        self.timeline.start()
-        self.meter.start(self.start.elapsed_s)
-
-    def save(self, version: int) -> None:
-        """A complete checkpoint of ``version``: the weights, the trainer's state and the rollout side's."""
-        snap = self.buffer.snapshot()
-        state = RunState(version, snap["drawn"], snap["accepted"], snap["rejected"], self.meter.elapsed(),
-                         self.timeline.now(), snap["ready"], snap["inflight"])
-        try:
-            self.checkpoints.save(version, state)
-        except CheckpointError:
-            if self.plan.stop_if_unsaved:
-                raise
-            log.warning("no checkpoint of version %d (saver.on_error=continue)", version, exc_info=True)
-        self.meter.last_save = self.meter.elapsed()
-
-
 @contextlib.contextmanager
 def assemble(cfg: TrainConfig, dp: DataParallel | None = None, resume: Path | None = None) -> Iterator[Parts]:
     """The parts of the run ``cfg`` describes (rank 0's, when ``dp`` has several ranks), continuing from the
@@ -180,7 +123,7 @@ def _allocation(cfg: TrainConfig, device: str) -> Allocation:
     """Which GPUs the servers this process starts get (after the trainer ranks'); refused at start-up if the
     machine has too few. Ranks started by the Ray launcher see only their own GPU and start no servers."""
     kind = torch.device(device).type
-    if "ASYNCRL_RAY_RANK" in os.environ:
+    if RANK_ENV in os.environ:
         kind = "cpu"  # nothing to place here: Ray placed every process
     try:
         return allocate(cfg.rollout.backend, cfg.actor.backend, kind,
@@ -232,25 +175,31 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         trainer.gather_weights()
         trainer = RankedTrainer(trainer, dp)
         stack.callback(trainer.close)
-    publisher = build_publisher(cfg.rollout, [engine])
+    r = cfg.rollout
+    publisher = build_publisher(r.resolved_transport, [engine], timeout_s=r.weight_sync_timeout_s,
+                                weight_dir=r.weight_dir or None, dist_backend=r.dist_backend,
+                                bucket_mb=r.dist_bucket_mb, master_address=r.dist_master_addr)
     stack.callback(publisher.close)
     workflow = _workflow(cfg, WorkflowContext(rollout_tokenizer, reward, shape.sampling, shape.max_len,
                                               shape.stop_token_ids, seed=cfg.seed))
-    if hasattr(workflow, "close"):
+    if isinstance(workflow, Closable):
         stack.callback(workflow.close)
 
     run_dir = _run_dir(cfg, start)
-    eta, batch_size = cfg.rollout.max_head_offpolicyness, cfg.train_dataset.batch_size
-    buffer = RolloutBuffer(batch_size, eta, cfg.rollout.max_concurrent_rollouts)
+    max_staleness, batch_size = cfg.rollout.max_head_offpolicyness, cfg.train_dataset.batch_size
+    buffer = RolloutBuffer(batch_size, max_staleness, cfg.rollout.max_concurrent_rollouts)
     # a resumed run: the groups that were ready, then the items that were in flight, then the stream goes on
     buffer.restore(start.version, start.ready, start.accepted, start.rejected, start.drawn - len(start.inflight))
     items = itertools.chain(start.inflight, itertools.islice(data.train, start.drawn, None))
     rollout = RolloutRunner(engine, buffer, workflow, items, cfg.rollout.request_timeout_s,
                             accept=build_group_filter(cfg.actor),
-                            max_failures_in_a_row=cfg.rollout.max_failures_in_a_row or (eta + 2) * batch_size)
+                            max_failures_in_a_row=cfg.rollout.max_failures_in_a_row or (max_staleness + 2) * batch_size)
     stack.callback(rollout.stop)
-    logger = MetricsLogger(run_dir, cfg.stats_logger, f"{cfg.experiment_name}/{cfg.trial_name}",
-                           configlib.to_dict(cfg), console=Console(cfg.progress_bar, cfg.total_train_steps))
+    sinks = cfg.stats_logger
+    logger = MetricsLogger(run_dir, tensorboard=sinks.tensorboard,
+                           wandb_project=sinks.wandb_project if sinks.wandb else None,
+                           run_name=f"{cfg.experiment_name}/{cfg.trial_name}", config=configlib.to_dict(cfg),
+                           console=Console(cfg.progress_bar, cfg.total_train_steps))
     stack.callback(logger.close)
     timeline = Timeline(run_dir / "timeline.jsonl", engine.stats, start_s=start.timeline_s)
     stack.callback(timeline.close)
@@ -265,7 +214,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         evaluate=_evaluator(cfg, workflow, eval_engine, trainer, tokenizer, data.valid, reward, shape),
         checkpoints=Checkpointer(run_dir, trainer, tokenizer, cfg.saver.keep_last), logger=logger, timeline=timeline,
         meter=StepMeter(engine.stats, [rollout.stats, reward.stats, buffer.stats, data.stats,
-                                       *([workflow.stats] if hasattr(workflow, "stats") else [])]),
+                                       *([workflow.stats] if isinstance(workflow, Counted) else [])]),
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
                           w.max_nonfinite_steps),
     )
@@ -297,7 +246,7 @@ def _policy(cfg: TrainConfig, model, init_path: str | None, resume: Path | None)
         model = load_model(init_path)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = apply_lora(model, lora)
+        model = apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.target_modules)
     if resume is not None:
         try:
             load_adapter(model, resume)
@@ -309,18 +258,18 @@ def _policy(cfg: TrainConfig, model, init_path: str | None, resume: Path | None)
 def _evaluator(cfg: TrainConfig, workflow, engine, trainer, tokenizer, items, reward, shape: RunShape) -> Evaluator:
     """Held-out evaluation: the workflow's own (an agent runs its episodes) or one scored answer per item."""
     threshold = cfg.evaluator.success_threshold
-    if hasattr(workflow, "evaluate"):
+    if isinstance(workflow, Evaluating):
         return Evaluator(engine, trainer.state_dict, lambda e: workflow.evaluate(
             e, items, tokenizer, shape.eval_params, success_threshold=threshold))
     return Evaluator.single_turn(engine, trainer.state_dict, tokenizer, items, reward.eval_fn, shape.eval_params,
                                  threshold)
 
 
-def _workflow(cfg: TrainConfig, context: WorkflowContext):
+def _workflow(cfg: TrainConfig, context: WorkflowContext) -> Workflow:
     """The configured workflow; a factory that refuses its kwargs is a start-up refusal."""
     kwargs = cfg.workflow.kwargs
     if cfg.workflow.name == "agent":  # the agent workflow is configured by its own section
-        kwargs = {**dataclasses.asdict(cfg.agent), **kwargs}
+        kwargs = {**dataclasses.asdict(cfg.agent), "serve": _serve_agent_proxy, **kwargs}
     try:
         return build_workflow(cfg.workflow.name, context, kwargs)
     except (TypeError, ValueError) as e:
@@ -328,7 +277,14 @@ def _workflow(cfg: TrainConfig, context: WorkflowContext):
                           f"{cfg.workflow.kwargs}: {e}") from e
 
 
-def _start(stack: contextlib.ExitStack, backend: str, build):
+def _serve_agent_proxy(proxy, host: str, port: int, admin_key: str | None):
+    """The agent proxy over HTTP (imported only when an agent run's client is the ``openai`` one)."""
+    from asyncrl.server.agent import serve_proxy
+
+    return serve_proxy(proxy, host, port, admin_key)
+
+
+def _start(stack: contextlib.ExitStack, backend: str, build: Callable[[], Lifecycle]):
     """Build and start an engine, closed by ``stack``; a model it cannot run, or servers that do not come
     up, are start-up refusals that name ``rollout.backend``."""
     try:

@@ -24,6 +24,10 @@ from asyncrl.engine.spawn import die_with_parent
 from asyncrl.parallel import DataParallel, shard_groups
 from asyncrl.types import Batch
 
+RANK_ENV = "ASYNCRL_RAY_RANK"
+"""Set (to the rank) in the trainer processes the Ray launcher starts: ``train()`` there runs that rank."""
+RESUME_ENV = "ASYNCRL_RESUME"
+"""Set by the process that starts the other ranks: the checkpoint every rank resumes from ("" = none)."""
 SUMMED = ("loss", "train_tokens", "value_loss")
 TAKEN_FROM_RANK_0 = ("grad_norm", "lr", "critic_grad_norm")
 MAXIMUM = ("train_time_s", "nonfinite_skipped")
@@ -150,7 +154,7 @@ def spawn_ranks(cfg, world: int, port: int, resume=None) -> LocalRanks:
     os.close(fd)
     configlib.dump(replace(cfg, progress_bar=False), path)
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "ASYNCRL_RESUME": str(resume or "")}
+           RESUME_ENV: str(resume or "")}
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port)})
     procs = [subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", "--config", path],

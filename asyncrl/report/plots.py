@@ -59,12 +59,12 @@ def plot_learning(run: Run, plt) -> bytes:
 
 def plot_staleness(run: Run, plt) -> bytes:
     steps = run.steps
-    eta = run.setting("rollout.max_head_offpolicyness")
+    max_staleness = run.setting("rollout.max_head_offpolicyness")
     fig, (ax, hx) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [2.2, 1]})
     ax.step(*_series(steps, "step", "staleness_max"), where="mid", color="#d62728", label="max")
     ax.plot(*_series(steps, "step", "staleness_mean"), color="#1f77b4", label="mean (tokens)")
-    if eta is not None:
-        ax.axhline(eta, color="k", ls="--", lw=1, label=f"η = {eta}")
+    if max_staleness is not None:
+        ax.axhline(max_staleness, color="k", ls="--", lw=1, label=f"η = {max_staleness}")
     ax.set_xlabel("training step")
     ax.set_ylabel("staleness (versions)")
     ax.grid(alpha=0.3)

@@ -16,7 +16,7 @@ class RunSummary:
     """What one run achieved and where its time went (the columns of the benchmark table)."""
 
     name: str
-    eta: int | None
+    max_staleness: int | None
     steps: int
     wall_s: float  # training wall time: from the end of the step-0 evaluation to the last step
     initial_accuracy: float | None
@@ -60,7 +60,7 @@ def summarize(run: Run, target: float | None = None, name: str | None = None) ->
     rewards = [r["reward_mean"] for r in steps if finite(r.get("reward_mean")) is not None]
     return RunSummary(
         name=name or run.path.name,
-        eta=run.setting("rollout.max_head_offpolicyness"),
+        max_staleness=run.setting("rollout.max_head_offpolicyness"),
         steps=len(steps),
         wall_s=wall,
         initial_accuracy=evals[0] if evals and run.evals[0].get("step") == 0 else None,

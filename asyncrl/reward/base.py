@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from asyncrl.plugins import load_object
 
 NOT_FIELDS = ("question", "prompt_ids")
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """What workflows score samples with: the run's ``RewardService`` (worker processes, timeouts, counters), or
+    any object with this method."""
+
+    async def ascore(self, item: dict, completion: str) -> float:
+        """The reward of ``completion`` for ``item``; never raises (a failure scores the configured default)."""
 
 
 def load_reward_fn(spec: str) -> Callable[..., float]:

@@ -19,14 +19,8 @@ locked pool (RLIMIT_NPROC is ignored for root, and a private uid lets us kill ev
 behind, even ones that escaped their process group). No ``preexec_fn`` is used anywhere, so running a
 sandbox from a process with threads (the trainer) is safe.
 
-Whatever calls the sandbox reaps what it started, so no run leaves a zombie, even in a container whose pid 1
-never reaps orphans. The caller starts one front process (bwrap, unshare, or the program itself) and waits
-for it; with namespaces the front's only child is the namespace's init, which the front waits for. bubblewrap's
-own init would outlive the bwrap process (bwrap exits as soon as the program does, and its orphaned init then
-becomes a zombie of pid 1), so bwrap runs with ``--as-pid-1`` and the prologue itself is the init. On the wall
-clock the front's child is killed rather than the front (see :func:`_kill_front`). Only the rlimits fallback,
-which has no pid namespace, cannot catch processes a program detaches: they are killed (by uid or tag) and
-left to the nearest subreaper (a reward worker is one) or to init.
+Whatever calls the sandbox reaps every process it started, so no run leaves a zombie (docs/rewards.md, "No
+zombies", says how, mode by mode).
 """
 
 from __future__ import annotations

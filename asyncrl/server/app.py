@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from asyncrl.server import render
-from asyncrl.server.cli import bind
+from asyncrl.server.net import bind
 from asyncrl.server.limits import MAX_JSON_CONTAINERS, SHUTDOWN_GRACE_S
 from asyncrl.server.middleware import BodyLimit, InternalErrors
 from asyncrl.server.schemas import (BadRequest, ChatRequest, CompletionRequest, DestroyGroup, GenerateRequest,

@@ -17,6 +17,7 @@ import socket
 import sys
 
 from asyncrl.server import limits
+from asyncrl.server.net import bind
 
 PROG = "asyncrl serve"
 EXTRA = ("fastapi", "uvicorn", "pydantic")
@@ -128,28 +129,13 @@ def refuse(message: str) -> int:
     return 2
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (port 0: a free one) for uvicorn to serve on. Taken before the model loads,
-    so a port in use is refused at once; not listening yet, so clients get 'connection refused' (not a hang)
-    until the server is ready. Created as IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets, and
-    without it every small answer waited ~40 ms for the client's delayed ACK."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def _agent_proxy(state, args: argparse.Namespace):
     """The agent proxy over this server's engine, with a tokenizer of its own (it tokenises on the event loop
     while the server's routes tokenise on worker threads)."""
     import copy
 
     from asyncrl.agent.chat import ChatRenderer, TemplateError
-    from asyncrl.agent.http import build_app as proxy_app
+    from asyncrl.server.agent import build_app as proxy_app
     from asyncrl.agent.proxy import AgentProxy
     from asyncrl.server.state import StartupError
     from asyncrl.types import SamplingParams

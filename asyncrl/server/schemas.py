@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator
 
-from asyncrl.engine.local import NO_STOP_TOKENS
+from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.server.limits import (MAX_BUCKET_TENSORS, MAX_MESSAGES, MAX_PROMPTS, MAX_STOP_CHARS,
                                    MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TENSOR_DIMS)
 from asyncrl.types import SamplingParams

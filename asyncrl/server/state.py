@@ -15,7 +15,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from asyncrl.engine.local import LocalEngine, VersionConflict
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.requests import VersionConflict
 from asyncrl.server.limits import (CHARS_PER_TOKEN, GROUP_TIMEOUT_S, KV_MEMORY_FRACTION, MAX_REQUEST_BYTES,
                                    MAX_VERSION, UPDATE_TIMEOUT_S)
 from asyncrl.server.schemas import BadRequest

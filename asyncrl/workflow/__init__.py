@@ -1,7 +1,8 @@
 """Workflows: how one dataset item becomes a trajectory group, chosen by config (``workflow.name``).
 
 A workflow is any object with ``async run(item, engine) -> TrajectoryGroup | None`` (``None`` rejects the
-item: it is not trained on, and its admission is released). ``workflow.name`` is a registered name
+item: it is not trained on, and its admission is released); it may also be ``Closable``, ``Counted`` (metrics)
+or ``Evaluating`` (its own held-out evaluation). ``workflow.name`` is a registered name
 (``rlvr``) or an import path ``package.module:Name`` of a user's own: a class or factory, called as
 ``Name(context, **workflow.kwargs)`` with a :class:`WorkflowContext`, or a ready object with ``run``.
 ``agent`` (``asyncrl.agent``) runs your OpenAI-client agent through a recording proxy; it is configured by
@@ -12,18 +13,43 @@ Workflows run on the rollout thread's event loop: they must await, never block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from asyncrl.engine.base import Engine
 from asyncrl.plugins import load_object
+from asyncrl.reward.base import Scorer
 from asyncrl.types import SamplingParams, TrajectoryGroup
 
 WORKFLOWS = {"rlvr": "asyncrl.workflow.rlvr:RLVRWorkflow", "agent": "asyncrl.agent.workflow:AgentWorkflow"}
 """Registered workflow names and where they live (imported only when chosen)."""
 
 
+@runtime_checkable
 class Workflow(Protocol):
     async def run(self, item: dict, engine: Engine) -> TrajectoryGroup | None: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A workflow that holds resources (a server, connections): closed when the run ends."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Counted(Protocol):
+    """A workflow with counters of its own, added to every step's metrics record."""
+
+    def stats(self) -> dict: ...
+
+
+@runtime_checkable
+class Evaluating(Protocol):
+    """A workflow that evaluates held-out items its own way (an agent runs its episodes), instead of one
+    answer per item scored by the reward function."""
+
+    def evaluate(self, engine: Engine, items: list[dict], tokenizer, params: SamplingParams,
+                 success_threshold: float = 1.0) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -31,7 +57,7 @@ class WorkflowContext:
     """What a workflow gets to work with."""
 
     tokenizer: Any  # the rollout thread's own tokenizer (fast tokenizers must not be shared across threads)
-    reward: Any  # a RewardService: ``await reward.ascore(item, completion_text) -> float``
+    reward: Scorer  # the run's RewardService: ``await reward.ascore(item, completion_text) -> float``
     params: SamplingParams  # gconfig's sampling: n samples per item, max_new_tokens, temperature, ...
     max_len: int = 0  # the engine's context per sequence (prompt + completion tokens)
     stop_token_ids: tuple[int, ...] = ()  # what ends a reply (the end-of-turn token first)

@@ -7,24 +7,8 @@ import dataclasses
 
 from asyncrl.engine.base import Engine
 from asyncrl.engine.sampling import derive_seed
+from asyncrl.data.formats import item_prompt_ids
 from asyncrl.types import SamplingParams, Trajectory, TrajectoryGroup
-
-
-def chat_prompt_ids(tokenizer, question: str | list[dict]) -> list[int]:
-    """Token ids of a prompt under the tokenizer's chat template, ready for the assistant: ``question`` is a
-    single user turn's text, or the turns of a conversation (a chat item's prompt:
-    :func:`asyncrl.data.formats.prompt_of`)."""
-    messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False).input_ids
-
-
-def item_prompt_ids(tokenizer, item: dict) -> list[int]:
-    """An item's prompt ids: its ``prompt_ids`` when pre-tokenised, else its prompt under the chat template (a
-    chat item's turns before its final assistant turn, else its ``question`` as one user turn)."""
-    from asyncrl.data.formats import prompt_of
-
-    return item.get("prompt_ids") or chat_prompt_ids(tokenizer, prompt_of(item))
 
 
 class RLVRWorkflow:

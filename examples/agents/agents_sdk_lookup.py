@@ -15,7 +15,8 @@ from __future__ import annotations
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from agents.exceptions import AgentsException
 
-from asyncrl.agent.tasks.lookup import LOOKUP_TOOL, extract_answer, lookup
+from asyncrl.agent.tasks.lookup import lookup
+from asyncrl.data.lookup import LOOKUP_TOOL, extract_answer
 
 set_tracing_disabled(True)  # no traces sent anywhere
 

@@ -18,7 +18,8 @@ import json
 
 import openai
 
-from asyncrl.agent.tasks.lookup import LOOKUP_TOOL, extract_answer, lookup
+from asyncrl.agent.tasks.lookup import lookup
+from asyncrl.data.lookup import LOOKUP_TOOL, extract_answer
 
 
 async def episode(client: openai.AsyncOpenAI, item: dict, max_turns: int = 6) -> float:
@@ -45,7 +46,7 @@ def main() -> None:
     import asyncio
     import random
 
-    from asyncrl.agent.tasks.lookup import LookupTask
+    from asyncrl.data.lookup import LookupTask
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", required=True)

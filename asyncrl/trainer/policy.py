@@ -1,8 +1,8 @@
-"""The trainer: a model and its optimizer. Algorithm-blind: it shapes rewards, calls an advantage function,
+"""The policy trainer: a model and its optimizer. Algorithm-blind: it shapes rewards, calls an advantage function,
 a policy loss and a loss aggregation from :mod:`asyncrl.algo` (picked by ``build_trainer`` from the config),
 and accumulates gradients over micro-batches, packed or padded.
 
-One step (``Trainer.step``), as in AReaL's trainer:
+One step (``PolicyTrainer.step``), as in AReaL's trainer:
 
 1. no-grad passes where the configuration needs them: the proximal log-probs (``ppo_n_minibatches > 1``
    with ``prox_logp_method=recompute``), the reference model's log-probs (KL), the critic's values;
@@ -16,32 +16,25 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from asyncrl.algo.advantages import masked_whiten
 from asyncrl.algo.aggregate import token_mean
-from asyncrl.algo.algorithm import Algorithm, build_algorithm
+from asyncrl.algo.algorithm import Algorithm
 from asyncrl.algo.losses import clipped_value_loss
 from asyncrl.algo.offpolicy import loglinear_prox_logprobs
 from asyncrl.algo.shaping import place_at_last_token, shape_rewards
-from asyncrl.critic import CRITIC_DIR, VALUE_HEAD_FILE, ValueHead, load_value_head, save_critic
 from asyncrl.logprobs import logprobs_from_logits
-from asyncrl.lora import AdaptersOff, is_lora, merged_state_dict, save_lora
+from asyncrl.lora import is_lora, merged_state_dict
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.parallel import DataParallel
+from asyncrl.trainer import state
+from asyncrl.trainer.base import NonFiniteWeights
+from asyncrl.trainer.critic import ValueHead, critic_step
 from asyncrl.types import Batch
-
-
-OPTIMIZER_SHARDS = "optimizer-shards"
-"""Where each FSDP rank writes its shard of the optimizer state in a checkpoint (torch.distributed.checkpoint)."""
-
-class NonFiniteWeights(RuntimeError):
-    """The policy holds NaN or inf weights; they are never saved or published."""
 
 
 @dataclass
@@ -71,7 +64,7 @@ def _last_hidden(out) -> torch.Tensor:
     return hidden if hidden is not None else out.hidden_states[-1]
 
 
-class Trainer:
+class PolicyTrainer:
     """The policy (and optionally a critic and a frozen reference model) with its optimizer; ``step`` trains
     on a ``Batch`` with the functions of an ``Algorithm``."""
 
@@ -381,7 +374,7 @@ class Trainer:
             self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]],
             loss_finite=math.isfinite(mb_loss))
         if self.critic_model is not None and not self.skipped_updates:
-            self._critic_step(batch, [p for p in plan if p is not None], values, returns, value_weights, totals)
+            critic_step(self, batch, [p for p in plan if p is not None], values, returns, value_weights, totals)
 
     def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: _Outputs, index: int, version: int,
                           advantages, returns, values, prox, ref) -> tuple[torch.Tensor, dict]:
@@ -408,28 +401,6 @@ class Trainer:
             loss = loss + algo.value_loss_coef * vloss
             stats.update(vstats, value_loss=float(vloss.detach()))
         return loss, stats
-
-    def _critic_step(self, batch, plan, values, returns, value_weights, totals) -> None:
-        for group in self.critic_optimizer.param_groups:
-            group["lr"] = self._lr(self.critic_lr)
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        total, clip_frac = 0.0, 0.0
-        for mb, ids, packed_rows in plan:
-            out = self._forward(self.critic_model, batch, ids, packed_rows, logprobs=False, hidden=True)
-            L = out.target_len
-            d = self._dev
-            mask = d(batch.loss_mask[ids, :L])
-            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), d(values[ids, :L]), d(returns[ids, :L]),
-                                               mask, value_eps_clip=self.algo.value_eps_clip)
-            vloss = (vloss * d(value_weights[mb, :L])).sum()
-            vloss.backward()
-            total += float(vloss.detach())
-            clip_frac += vstats["value_clip_frac"] * float(mask.sum())
-        params = [p for g in self.critic_optimizer.param_groups for p in g["params"]]
-        totals["_per_mb_critic_grad_norm"] = totals.get("_per_mb_critic_grad_norm", 0.0) + self._clip_and_step(
-            self.critic_optimizer, params, loss_finite=math.isfinite(total))
-        totals["_per_mb_value_loss"] = totals.get("_per_mb_value_loss", 0.0) + total
-        totals["value_clip_frac"] = totals.get("value_clip_frac", 0.0) + clip_frac
 
     def _clip_and_step(self, optimizer, params, loss_finite: bool = True) -> float:
         """Clip and apply the gradients; an update whose loss or gradient norm is not finite is skipped
@@ -468,49 +439,16 @@ class Trainer:
             self._full = self.dp.full_state_dict(self.model)
 
     def training_state(self, directory: str | None = None) -> dict:
-        """What an exact resume needs beyond the weights: the optimizers' state, the step count and the value
-        head. Under FSDP every rank must call this with the same ``directory``: each rank writes its shard of
-        the optimizer state there (``torch.distributed.checkpoint``, subdirectory ``OPTIMIZER_SHARDS``); without
-        one it is gathered whole to rank 0."""
-        if self.dp is not None and self.dp.fsdp:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        """What an exact resume needs beyond the weights (``asyncrl.trainer.state.training_state``)."""
+        return state.training_state(self, directory)
 
-            if directory is not None:
-                dcp.save({"optimizer": get_optimizer_state_dict(self.model, self.optimizer)},
-                         checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
-                optim = OPTIMIZER_SHARDS
-            else:
-                optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                                 options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        else:
-            optim = self.optimizer.state_dict()
-        return {"optimizer": optim, "steps_done": self.steps_done,
-                "critic_optimizer": None if self.critic_optimizer is None else self.critic_optimizer.state_dict(),
-                "value_head": None if self.value_head is None else self.value_head.state_dict()}
+    def load_training_state(self, saved: dict, directory: str | None = None) -> None:
+        """Restore ``training_state()`` saved in ``directory``."""
+        state.load_training_state(self, saved, directory)
 
-    def load_training_state(self, state: dict, directory: str | None = None) -> None:
-        """Restore ``training_state()`` saved in ``directory`` (under FSDP on every rank: each reads the shards
-        it needs, whatever the number of ranks that wrote them)."""
-        if self.dp is not None and self.dp.fsdp:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                                 set_optimizer_state_dict)
-
-            if state["optimizer"] == OPTIMIZER_SHARDS:
-                optim = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
-                dcp.load(optim, checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
-                set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=optim["optimizer"])
-            else:
-                set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
-                                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.steps_done = state["steps_done"]
-        if state.get("critic_optimizer") is not None and self.critic_optimizer is not None:
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        if state.get("value_head") is not None and self.value_head is not None:
-            self.value_head.load_state_dict(state["value_head"])
+    def save(self, path: str, tokenizer=None) -> None:
+        """The policy in HF format at ``path`` (``asyncrl.trainer.state.save``); non-finite weights refused."""
+        state.save(self, path, tokenizer)
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteWeights`` naming the first weight (policy, value head, critic) that holds NaN or
@@ -522,54 +460,3 @@ class Trainer:
             for name, p in items:
                 if not torch.isfinite(p).all():
                     raise NonFiniteWeights(f"the {what} weight '{name}' holds NaN or inf values")
-
-    def save(self, path: str, tokenizer=None) -> None:
-        """The policy in HF format at ``path`` (with LoRA: the adapter there, the merged model and the tokenizer
-        in ``path/merged/``); a critic (separate model and/or value head) in ``path/critic/``, which
-        ``actor.critic_path`` loads back. Non-finite weights are refused."""
-        self.check_finite()
-        if is_lora(self.module):
-            save_lora(self.module, path, tokenizer)
-        else:
-            self.module.save_pretrained(path, state_dict=self.state_dict())
-            if tokenizer is not None:
-                tokenizer.save_pretrained(path)
-        if self.value_head is not None:
-            save_critic(os.path.join(path, CRITIC_DIR), self.value_head, self.critic_model)
-
-
-
-def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,
-                  max_new_tokens: int | None = None, top_p: float = 1.0, top_k: int = 0, dp=None,
-                  device: str = "cpu", init_path: str | None = None) -> Trainer:
-    """The trainer for an ``ActorConfig``. ``model`` is the policy (a peft model: its LoRA adapters train); a
-    separate critic (``actor.critic=separate``) loads from ``model_path``, a frozen reference model
-    (``actor.ref_model``) from ``init_path`` (the run's starting checkpoint; default ``model_path``; with LoRA:
-    the policy with its adapters disabled) or its own directory. ``max_new_tokens`` (gconfig) is DAPO's L_max
-    and Dr.GRPO's default normaliser."""
-    from asyncrl.models import load_model
-
-    ref_model = None
-    if cfg.ref_model == "init" and is_lora(model):
-        ref_model = AdaptersOff(model)
-    elif cfg.ref_model != "none":
-        ref_model = load_model((init_path or model_path) if cfg.ref_model == "init" else cfg.ref_model)
-    if cfg.critic_path and not os.path.isfile(os.path.join(cfg.critic_path, VALUE_HEAD_FILE)):
-        raise FileNotFoundError(f"actor.critic_path: {os.path.join(cfg.critic_path, VALUE_HEAD_FILE)} not found "
-                                f"(a checkpoint's {CRITIC_DIR}/ directory holds it)")
-    critic_model = None
-    if cfg.critic == "separate":
-        from transformers import AutoModel
-
-        critic_model = AutoModel.from_pretrained(cfg.critic_path or model_path)
-    trainer = Trainer(
-        model, build_algorithm(cfg, max_new_tokens), ref_model=ref_model, critic=cfg.critic,
-        critic_model=critic_model, critic_lr=cfg.critic_lr,
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
-        max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
-        pack_sequences=cfg.pack_sequences, temperature=temperature, top_p=top_p, top_k=top_k,
-        autocast_dtype=autocast_dtype, dp=dp, device=device,
-    )
-    if cfg.critic_path and trainer.value_head is not None:
-        load_value_head(cfg.critic_path, trainer.value_head)
-    return trainer

@@ -1,4 +1,4 @@
-"""The proxy over HTTP (FastAPI; the ``serve`` extra): ``/v1/chat/completions``, ``/v1/completions``,
+"""The agent proxy over HTTP (FastAPI; the ``serve`` extra): ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/models``, authenticated by the episode's key (``Authorization: Bearer KEY``). Loopback only unless an
 admin key is set (a proxy on a network interface without one would let anyone who guesses a path in).
 
@@ -9,33 +9,18 @@ opens an episode and returns its key, ``POST /rl/sessions/{key}/end`` closes it 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import secrets
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from asyncrl.agent.proxy import AgentProxy, ProxyError
+from asyncrl.agent.proxy import AgentProxy, ProxyError, check_bind
+from asyncrl.server.app import ServerThread
 from asyncrl.server.middleware import BodyLimit
 
 MAX_BODY_BYTES = 4 << 20
 MAX_CONTAINERS = 1 << 16
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, admin_key: str | None) -> None:
-    if not is_loopback(host) and not admin_key:
-        raise ValueError(f"the agent proxy binds '{host}', which is not loopback: set an admin key too (anyone "
-                         "who can reach it could otherwise use the engine)")
 
 
 def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = False,
@@ -105,3 +90,11 @@ def _json(body: dict) -> Response:
 def _bearer(request: Request) -> str | None:
     auth = request.headers.get("authorization", "")
     return auth[7:].strip() if auth.lower().startswith("bearer ") else None
+
+
+def serve_proxy(proxy: AgentProxy, host: str = "127.0.0.1", port: int = 0, admin_key: str | None = None) -> ServerThread:
+    """``proxy`` over HTTP on a thread of this process (``.url``, ``.close()``): how a training run's agent
+    workflow gives its episodes a real OpenAI endpoint. ValueError for a non-loopback ``host`` without
+    ``admin_key``."""
+    check_bind(host, admin_key)
+    return ServerThread(build_app(proxy, admin_key or None), host, port)

@@ -1,0 +1,105 @@
+"""``asyncrl train``: the launcher on top of the loop.
+
+``train(cfg)`` decides what this process is, then runs it:
+
+- the Ray driver (``launcher=ray``, not started by Ray): ``asyncrl.launch.ray.run`` places servers and ranks;
+- trainer rank 1..N-1 (``actor.backend=ddp:dN``/``fsdp:dN``): ``serve_rank`` trains on the shards rank 0 sends;
+- rank 0 or the only rank: the resume point (``asyncrl.launch.resume``), ``assemble(cfg)`` builds the parts, and
+  ``asyncrl.controller.run`` runs the loop; the run report is written when every part is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from asyncrl import parallel
+from asyncrl.config import TrainConfig
+from asyncrl.configlib import ConfigError
+from asyncrl.controller import run
+from asyncrl.data.config import source_lookup
+from asyncrl.launch.build import assemble, build_rank_trainer
+from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV, serve_rank, spawn_ranks
+from asyncrl.launch.resume import resume_point
+from asyncrl.launch.signals import GracefulStop
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run RL training as configured; returns the last metrics record (an empty one on ranks 1..N-1). A run
+    that fails or is stopped after training at least one step leaves a checkpoint of its last weights (if they
+    are finite)."""
+    if cfg.launcher == "ray" and RANK_ENV not in os.environ:  # the driver; the ranks it starts have it
+        from asyncrl.launch import ray as ray_launcher
+
+        return ray_launcher.run(cfg)
+    resume = _resume_point(cfg)
+    dp, ranks = _trainer_ranks(cfg, resume)
+    if dp is not None and dp.rank > 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: rank 0 stops this one
+        serve_rank(build_rank_trainer(cfg, dp, resume), dp)
+        return {}
+    run_dir = None
+    try:
+        with GracefulStop() as stop, assemble(cfg, dp, resume) as parts:
+            run_dir, stop.buffer = parts.run_dir, parts.buffer
+            parts.meter.source_of = source_lookup(cfg.train_dataset)  # a mixture's metrics per source
+            try:
+                return run(parts)
+            except Exception as e:
+                dead = ranks.failed() if ranks is not None else []
+                if dead:  # the collective that failed is the symptom; the rank's death is the cause
+                    raise RuntimeError(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
+                                       "its last checkpoint") from e
+                raise
+    finally:  # after every part is closed: nothing competes with the plots, and the files are complete
+        if ranks is not None:
+            ranks.close()
+        if cfg.report and run_dir is not None:
+            _write_report(run_dir)
+
+
+def _resume_point(cfg: TrainConfig) -> Path | None:
+    """The checkpoint this run continues from, if any. Ranks started by this process learn it from the
+    environment (``RESUME_ENV``), so that all ranks load the same one."""
+    if RESUME_ENV in os.environ:
+        return Path(os.environ[RESUME_ENV]) if os.environ[RESUME_ENV] else None
+    point = resume_point(cfg)
+    if point is not None:
+        log.info("resuming from %s", point)
+    return point
+
+
+def _trainer_ranks(cfg: TrainConfig, resume: Path | None):
+    """This process's place among the trainer ranks: (None, None) for one rank; else the process group, and the
+    other ranks' processes when this one started them (launcher=local without torchrun's environment)."""
+    world = cfg.actor.world_size
+    if world == 1:
+        return None, None
+    ranks = None
+    if "WORLD_SIZE" not in os.environ:
+        from asyncrl.engine.spawn import free_port
+
+        ranks = spawn_ranks(cfg, world, cfg.cluster.master_port or free_port(), resume)
+    elif int(os.environ["WORLD_SIZE"]) != world:
+        raise ConfigError(f"actor.backend={cfg.actor.backend} asks for {world} ranks, but WORLD_SIZE is "
+                          f"{os.environ['WORLD_SIZE']} (torchrun --nproc-per-node must match)")
+    import torch
+
+    rank = int(os.environ["RANK"])
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+                          if cfg.cluster.resolved_device() == "cuda" else "cpu")
+    timeout = cfg.rollout.batch_timeout_s + 600  # a rank waits for rank 0's next batch at most this long
+    return parallel.from_env(cfg.actor.parallel_mode, device, timeout), ranks
+
+
+def _write_report(run_dir: Path) -> None:
+    from asyncrl.report import write_report
+
+    try:
+        log.info("run report: %s", write_report(run_dir))
+    except Exception as e:  # noqa: BLE001 - a finished run never fails for its report
+        log.warning("no run report: %s", e)

@@ -1,0 +1,76 @@
+"""A trainer's state beyond the weights it publishes: what an exact resume needs (optimizer, step count, value
+head; under FSDP each rank's optimizer shard) and the checkpoint in HF format (with LoRA: the adapter and the
+merged model)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from asyncrl.lora import is_lora, save_lora
+from asyncrl.trainer.critic import CRITIC_DIR, save_critic
+
+OPTIMIZER_SHARDS = "optimizer-shards"
+"""Where each FSDP rank writes its shard of the optimizer state in a checkpoint (torch.distributed.checkpoint)."""
+
+
+def training_state(trainer, directory: str | None = None) -> dict:
+    """What an exact resume needs beyond the weights: the optimizers' state, the step count and the value
+    head. Under FSDP every rank must call this with the same ``directory``: each rank writes its shard of
+    the optimizer state there (``torch.distributed.checkpoint``, subdirectory ``OPTIMIZER_SHARDS``); without
+    one it is gathered whole to rank 0."""
+    if trainer.dp is not None and trainer.dp.fsdp:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        if directory is not None:
+            dcp.save({"optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)},
+                     checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
+            optim = OPTIMIZER_SHARDS
+        else:
+            optim = get_optimizer_state_dict(trainer.model, trainer.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        optim = trainer.optimizer.state_dict()
+    return {"optimizer": optim, "steps_done": trainer.steps_done,
+            "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict(),
+            "value_head": None if trainer.value_head is None else trainer.value_head.state_dict()}
+
+
+def load_training_state(trainer, state: dict, directory: str | None = None) -> None:
+    """Restore ``training_state()`` saved in ``directory`` (under FSDP on every rank: each reads the shards
+    it needs, whatever the number of ranks that wrote them)."""
+    if trainer.dp is not None and trainer.dp.fsdp:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                             set_optimizer_state_dict)
+
+        if state["optimizer"] == OPTIMIZER_SHARDS:
+            optim = {"optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)}
+            dcp.load(optim, checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
+            set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_state_dict=optim["optimizer"])
+        else:
+            set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_state_dict=state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    else:
+        trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.steps_done = state["steps_done"]
+    if state.get("critic_optimizer") is not None and trainer.critic_optimizer is not None:
+        trainer.critic_optimizer.load_state_dict(state["critic_optimizer"])
+    if state.get("value_head") is not None and trainer.value_head is not None:
+        trainer.value_head.load_state_dict(state["value_head"])
+
+
+def save(trainer, path: str, tokenizer=None) -> None:
+    """The policy in HF format at ``path`` (with LoRA: the adapter there, the merged model and the tokenizer
+    in ``path/merged/``); a critic (separate model and/or value head) in ``path/critic/``, which
+    ``actor.critic_path`` loads back. Non-finite weights are refused."""
+    trainer.check_finite()
+    if is_lora(trainer.module):
+        save_lora(trainer.module, path, tokenizer)
+    else:
+        trainer.module.save_pretrained(path, state_dict=trainer.state_dict())
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+    if trainer.value_head is not None:
+        save_critic(os.path.join(path, CRITIC_DIR), trainer.value_head, trainer.critic_model)
