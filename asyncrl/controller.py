@@ -10,7 +10,8 @@ Two halves run at the same time:
 - **training**, in this thread (``run``): take B groups as soon as they are ready (``RolloutBuffer.take``,
   oldest admission first, so no trained token is more than ``max_staleness`` versions old), train on them,
   publish the new weights to the engine (in-flight requests continue under them), raise the version (which
-  opens the gate for B more groups), log, evaluate and save when due.
+  opens the gate for B more groups), log, evaluate and save when due. Before the first rollout the engine is
+  given the run's own weights at its start version (a resumed run's), so every token is stamped truly.
 
 The parts are built by ``asyncrl.launch.build.assemble`` and run by ``asyncrl.launch.train``; this module only
 runs them, and knows them by their Protocols.
@@ -121,6 +122,8 @@ def _loop(p: Parts) -> dict:
         with tl.span("eval", 0):
             record = {"step": 0, "version": 0, **p.evaluate(0)}
         p.logger.log(record)
+    with tl.span("sync", p.start.version):  # every engine, attached servers too, serves this run's policy
+        p.publisher.publish(p.trainer.state_dict(), p.start.version)
     p.start_generation()
     for step in range(p.start.version, plan.total_steps):
         with tl.span("wait", step) as waited:

@@ -156,11 +156,12 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     stack.callback(reward.close)
     engine = _start(stack, cfg.rollout.backend, lambda: build_engine(
         cfg.rollout, model, model_path=model_path, dtype=shape.dtype, max_len=shape.max_len, seed=cfg.seed,
-        stop_token_ids=shape.stop_token_ids, server_devices=allocation.server_devices, device=device))
+        stop_token_ids=shape.stop_token_ids, server_devices=allocation.server_devices, device=device,
+        version=start.version))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
         stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels,
-        device=device))
+        device=device, version=start.version))
     policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
     trainer = build_trainer(cfg.actor, policy, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=shape.autocast_dtype, max_new_tokens=cfg.gconfig.max_new_tokens,
