@@ -26,3 +26,39 @@ async def edits_history(client, item):
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "summary: b"}],
                                          max_tokens=4)
     return {first.id: 1.0}
+
+
+BARE_TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+    "key": {"type": "string"}}}}}]
+"""The lookup tool without a description or required keys (what tool_episode offers)."""
+
+
+async def tool_episode(client, item):
+    """Asks, runs the lookup tool for every call the model makes (arguments echoed back as JSON strings,
+    as OpenAI clients do), and stops at the first reply without a tool call."""
+    messages = [{"role": "system", "content": "Use the tool."}, {"role": "user", "content": item["question"]}]
+    for _ in range(4):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=BARE_TOOLS)
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return 1.0 if "42" in (message.content or "") else 0.0
+        for call in message.tool_calls:
+            key = json.loads(call.function.arguments)["key"]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(len(key))})
+    return 0.0
+
+
+_calls = {"n": 0}
+
+
+async def sometimes_fails(client, item):
+    _calls["n"] += 1
+    if _calls["n"] == 2:
+        raise KeyError("the tool server is down")
+    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "q"}])
+    return float(len(reply.choices[0].message.content) > 0)
+
+
+async def always_fails(client, item):
+    raise TimeoutError("the sandbox queue is full")

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -9,6 +10,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+TESTS = Path(__file__).resolve().parent
+"""tests/: on the path of every test and of the processes they start (helpers, reward functions by name)."""
+ROOT = TESTS.parent
+"""The repository."""
+
 
 @pytest.fixture(scope="session")
 def tokenizer():
@@ -17,6 +23,14 @@ def tokenizer():
     from asyncrl.models import tokenizer_corpus
 
     return build_tokenizer(tokenizer_corpus(ArithTask(), n_problems=2000), vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def agent_tokenizer():
+    """The lookup task's tokenizer (its chat template renders tools and tool calls)."""
+    from asyncrl.data.lookup import LookupTask, build_agent_tokenizer
+
+    return build_agent_tokenizer(LookupTask(), vocab_size=512, n_problems=2000)
 
 
 def make_model(vocab: int = 320, seed: int = 0, hidden: int = 64, layers: int = 2, model_type: str = "qwen2"):

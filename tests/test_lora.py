@@ -5,10 +5,8 @@ give the update of one. Bad targets and a missing peft are one-line refusals."""
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,24 +20,8 @@ from asyncrl.configlib import ConfigError  # noqa: E402
 from asyncrl.lora import (AdaptersOff, LoraConfig, apply_lora, is_lora, merged_state_dict, save_lora,  # noqa: E402
                           trainable_summary)
 from asyncrl.models import load_model, resolve_model_path  # noqa: E402
-from test_parallel import _batch  # noqa: E402  (groups of 3 samples of varied lengths and rewards)
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _lora_model(rank=8, seed=0, path=None):
-    """A LoRA model with random (not zero) B, so that the adapters change the outputs and get every gradient."""
-    from conftest import make_model
-
-    model = load_model(path) if path else make_model(320, seed=7)
-    torch.manual_seed(seed)
-    model = apply_lora(model, rank=rank)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
-    return model
+from conftest import ROOT, TESTS  # noqa: E402
+from trainers_for_tests import free_port, lora_model, lora_rank_step, varied_batch  # noqa: E402
 
 
 def _adapters(model) -> dict[str, torch.Tensor]:
@@ -68,7 +50,7 @@ def test_merged_weights_are_peft_merge_and_unload_under_the_base_names_and_leave
 
     path = resolve_model_path("builtin:tiny-sft")
     base_keys = list(load_model(path).state_dict())
-    model = _lora_model(path=path)
+    model = lora_model(path=path)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     merged = merged_state_dict(model)
     expected = copy.deepcopy(model).merge_and_unload().state_dict()
@@ -92,11 +74,11 @@ def test_one_step_moves_the_adapters_and_the_published_weights_not_the_base_weig
     from conftest import make_model
 
     engine = LocalEngine(make_model(320, seed=7), max_slots=4, max_len=64, native_kernels=False)
-    model = _lora_model()
+    model = lora_model()
     trainer = PolicyTrainer(model, lr=1e-2)
     base = {k: v.clone() for k, v in model.state_dict().items() if ".lora_" not in k}
     adapters, published = _adapters(model), {k: v.clone() for k, v in trainer.state_dict().items()}
-    stats = trainer.step(_batch(4))
+    stats = trainer.step(varied_batch(4))
     assert stats["grad_norm"] > 0 and stats["nonfinite_skipped"] == 0
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in base.items())  # the base weights stay
     assert all(not torch.equal(p, adapters[n]) for n, p in _adapters(model).items())
@@ -120,9 +102,9 @@ def test_a_lora_checkpoint_loads_in_peft_and_gives_the_logits_of_its_merged_expo
     from asyncrl.trainer import PolicyTrainer
 
     path = resolve_model_path("builtin:tiny-sft")
-    model = _lora_model(path=path)
+    model = lora_model(path=path)
     trainer = PolicyTrainer(model, lr=1e-2)
-    trainer.step(_batch(4))
+    trainer.step(varied_batch(4))
     ckpt = Checkpointer(tmp_path, trainer, tokenizer).save(1, RunState(version=1))
     assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "adapter_config.json").is_file()
     assert weights_dir(ckpt) == str(ckpt / "merged") and (ckpt / "merged" / "tokenizer.json").is_file()
@@ -208,38 +190,15 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
     assert "model.lora.rank: '8' -> '0'" in err and "resume=fresh" in err
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ddp_rank(rank, world, port, out):
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
-    torch.set_num_threads(1)
-    from asyncrl import parallel
-    from asyncrl.launch.ranks import combine, split
-    from asyncrl.trainer import PolicyTrainer
-
-    dp = parallel.from_env("ddp", torch.device("cpu"), timeout_s=120)
-    trainer = PolicyTrainer(_lora_model(), lr=1e-2, max_grad_norm=0.0, dp=dp, pack_sequences=True)
-    stats = dp.gather(trainer.step(split(_batch(5), world)[rank]))
-    if rank == 0:
-        out.put(({k: v.numpy().copy() for k, v in trainer.state_dict().items()}, combine(stats)))
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-
-
 def test_two_ddp_ranks_train_the_adapters_as_one_rank_does():
     from asyncrl.trainer import PolicyTrainer
 
-    single = PolicyTrainer(_lora_model(), lr=1e-2, max_grad_norm=0.0, pack_sequences=True)
+    single = PolicyTrainer(lora_model(), lr=1e-2, max_grad_norm=0.0, pack_sequences=True)
     before = {k: v.clone() for k, v in single.state_dict().items()}
-    stats = single.step(_batch(5))
+    stats = single.step(varied_batch(5))
     ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), _port()
-    procs = [ctx.Process(target=_ddp_rank, args=(r, 2, port, out)) for r in range(2)]
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=lora_rank_step, args=(r, 2, port, out)) for r in range(2)]
     for p in procs:
         p.start()
     weights, parallel_stats = out.get(timeout=180)
@@ -259,7 +218,7 @@ def test_two_ddp_ranks_train_the_adapters_as_one_rank_does():
 def test_asyncrl_train_with_lora_end_to_end(tmp_path):
     """`asyncrl train model.lora.rank=8` on the shipped model: three steps, the parameter counts logged, a LoRA
     checkpoint whose merged export `asyncrl serve`/AutoModelForCausalLM can load."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}"}
     done = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", "model.lora.rank=8", "actor.lr=1e-3",
                            f"output_dir={tmp_path}", "total_train_steps=3", "train_dataset.batch_size=2",
                            "gconfig.n_samples=2", "gconfig.max_new_tokens=16", "valid_dataset.size=4",

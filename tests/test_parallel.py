@@ -3,73 +3,16 @@ whole batch, including a batch that does not split evenly; placement strings and
 launcher end to end (two ranks, then a resume)."""
 
 import os
-import socket
-from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from asyncrl.placement import PlacementError, allocate, parse
-from asyncrl.launch.ranks import combine, split
+from asyncrl.launch.ranks import split
 from asyncrl.parallel import shard_groups
-
-
-def _batch(n_groups=5, seed=0):
-    """Groups of 3 samples with different lengths and rewards (5 groups over 2 ranks: uneven)."""
-    from asyncrl.data.collate import collate
-    from asyncrl.types import Trajectory, TrajectoryGroup
-
-    g = torch.Generator().manual_seed(seed)
-    groups = []
-    for k in range(n_groups):
-        trajs = []
-        for j in range(3):
-            p = torch.randint(1, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-            o = torch.randint(1, 300, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
-            trajs.append(Trajectory(p, o, [-1.5] * len(o), [0] * len(o), float((k + j) % 3)))
-        groups.append(TrajectoryGroup(trajs))
-    return collate(groups, pad_id=0)
-
-
-def _trainer(dp=None, **kw):
-    """AdamW, or SGD (``sgd=True``): AdamW's first steps turn float noise in gradients that are nearly zero
-    into updates of up to ±lr, so multi-step comparisons use SGD, whose update is the gradient itself."""
-    from asyncrl.trainer import PolicyTrainer
-    from conftest import make_model
-
-    sgd = kw.pop("sgd", False)
-    trainer = PolicyTrainer(make_model(320, seed=7), lr=1e-2, max_grad_norm=0.0, dp=dp,
-                      pack_sequences=kw.pop("pack", True), **kw)
-    if sgd:
-        trainer.optimizer = torch.optim.SGD(trainer.optimizer.param_groups[0]["params"], lr=1.0)
-    return trainer
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank(rank, world, port, mode, kw, out):
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
-    torch.set_num_threads(1)
-    from asyncrl import parallel
-
-    dp = parallel.from_env(mode, torch.device("cpu"), timeout_s=120)
-    trainer = _trainer(dp, **kw)
-    trainer.gather_weights()
-    batch = _batch()
-    shard = split(batch, world)[rank]
-    stats = trainer.step(shard)
-    trainer.gather_weights()
-    all_stats = dp.gather(stats)
-    if rank == 0:
-        out.put(({k: v.detach().numpy().copy() for k, v in trainer.state_dict().items()}, combine(all_stats)))
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+from conftest import TESTS
+from trainers_for_tests import free_port, rank_step, ranked_trainer, varied_batch
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -77,13 +20,13 @@ def _rank(rank, world, port, mode, kw, out):
                          ids=["one-minibatch", "two-minibatches", "padded-micro-batches"])
 def test_two_ranks_give_the_update_of_one(mode, kw):
     torch.manual_seed(0)
-    single = _trainer(**dict(kw))
+    single = ranked_trainer(**dict(kw))
     before = {k: v.clone() for k, v in single.state_dict().items()}
-    stats = single.step(_batch())
+    stats = single.step(varied_batch())
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _port()
-    procs = [ctx.Process(target=_rank, args=(r, 2, port, mode, kw, out)) for r in range(2)]
+    port = free_port()
+    procs = [ctx.Process(target=rank_step, args=(r, 2, port, mode, kw, out)) for r in range(2)]
     for p in procs:
         p.start()
     weights, parallel_stats = out.get(timeout=180)
@@ -105,7 +48,7 @@ def test_shards_are_whole_groups_balanced_by_tokens():
     assert sorted(loads) == [11, 11]
     with pytest.raises(ValueError, match="cannot feed"):
         shard_groups([1], 2)
-    batch = _batch()
+    batch = varied_batch()
     shards = split(batch, 2)
     assert sum(s.input_ids.shape[0] for s in shards) == batch.input_ids.shape[0]
     for s in shards:
@@ -216,7 +159,7 @@ def test_the_local_launcher_runs_two_ranks_end_to_end(tmp_path, tiny_model_dir, 
             "progress_bar=false", "report=false", f"actor.backend={backend}", "train_dataset.batch_size=2",
             "gconfig.n_samples=4", "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
             "rollout.max_slots=16", "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     for steps in (2, 4):
         done = subprocess.run(args + [f"total_train_steps={steps}"], capture_output=True, text=True, env=env,
                               timeout=300)
@@ -258,7 +201,7 @@ def test_a_trainer_rank_that_dies_ends_the_run_with_a_checkpoint_to_resume_from(
             "gconfig.n_samples=4", "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
             "rollout.max_slots=16", "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward",
             "saver.freq_steps=1", "max_train_time_s=0"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(args + ["total_train_steps=500"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "asyncrl" / "default"

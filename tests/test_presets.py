@@ -1,7 +1,6 @@
 """Every algorithm preset in examples/ loads, holds only overrides, and trains a few steps end to end."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +11,9 @@ from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
 from asyncrl.metrics import read_metrics
 from asyncrl.models import load_model
+from conftest import ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = ROOT / "examples"
 ALGORITHMS = ["grpo", "dr_grpo", "rloo", "liteppo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "gspo", "dapo",
               "sapo", "cispo", "pg"]
 TINY_RUN = ["progress_bar=false", "report=false", "total_train_steps=2", "train_dataset.batch_size=2", "gconfig.n_samples=4",

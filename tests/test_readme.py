@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TRAIN_BUDGET = ["total_train_steps=2", "max_train_time_s=0", "train_dataset.batch_size=2", "gconfig.n_samples=2",
                 "valid_dataset.size=8", "progress_bar=false", "report=false"]

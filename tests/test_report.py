@@ -11,44 +11,12 @@ import sys
 import pytest
 
 from asyncrl.report import ReportError, load_run, main, summarize, time_to_target, write_report
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                                      reason="plots need matplotlib (pip install -e '.[report]')")
-N_STEPS = 24
-STEP_S = 2.0  # every synthetic step: 0.5 s waiting, 1.2 s training, 0.1 s sync, 0.2 s eval/idle
-
-
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+from reports_for_tests import N_STEPS, PNG_MAGIC, STEP_S, needs_matplotlib, synthetic_run, write_jsonl
 
 
 @pytest.fixture
 def run_dir(tmp_path):
-    """A synthetic run directory shaped like asyncrl train's: η = 2, accuracy 0.2 -> 0.6, 24 steps."""
-    d = tmp_path / "exp" / "trial"
-    d.mkdir(parents=True)
-    (d / "config.yaml").write_text("model:\n  path: builtin:tiny-sft\nrollout:\n  max_head_offpolicyness: 2\n"
-                                   "train_dataset:\n  batch_size: 4\nactor:\n  policy_loss: decoupled_ppo\n")
-    records = [{"step": 0, "version": 0, "eval_accuracy": 0.2, "eval_time_s": 1.0}]
-    spans, gen = [{"type": "span", "kind": "eval", "t0": 0.0, "t1": 1.0, "step": 0}], []
-    for step in range(1, N_STEPS + 1):
-        t = 1.0 + (step - 1) * STEP_S
-        rec = {"step": step, "version": step, "reward_mean": 0.2 + 0.4 * step / N_STEPS,
-               "staleness_max": min(step - 1, 2), "staleness_mean": min(step - 1, 2) / 2,
-               "gen_tokens_per_s": 1000.0, "gen_busy_frac": 0.75, "train_tokens_per_s": 2000.0,
-               "train_tokens": 2400, "train_time_s": 1.2, "trainer_wait_s": 0.5, "weight_sync_s": 0.1,
-               "step_time_s": STEP_S, "elapsed_s": step * STEP_S}
-        if step % 4 == 0:
-            rec.update(eval_accuracy=0.2 + 0.4 * step / N_STEPS, eval_time_s=0.2)
-        records.append(rec)
-        for kind, a, b in (("wait", 0.0, 0.5), ("train", 0.5, 1.7), ("sync", 1.7, 1.8), ("eval", 1.8, 2.0)):
-            spans.append({"type": "span", "kind": kind, "t0": t + a, "t1": t + b, "step": step - 1})
-    for i in range(int((1 + N_STEPS * STEP_S) / 0.25)):
-        gen.append({"type": "gen", "t": 0.25 * i, "busy_s": 0.75 * 0.25 * i, "generated_tokens": 250 * i})
-    _write_jsonl(d / "metrics.jsonl", records)
-    _write_jsonl(d / "timeline.jsonl", spans + gen)
-    return d
+    return synthetic_run(tmp_path)
 
 
 def test_summary_numbers(run_dir):
@@ -80,7 +48,7 @@ def test_per_token_staleness_histogram_is_used_when_logged(run_dir):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for r in rows[1:]:
         r["staleness_hist"] = [10, 5, 1]
-    _write_jsonl(path, rows)
+    write_jsonl(path, rows)
     s = summarize(load_run(run_dir))
     assert s.staleness_unit == "tokens" and s.staleness_hist == {0: 10 * N_STEPS, 1: 5 * N_STEPS, 2: N_STEPS}
 
@@ -114,7 +82,7 @@ def test_non_finite_values_are_read_back_as_floats_and_skipped(run_dir):
     rows[3].update(reward_mean="nan", gen_tokens_per_s="inf", staleness_mean="-inf", grad_norm="inf")
     rows[4].update(eval_accuracy="nan", step_time_s="nan", elapsed_s="inf", staleness_max="inf", sandbox="bwrap")
     rows[-1].update(reward_mean="-inf")
-    _write_jsonl(path, rows)
+    write_jsonl(path, rows)
     run = load_run(run_dir)
     third = run.records[3]
     assert math.isnan(third["reward_mean"]) and third["gen_tokens_per_s"] == math.inf

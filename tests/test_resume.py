@@ -2,63 +2,16 @@
 each step logged once; graceful stops by signal; a full disk while saving."""
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "trainer.pt", "run.json", "rollouts.pt")
-
-
-def _dataset(tmp_path: Path, n: int) -> tuple[Path, Path]:
-    train, valid = tmp_path / "prompts.jsonl", tmp_path / "valid.jsonl"
-    train.write_text("".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n"
-                             for i in range(n)))
-    valid.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                             for i in range(100, 104)))
-    return train, valid
-
-
-def _args(tmp_path, model, train, valid, steps, *extra):
-    return [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={model}", f"output_dir={tmp_path / 'out'}",
-            f"train_dataset.path={train}", f"valid_dataset.path={valid}", "train_dataset.type=qa",
-            "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", f"total_train_steps={steps}",
-            "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "rollout.max_slots=8",
-            "rollout.max_head_offpolicyness=1", "saver.freq_steps=1", "evaluator.freq_steps=4", "max_train_time_s=0",
-            "progress_bar=false", "report=false", *extra]
-
-
-def _env():
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{ROOT / 'tests'}{os.pathsep}{ROOT}"}
-
-
-def _complete(checkpoint: Path) -> bool:
-    return all((checkpoint / f).is_file() and (checkpoint / f).stat().st_size > 0 for f in CHECKPOINT_FILES)
-
-
-def _latest(run: Path) -> Path | None:
-    latest = run / "checkpoints" / "latest"
-    return run / "checkpoints" / latest.read_text().strip() if latest.exists() else None
-
-
-def _last_step(run: Path) -> int:
-    """The last step in metrics.jsonl (-1 if none yet; a torn last line is skipped)."""
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return -1
-    for line in reversed(lines):
-        try:
-            return json.loads(line)["step"]
-        except ValueError:
-            continue
-    return -1
+from runs_for_tests import (alive, descendants, is_complete, last_logged_step, latest_checkpoint, prompt_files,
+                            train_command, train_env)
 
 
 @pytest.mark.slow
@@ -68,15 +21,15 @@ def test_killed_at_any_moment_and_resumed_every_prompt_is_trained_once(tmp_path,
     finish: every prompt of the epoch trained exactly once (ledger), each step logged once, and ``latest``
     never names a half-written checkpoint."""
     n_prompts, steps = 120, 60  # one epoch: 60 steps of 2 prompts (a step takes ~0.1-0.3 s here)
-    train, valid = _dataset(tmp_path, n_prompts)
-    args = _args(tmp_path, tiny_model_dir, train, valid, steps)
+    train, valid = prompt_files(tmp_path, n_prompts)
+    args = train_command(tmp_path, tiny_model_dir, train, valid, steps)
     run = tmp_path / "out" / "asyncrl" / "default"
     rng, kills, moments, finished = random.Random(3), 0, [], False
     for attempt in range(60):
-        base = _last_step(run)  # the restarted run logs steps beyond this one once it has made progress
-        proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        base = last_logged_step(run)  # the restarted run logs steps beyond this one once it has made progress
+        proc = subprocess.Popen(args, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
-        while kills < 12 and proc.poll() is None and _last_step(run) <= base and time.monotonic() < deadline:
+        while kills < 12 and proc.poll() is None and last_logged_step(run) <= base and time.monotonic() < deadline:
             time.sleep(0.02)
         if kills < 12 and proc.poll() is None:
             time.sleep(rng.uniform(0.0, 0.5))
@@ -84,9 +37,9 @@ def test_killed_at_any_moment_and_resumed_every_prompt_is_trained_once(tmp_path,
             proc.kill()
             proc.wait()
             kills += 1
-            latest = _latest(run)
-            moments.append((base, _last_step(run), latest.name if latest else None))
-            assert latest is None or _complete(latest), f"latest names a half-written checkpoint {latest}"
+            latest = latest_checkpoint(run)
+            moments.append((base, last_logged_step(run), latest.name if latest else None))
+            assert latest is None or is_complete(latest), f"latest names a half-written checkpoint {latest}"
             continue
         rc = proc.wait(timeout=600)
         assert rc == 0, proc.stderr.read()[-3000:]
@@ -104,28 +57,28 @@ def test_killed_at_any_moment_and_resumed_every_prompt_is_trained_once(tmp_path,
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_model_dir, sig):
-    train, valid = _dataset(tmp_path, 200)
-    args = _args(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
+    train, valid = prompt_files(tmp_path, 200)
+    args = train_command(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
                  "rollout.backend=asyncrl:d1", "rollout.max_slots=8")
-    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(args, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     run = tmp_path / "out" / "asyncrl" / "default"
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.2)
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     assert children  # the engine server and the reward worker
     proc.send_signal(sig)
     rc = proc.wait(timeout=60)
     err = proc.stderr.read()
     assert rc == 128 + sig, err[-2000:]
     assert f"stopped by {signal.Signals(sig).name}" in err
-    latest = _latest(run)
-    assert latest is not None and _complete(latest)
+    latest = latest_checkpoint(run)
+    assert latest is not None and is_complete(latest)
     time.sleep(1.0)
-    assert not [p for p in children if _alive(p)], "processes of the run outlived it"
-    resumed = subprocess.run(args + ["total_train_steps=" + str(int(latest.name[4:]) + 1)], env=_env(),
+    assert not [p for p in children if alive(p)], "processes of the run outlived it"
+    resumed = subprocess.run(args + ["total_train_steps=" + str(int(latest.name[4:]) + 1)], env=train_env(),
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -136,23 +89,23 @@ def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_m
 def test_what_a_run_started_dies_with_it_even_by_sigkill(tmp_path, tiny_model_dir):
     """The engine server (its own session, so no group signal reaches it) and the reward worker end when the
     trainer is SIGKILLed: parent-death signal and the worker's closed pipe."""
-    train, valid = _dataset(tmp_path, 200)
-    args = _args(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
+    train, valid = prompt_files(tmp_path, 200)
+    args = train_command(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
                  "rollout.backend=asyncrl:d1", "rollout.max_slots=8")
-    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     run = tmp_path / "out" / "asyncrl" / "default"
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.2)
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     assert len(children) >= 2, children  # the engine server and the reward worker
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 30
-    while [p for p in children if _alive(p)] and time.monotonic() < deadline:
+    while [p for p in children if alive(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [p for p in children if _alive(p)], "processes of a SIGKILLed run outlived it"
+    assert not [p for p in children if alive(p)], "processes of a SIGKILLed run outlived it"
 
 
 @pytest.mark.slow
@@ -160,12 +113,12 @@ def test_synchronous_run_stopped_and_resumed_replays_the_uninterrupted_losses(tm
     """η = 0, fixed seed: 6 steps in one go against 3 steps, a stop (its next batch in flight, recorded) and a
     resume to 6. Rollouts are seeded per prompt (counter-based draws), so the resumed run samples the same
     tokens and every step's loss matches to 1e-6."""
-    train, valid = _dataset(tmp_path, 60)
+    train, valid = prompt_files(tmp_path, 60)
 
     def run(out, steps):
-        args = _args(tmp_path, tiny_model_dir, train, valid, steps, "rollout.max_head_offpolicyness=0",
+        args = train_command(tmp_path, tiny_model_dir, train, valid, steps, "rollout.max_head_offpolicyness=0",
                      "saver.freq_steps=0", "evaluator.freq_steps=0", f"output_dir={out}")
-        done = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=300)
+        done = subprocess.run(args, env=train_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stderr
 
@@ -190,8 +143,8 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     from asyncrl import cli
     from asyncrl.trainer import PolicyTrainer
 
-    train, valid = _dataset(tmp_path, 40)
-    args = _args(tmp_path, tiny_model_dir, train, valid, 4)[3:]
+    train, valid = prompt_files(tmp_path, 40)
+    args = train_command(tmp_path, tiny_model_dir, train, valid, 4)[3:]
     save = PolicyTrainer.save
 
     def fills_the_disk(self, path, tokenizer=None):
@@ -205,15 +158,15 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "the disk is full" in err[0] and "step2" in err[0], err
     run = tmp_path / "out" / "asyncrl" / "default"
-    assert _latest(run).name == "step2" and _complete(_latest(run))
+    assert latest_checkpoint(run).name == "step2" and is_complete(latest_checkpoint(run))
     assert not list((run / "checkpoints").glob("step3")) and not list((run / "checkpoints").glob(".tmp-*"))
 
 
 def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_model_dir, capsys):
     from asyncrl import cli
 
-    train, valid = _dataset(tmp_path, 20)
-    args = _args(tmp_path, tiny_model_dir, train, valid, 2)[3:]
+    train, valid = prompt_files(tmp_path, 20)
+    args = train_command(tmp_path, tiny_model_dir, train, valid, 2)[3:]
     assert cli.main(args) == 0
     capsys.readouterr()
     assert cli.main(args + ["actor.lr=1e-3"]) == 2
@@ -227,26 +180,6 @@ def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_mo
     assert cli.main(args + ["actor.lr=1e-3", "resume=fresh"]) == 0
     assert len(list((tmp_path / "out" / "asyncrl").glob("default.replaced-*"))) == 1
     assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
-
-
-def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True).stdout.split()
-    pairs = list(zip(map(int, out[::2]), map(int, out[1::2])))
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in pairs if pp == parent]
-        found += kids
-        frontier += kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ SIGTERM, internal errors, bad weights and versions, bad start-up flags. Each tes
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import random
@@ -19,19 +18,15 @@ import httpx
 import pytest
 import torch
 
-from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.requests import VersionConflict
 from asyncrl.engine.remote import RemoteEngine, ServerError
 from asyncrl.engine.spawn import asyncrl_server, free_port
 from asyncrl.models import build_tiny_model
 from asyncrl.publish import write_weights
 from asyncrl.server import cli
-from asyncrl.server.app import ServerThread, build_app
 from asyncrl.server.limits import CHARS_PER_TOKEN, MAX_JSON_CONTAINERS, MAX_REQUEST_BYTES
-from asyncrl.server.state import ServerState
 from asyncrl.types import SamplingParams, WeightUpdate
-
-MAX_LEN = 64
+from servers_for_tests import MAX_LEN, greedy, health_watch, serving
 
 
 @pytest.fixture(scope="module")
@@ -39,58 +34,10 @@ def model(tokenizer):
     return build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=0).eval()
 
 
-@contextlib.contextmanager
-def serving(model, tokenizer, **state_kw):
-    """A server of ``model`` (max_len 64, 4 slots) on a thread of this process: (url, state)."""
-    engine = LocalEngine(model, max_slots=4, max_len=MAX_LEN, stop_token_ids=(tokenizer.eos_token_id,),
-                         tokenizer=tokenizer).start()
-    state = ServerState(engine, tokenizer, "tiny", "-", **state_kw)
-    http = ServerThread(build_app(state))
-    try:
-        yield http.url, state
-    finally:
-        http.close()
-        engine.stop()
-
-
 @pytest.fixture
 def server(model, tokenizer):
     with serving(model, tokenizer) as s:
         yield s
-
-
-@contextlib.contextmanager
-def health_watch(url):
-    """Polls ``/health`` every 50 ms on a thread; yields the list of answer times (a failed poll: inf)."""
-    times, done = [], threading.Event()
-
-    def poll():
-        with httpx.Client(timeout=30) as client:
-            while not done.is_set():
-                t0 = time.monotonic()
-                try:
-                    ok = client.get(f"{url}/health").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                times.append(time.monotonic() - t0 if ok else math.inf)
-                time.sleep(0.05)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    time.sleep(0.1)
-    try:
-        yield times
-    finally:
-        time.sleep(0.1)
-        done.set()
-        thread.join(timeout=60)
-
-
-def _greedy(url, ids=(5, 17, 42), n=6):
-    r = httpx.post(f"{url}/generate", json={"input_ids": list(ids), "sampling_params": {
-        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}}, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()["output_ids"]
 
 
 # ---- size limits -------------------------------------------------------------------------------------------
@@ -242,19 +189,19 @@ def test_errors_keep_the_connection_and_a_5xx_does_not_retire_the_server(server,
 # ---- weights and versions ----------------------------------------------------------------------------------
 def test_non_finite_weights_are_refused_and_the_old_model_keeps_serving(server, model, tmp_path):
     url, state = server
-    before = _greedy(url)
+    before = greedy(url)
     nan = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
     path = write_weights(nan, tmp_path, 1)
     r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(path), "weight_version": 1},
                    timeout=60)
     assert r.status_code == 400 and "model.embed_tokens.weight" in r.text and "non-finite" in r.text
-    assert state.engine.version == 0 and _greedy(url) == before
+    assert state.engine.version == 0 and greedy(url) == before
     one_inf = dict(model.state_dict())
     one_inf["model.layers.1.mlp.down_proj.weight"] = one_inf["model.layers.1.mlp.down_proj.weight"].clone()
     one_inf["model.layers.1.mlp.down_proj.weight"][3, 5] = float("inf")
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.down_proj\.weight"):  # the in-process path
         state.engine.update_weights(WeightUpdate(2, state_dict=one_inf), timeout=30)
-    assert state.engine.version == 0 and _greedy(url) == before
+    assert state.engine.version == 0 and greedy(url) == before
 
 
 def test_versions_never_decrease_and_stay_in_the_int64_range(server, model, tmp_path):
@@ -367,7 +314,7 @@ def test_fuzzed_requests_never_get_a_5xx(model, tokenizer, tmp_path):
                 client.post(f"{url}/continue_generation")
         for path in GETS:
             assert client.get(f"{url}{path}").status_code == 200, path
-        assert state.internal_errors == 0 and len(_greedy(url)) == 6
+        assert state.internal_errors == 0 and len(greedy(url)) == 6
 
 
 # ---- start-up ----------------------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from asyncrl.data.formats import prompt_of
 from asyncrl.sft import MICRO_BATCH_TOKENS, chat_example, item_example, micro_batch_losses, sft, sft_batch
 from asyncrl.packing import plan_micro_batches
 
-from conftest import make_model
+from conftest import TESTS, make_model
 
-TEMPLATES = Path(__file__).parent / "data_fixtures" / "chat_templates"
+TEMPLATES = TESTS / "data_fixtures" / "chat_templates"
 PAIRS = [{"question": f"What is {a} plus {b}?", "response": f"{a}+{b}={a + b}. The answer is {a + b}.",
           "answer": str(a + b)} for a in range(2, 8) for b in range(3, 7)]  # 24 rows
 CHATS = [{"messages": [{"role": "system", "content": "Answer with the sum."},
@@ -32,12 +32,6 @@ CHATS = [{"messages": [{"role": "system", "content": "Answer with the sum."},
                        {"role": "user", "content": f"And {a} and {b + 1}?"},
                        {"role": "assistant", "content": f"The answer is {a + b + 1}."}],
           "answer": str(a + b + 1)} for a in range(2, 7) for b in range(3, 7)]  # 20 rows
-
-
-def always_one_reward(prompt, completion, **fields):
-    """1.0 for any completion of an item that reached the reward with its fields (the default verifier would
-    score an untrained model's answers 0)."""
-    return 1.0 if prompt and "answer" in fields else 0.0
 
 
 def write_jsonl(path: Path, rows) -> str:
@@ -189,7 +183,7 @@ def _with_template(tokenizer, template):
 def test_sft_on_chat_rows_evaluates_with_a_reward_fn_by_import_path(tmp_path, tiny_model_dir):
     path = write_jsonl(tmp_path / "chat.jsonl", CHATS)
     cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "steps=3",
-                 "reward.fn=test_sft:always_one_reward")
+                 "reward.fn=rewards_for_tests:always_one_reward")
     record = sft(cfg)
     assert record["eval_accuracy"] == 1.0 and record["eval_reward_errors"] == 0
     assert record["sft_turns_untrained"] == 0 and record["tokens"] > 0

@@ -16,26 +16,9 @@ from asyncrl.algo.algorithm import Algorithm, build_algorithm
 from asyncrl.logprobs import token_logprobs
 from asyncrl.trainer import PolicyTrainer, build_trainer
 from asyncrl.types import Batch
+from trainers_for_tests import make_batch
 
 LONG_TAIL = [9, 12, 12, 14, 15, 16, 18, 20, 22, 25, 30, 41, 60, 95, 150, 200]  # many short, a few long
-
-
-def make_batch(lengths, prompt=6, vocab=320, seed=0, group_size=4) -> Batch:
-    """Right-padded rows of random tokens: the first ``prompt`` are the prompt, the rest the completion."""
-    g = torch.Generator().manual_seed(seed)
-    N, T = len(lengths), max(lengths)
-    ids = torch.zeros(N, T, dtype=torch.long)
-    attn = torch.zeros(N, T, dtype=torch.long)
-    loss_mask = torch.zeros(N, T - 1)
-    for i, L in enumerate(lengths):
-        ids[i, :L] = torch.randint(1, vocab, (L,), generator=g)
-        attn[i, :L] = 1
-        loss_mask[i, prompt - 1 : L - 1] = 1
-    behav = (torch.randn(N, T - 1, generator=g) * 0.3 - 5.0) * loss_mask
-    versions = torch.where(loss_mask > 0, torch.randint(0, 3, (N, T - 1), generator=g), -1)
-    rewards = torch.rand(N, generator=g).round()
-    return Batch(ids, attn, loss_mask, behav, versions, rewards, torch.arange(N) // group_size,
-                 torch.zeros(N, dtype=torch.bool))
 
 
 def grads(model) -> torch.Tensor:

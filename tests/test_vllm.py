@@ -8,7 +8,6 @@ Without ``.venv-vllm``, or without ``-m vllm``, every test here is skipped.
 """
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,8 +20,9 @@ from asyncrl.models import build_tiny_model
 from asyncrl.publish import DiskPublisher
 from asyncrl.types import SamplingParams, WeightUpdate
 from conftest import reference_logprobs
+from conftest import ROOT
 
-VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 pytestmark = [
     pytest.mark.vllm,

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ASYNCRL = str(Path(sys.executable).with_name("asyncrl"))
 REWARD = "reward.fn=examples.your_task.reward:sorted_words"
 

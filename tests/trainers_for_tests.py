@@ -1,0 +1,124 @@
+"""Batches, trainers and the trainer ranks that tests spawn. The rank functions live here, not in a test module,
+because a spawned process imports its target by module name: this one is importable as ``trainers_for_tests``
+wherever tests/ is on the path."""
+
+import os
+import socket
+
+import torch
+
+from conftest import make_model
+
+
+def varied_batch(n_groups=5, seed=0):
+    """Groups of 3 samples with different lengths and rewards (5 groups over 2 ranks: uneven)."""
+    from asyncrl.data.collate import collate
+    from asyncrl.types import Trajectory, TrajectoryGroup
+
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for k in range(n_groups):
+        trajs = []
+        for j in range(3):
+            p = torch.randint(1, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+            o = torch.randint(1, 300, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
+            trajs.append(Trajectory(p, o, [-1.5] * len(o), [0] * len(o), float((k + j) % 3)))
+        groups.append(TrajectoryGroup(trajs))
+    return collate(groups, pad_id=0)
+
+
+def make_batch(lengths, prompt=6, vocab=320, seed=0, group_size=4):
+    """Right-padded rows of random tokens: the first ``prompt`` are the prompt, the rest the completion."""
+    from asyncrl.types import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    N, T = len(lengths), max(lengths)
+    ids = torch.zeros(N, T, dtype=torch.long)
+    attn = torch.zeros(N, T, dtype=torch.long)
+    loss_mask = torch.zeros(N, T - 1)
+    for i, L in enumerate(lengths):
+        ids[i, :L] = torch.randint(1, vocab, (L,), generator=g)
+        attn[i, :L] = 1
+        loss_mask[i, prompt - 1 : L - 1] = 1
+    behav = (torch.randn(N, T - 1, generator=g) * 0.3 - 5.0) * loss_mask
+    versions = torch.where(loss_mask > 0, torch.randint(0, 3, (N, T - 1), generator=g), -1)
+    rewards = torch.rand(N, generator=g).round()
+    return Batch(ids, attn, loss_mask, behav, versions, rewards, torch.arange(N) // group_size,
+                 torch.zeros(N, dtype=torch.bool))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ranked_trainer(dp=None, **kw):
+    """AdamW, or SGD (``sgd=True``): AdamW's first steps turn float noise in gradients that are nearly zero
+    into updates of up to ±lr, so multi-step comparisons use SGD, whose update is the gradient itself."""
+    from asyncrl.trainer import PolicyTrainer
+
+    sgd = kw.pop("sgd", False)
+    trainer = PolicyTrainer(make_model(320, seed=7), lr=1e-2, max_grad_norm=0.0, dp=dp,
+                            pack_sequences=kw.pop("pack", True), **kw)
+    if sgd:
+        trainer.optimizer = torch.optim.SGD(trainer.optimizer.param_groups[0]["params"], lr=1.0)
+    return trainer
+
+
+def _join(rank, world, port):
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+
+
+def rank_step(rank, world, port, mode, kw, out):
+    """One trainer rank of ``world``: one step on its shard of varied_batch(); rank 0 puts the weights and the
+    combined stats on ``out``."""
+    _join(rank, world, port)
+    from asyncrl import parallel
+    from asyncrl.launch.ranks import combine, split
+
+    dp = parallel.from_env(mode, torch.device("cpu"), timeout_s=120)
+    trainer = ranked_trainer(dp, **kw)
+    trainer.gather_weights()
+    shard = split(varied_batch(), world)[rank]
+    stats = trainer.step(shard)
+    trainer.gather_weights()
+    all_stats = dp.gather(stats)
+    if rank == 0:
+        out.put(({k: v.detach().numpy().copy() for k, v in trainer.state_dict().items()}, combine(all_stats)))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def lora_model(rank=8, seed=0, path=None):
+    """A LoRA model with random (not zero) B, so that the adapters change the outputs and get every gradient."""
+    from asyncrl.lora import apply_lora
+    from asyncrl.models import load_model
+
+    model = load_model(path) if path else make_model(320, seed=7)
+    torch.manual_seed(seed)
+    model = apply_lora(model, rank=rank)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+    return model
+
+
+def lora_rank_step(rank, world, port, out):
+    """One DDP rank training lora_model()'s adapters one step on its shard of varied_batch(5)."""
+    _join(rank, world, port)
+    from asyncrl import parallel
+    from asyncrl.launch.ranks import combine, split
+    from asyncrl.trainer import PolicyTrainer
+
+    dp = parallel.from_env("ddp", torch.device("cpu"), timeout_s=120)
+    trainer = PolicyTrainer(lora_model(), lr=1e-2, max_grad_norm=0.0, dp=dp, pack_sequences=True)
+    stats = dp.gather(trainer.step(split(varied_batch(5), world)[rank]))
+    if rank == 0:
+        out.put(({k: v.numpy().copy() for k, v in trainer.state_dict().items()}, combine(stats)))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
