@@ -1,3 +1,6 @@
+"""The rollout buffer (asyncrl.buffer): the capacity formula, admission, batches assembled under the staleness bound,
+and a reported failure waking a waiting take."""
+
 import threading
 import time
 

@@ -1,5 +1,6 @@
-"""Config mistakes that used to pass silently or end in a traceback: non-finite floats, duplicate YAML keys,
-several-line YAML errors, a config path that is a directory, unreadable or not UTF-8."""
+"""The config machinery (asyncrl.configlib): YAML then overrides; unknown keys named with file, line and the nearest key;
+wrong types; describe and dump; and the mistakes that used to pass silently or end in a traceback: non-finite
+floats, duplicate YAML keys, several-line YAML errors, a config path that is a directory, unreadable or not UTF-8."""
 
 import dataclasses
 import math
@@ -134,3 +135,58 @@ def test_unreadable_config_file(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(ConfigError, match=rf"^config file '{path}' cannot be read: Permission denied$"):
         configlib.load(TrainConfig, path)
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = _yaml(tmp_path, "gconfig:\n  n_samples: 4\nactor:\n  lr: 1.0e-5\n")
+    cfg = configlib.load(TrainConfig, path, ["actor.lr=3e-4", "rollout.max_head_offpolicyness=0"])
+    assert cfg.gconfig.n_samples == 4 and cfg.actor.lr == 3e-4 and cfg.rollout.max_head_offpolicyness == 0
+
+
+def test_unknown_key_names_file_line_and_nearest_key(tmp_path):
+    path = _yaml(tmp_path, "gconfig:\n  n_samples: 4\n  temprature: 0.7\n")
+    with pytest.raises(ConfigError) as e:
+        configlib.load(TrainConfig, path)
+    msg = str(e.value)
+    assert f"{path}:3" in msg and "gconfig.temprature" in msg and "gconfig.temperature" in msg
+
+
+def test_unknown_override_suggests_key():
+    with pytest.raises(ConfigError, match="rollout.max_head_offpolicyness"):
+        configlib.load(TrainConfig, None, ["rollout.max_head_offpolicy=2"])
+
+
+def test_wrong_type_names_key_and_source(tmp_path):
+    path = _yaml(tmp_path, "train_dataset:\n  batch_size: many\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2.*train_dataset.batch_size.*int"):
+        configlib.load(TrainConfig, path)
+    with pytest.raises(ConfigError, match="command line.*actor.lr"):
+        configlib.load(TrainConfig, None, ["actor.lr=fast"])
+    with pytest.raises(ConfigError, match="progress_bar.*bool"):
+        configlib.load(TrainConfig, None, ["progress_bar=3"])
+
+
+def test_section_given_a_scalar(tmp_path):
+    with pytest.raises(ConfigError, match="'actor' is a section"):
+        configlib.load(TrainConfig, _yaml(tmp_path, "actor: 3\n"))
+
+
+def test_malformed_override_and_missing_file():
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        configlib.load(TrainConfig, None, ["actor.lr"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        configlib.load(TrainConfig, "/nonexistent.yaml")
+
+
+def test_describe_documents_every_key():
+    text = configlib.describe(TrainConfig)
+    for key in configlib.all_keys(TrainConfig):
+        assert key in text
+    assert "max staleness" in text
+
+
+def test_dump_round_trips(tmp_path):
+    cfg = configlib.load(TrainConfig, None, ["gconfig.temperature=0.8"])
+    configlib.dump(cfg, tmp_path / "out.yaml")
+    again = configlib.load(TrainConfig, str(tmp_path / "out.yaml"))
+    assert again == cfg

@@ -1,3 +1,7 @@
+"""The train loop (asyncrl.controller) end to end on tiny models: versions advance within the staleness bound, failing
+rewards are counted, the shipped model's asynchronous run, the batch timeout, max_train_time_s, and a failed run
+keeping no checkpoint its logs do not reach."""
+
 import pytest
 import torch
 
@@ -59,9 +63,44 @@ def test_shipped_model_async_run_improves_nothing_breaks(tmp_path):
     assert all(0 <= r["reward_mean"] <= 1 for r in records[1:])
 
 
-def test_tensorboard_sink_writes_events(tmp_path, tiny_model_dir):
-    pytest.importorskip("tensorboard")
-    cfg = _cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "evaluator.freq_steps=0", "stats_logger.tensorboard=true")
-    train(cfg)
-    events = list((tmp_path / "asyncrl" / "default" / "tensorboard").glob("events.out.tfevents.*"))
-    assert events and events[0].stat().st_size > 0
+def _quick_cfg(tmp_path, model_path, *extra):
+    return configlib.load(TrainConfig, None, [
+        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
+        "total_train_steps=3", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=16",
+        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8",
+        "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", *extra,
+    ])
+
+
+def test_waiting_for_a_batch_has_its_own_timeout(tmp_path, tiny_model_dir):
+    cfg = _quick_cfg(tmp_path, tiny_model_dir, "rollout.batch_timeout_s=1", "workflow.name=workflows_for_tests:reject_all")
+    with pytest.raises(TimeoutError, match="within 1.0s \\(rollout.batch_timeout_s\\)"):
+        train(cfg)
+
+
+def test_max_train_time_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path, tiny_model_dir):
+    cfg = _quick_cfg(tmp_path, tiny_model_dir, "max_train_time_s=0.001", "total_train_steps=50")
+    last = train(cfg)
+    assert last["version"] == 1 and "eval_accuracy" in last
+    assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step1").is_dir()
+
+
+def test_a_failed_run_keeps_no_checkpoint_its_logs_do_not_reach(tmp_path, tiny_model_dir, monkeypatch):
+    """Step 3 is trained but fails before it is logged: a checkpoint of it would resume past a step the logs
+    and the ledger lack, so none is written (a failure after the log keeps one: test_run_hardening)."""
+    from asyncrl.metrics import read_metrics
+    from asyncrl.publish import InProcessPublisher
+
+    publish = InProcessPublisher.publish
+
+    def flaky(self, state_dict, version):
+        if version == 3:
+            raise RuntimeError("publish failed")
+        return publish(self, state_dict, version)
+
+    monkeypatch.setattr(InProcessPublisher, "publish", flaky)
+    with pytest.raises(RuntimeError, match="publish failed"):
+        train(_quick_cfg(tmp_path, tiny_model_dir, "total_train_steps=5"))
+    run_dir = tmp_path / "asyncrl" / "default"
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]
+    assert not (run_dir / "checkpoints" / "step3").exists()

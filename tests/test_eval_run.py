@@ -186,3 +186,27 @@ def test_unbiased_estimator_matches_brute_force():
         brute = sum(bool(successes & set(s)) for s in subsets) / len(subsets)
         assert pass_at_k(n, len(successes), k) == pytest.approx(brute)
         assert math.isclose(brute, 1 - math.comb(n - 2, k) / math.comb(n, k))
+
+
+def test_eval_command_scores_a_file_with_the_configured_reward(tmp_path, tiny_model_dir, capsys):
+    """``asyncrl eval --model M valid_dataset.path=F reward.fn=...``: the file alone (no training source) is
+    evaluated with reward.fn, and a failing reward scores reward.default; the built-in task stays the default."""
+    import json
+
+    from asyncrl.cli import main
+
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
+                            for i in range(5)))
+    common = ["eval", "--model", tiny_model_dir, "max_new_tokens=4", "threads=1"]
+    assert main(common + [f"valid_dataset.path={path}", "valid_dataset.size=3",
+                          "reward.fn=data_fixtures.reward_fns:raising", "reward.default=0.25",
+                          "reward.workers=0"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["n"] == 3 and record["eval_reward_errors"] == 3 and record["eval_reward_mean"] == 0.25
+    assert record["eval_accuracy"] == 0.0  # reward.default=0.25 is below evaluator's success threshold of 1.0
+    assert main(common + ["valid_dataset.size=2", "reward.workers=1"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["n"] == 2 and record["eval_reward_errors"] == 0 and 0.0 <= record["eval_accuracy"] <= 1.0
+    assert main(common + [f"valid_dataset.path={tmp_path / 'missing.jsonl'}"]) == 2
+    assert "valid_dataset.path" in capsys.readouterr().err

@@ -98,7 +98,7 @@ def test_a_lora_checkpoint_loads_in_peft_and_gives_the_logits_of_its_merged_expo
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from asyncrl.checkpoint import Checkpointer, RunState, TRAINER_STATE, weights_dir
+    from asyncrl.checkpoint import TRAINER_STATE, Checkpointer, RunState, weights_dir
     from asyncrl.trainer import PolicyTrainer
 
     path = resolve_model_path("builtin:tiny-sft")
@@ -158,9 +158,9 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
 
     from asyncrl import cli
     from asyncrl.controller import run
-    from asyncrl.launch.train import train
     from asyncrl.launch.build import assemble
     from asyncrl.launch.resume import resume_point
+    from asyncrl.launch.train import train
 
     train(_cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "actor.ref_model=init", "actor.kl_ctl=0.01"))
     run_dir = tmp_path / "asyncrl" / "default"

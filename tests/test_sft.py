@@ -18,9 +18,8 @@ from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
 from asyncrl.data.formats import prompt_of
-from asyncrl.sft import MICRO_BATCH_TOKENS, chat_example, item_example, micro_batch_losses, sft, sft_batch
 from asyncrl.packing import plan_micro_batches
-
+from asyncrl.sft import MICRO_BATCH_TOKENS, chat_example, item_example, micro_batch_losses, sft, sft_batch
 from conftest import TESTS, make_model
 
 TEMPLATES = TESTS / "data_fixtures" / "chat_templates"

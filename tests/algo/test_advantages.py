@@ -1,23 +1,28 @@
-"""Advantage estimators and reward shaping against hand-computed values."""
+"""Advantage estimators (asyncrl.algo.advantages) against hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from asyncrl.algo.advantages import (ADVANTAGES, GROUP_BASELINES, discounted_returns, dr_grpo, gae, grpo, liteppo,
-                                     masked_whiten, reinforce_pp, reinforce_pp_baseline, rloo)
-from asyncrl.algo.shaping import (RewardShaping, last_token_index, overlong_penalty, place_at_last_token,
-                                  shape_rewards)
+from asyncrl.algo.advantages import (
+    ADVANTAGES,
+    GROUP_BASELINES,
+    discounted_returns,
+    dr_grpo,
+    gae,
+    grpo,
+    liteppo,
+    masked_whiten,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+)
 
 # two groups: [1, 0, 0, 1] and [1, 1]
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
 GROUPS = torch.tensor([0, 0, 0, 0, 1, 1])
 MASK = torch.tensor([[0.0, 1.0, 1.0]] * 6)
-
-
-def approx(x, tol=1e-5):
-    return pytest.approx(x, rel=tol, abs=tol)
 
 
 def close(t: torch.Tensor, expected, tol=1e-5) -> bool:
@@ -128,33 +133,17 @@ def test_masked_whiten_ignores_masked_elements():
     assert masked_whiten(x, torch.zeros(1, 3)).tolist() == [[0.0, 0.0, 0.0]]
 
 
-# ---- reward shaping ----------------------------------------------------------------------------------------
-def test_overlong_penalty_is_dapo_soft_punishment():
-    lengths = torch.tensor([10, 15, 17, 20])
-    # L_max = 20, L_cache = 5: free up to 15, then -(len - 15)/5, reaching -1 at 20
-    assert close(overlong_penalty(lengths, 20, 5), [0.0, 0.0, -0.4, -1.0])
-    assert close(overlong_penalty(lengths, 20, 5, factor=0.5), [0.0, 0.0, -0.2, -0.5])
-    with pytest.raises(ValueError, match="overlong_tokens"):
-        overlong_penalty(lengths, 20, 0)
+def test_grpo_advantages_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1])
+    mask = torch.ones(6, 2)
+    adv = grpo(rewards, groups, mask)
+    std = math.sqrt(((0.5**2) * 4) / 3)  # unbiased std of [1, 0, 0, 1]
+    expected = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0]) / (torch.tensor([std] * 4 + [0.0, 0.0]) + 1e-6)
+    assert torch.allclose(adv[:, 0], expected, atol=1e-5)
+    assert torch.equal(adv[:, 0], adv[:, 1])
 
 
-def test_shape_rewards_in_areal_order():
-    rewards, lengths = torch.tensor([1.0, 0.0, 1.0]), torch.tensor([4, 4, 10])
-    truncated = torch.tensor([False, False, True])
-    r, _ = shape_rewards(rewards, lengths, truncated, RewardShaping(bias=-0.5, scaling=10.0, clip=3.0))
-    assert r.tolist() == approx([3.0, -3.0, 3.0])  # (r - 0.5)·10 = ±5, clipped to ±3
-    half = dict(overlong_tokens=4, overlong_penalty_factor=0.5, max_new_tokens=10)
-    r, stats = shape_rewards(rewards, lengths, truncated, RewardShaping(**half))
-    assert close(r, [1.0, 0.0, 0.5])  # length 10 = L_max: 1 - 0.5
-    assert stats["overlong_frac"] == approx(1 / 3) and stats["overlong_penalty_mean"] == approx(-0.5 / 3)
-    r, _ = shape_rewards(rewards, lengths, truncated, RewardShaping(zero_truncated=True, **half))
-    assert close(r, [1.0, 0.0, 0.0])  # the truncated sample gets 0 whatever its reward
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        shape_rewards(rewards, lengths, truncated, RewardShaping(overlong_tokens=4))
-
-
-def test_rewards_go_on_the_last_completion_token():
-    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    assert last_token_index(mask).tolist() == [2, 3, -1]
-    assert place_at_last_token(torch.tensor([2.0, -1.0, 5.0]), mask).tolist() == [
-        [0, 0, 2.0, 0], [0, 0, 0, -1.0], [0, 0, 0, 0]]
+def test_grpo_respects_mask_and_single_sample_groups():
+    adv = grpo(torch.tensor([3.0]), torch.tensor([0]), torch.tensor([[1.0, 0.0]]))
+    assert adv.tolist() == [[0.0, 0.0]]

@@ -1,23 +1,27 @@
-"""Data mistakes that used to give wrong labels, hang, crash an evaluation or drop rows silently: task options
-checked up front, a prompt limit that defaults to the model's room and covers held-out rows, a one-row file
-refused, byte-order marks and odd line breaks read, prompt templates and field mappings checked."""
+"""The dataset sections and what builds datasets from them (asyncrl.data.config): task options checked up front, a
+prompt limit that defaults to the model's room and covers held-out rows, field mappings, mixture entries, built-in
+paths, and evaluation sets without a training source."""
 
-import itertools
 import json
-import logging
-import re
-from pathlib import Path
 
 import pytest
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.data import file_dataset, task_dataset
-from asyncrl.data.arith import ArithTask
-from asyncrl.data.config import (LookupOptions, TaskConfig, TrainDatasetConfig, ValidDatasetConfig,
-                                 eval_set_from_config, prompt_limit)
-from datasets_for_tests import ROWS, build, questions, write_jsonl
+from asyncrl.data import task_dataset
+from asyncrl.data.arith import arith_reward
+from asyncrl.data.config import (
+    LookupOptions,
+    TaskConfig,
+    TrainDatasetConfig,
+    ValidDatasetConfig,
+    dataset_from_config,
+    eval_set_from_config,
+    prompt_limit,
+)
+from asyncrl.reward import call_reward
+from datasets_for_tests import ROWS, SAMPLES, build, take, write_jsonl
 
 
 # ---- task options ---------------------------------------------------------------------------------------
@@ -48,26 +52,6 @@ def test_train_config_validates_the_task():
         configlib.load(TrainConfig, None, ["task.ops=/"])
     with pytest.raises(ConfigError, match="task.max_terms"):
         configlib.load(TrainConfig, None, ["task.min_terms=6", "task.max_terms=3"])
-
-
-def test_every_allowed_operator_gives_right_labels():
-    task = ArithTask(min_terms=2, max_terms=6, ops="+-*")
-    for item in itertools.islice(task.stream(3), 300):
-        expression = item["question"].removeprefix("Compute ").removesuffix(".")
-        value = int(expression.split()[0])
-        for op, operand in re.findall(r"([-+*]) (\d+)", expression):  # left to right, as the steps are written
-            value = {"+": value + int(operand), "-": value - int(operand), "*": value * int(operand)}[op]
-        assert str(value) == item["answer"], item
-
-
-def test_too_few_distinct_problems_is_an_error_not_a_hang():
-    tiny = TaskConfig(min_terms=2, max_terms=2, max_operand=2, ops="+")  # 2 + 1 and 2 + 2 only
-    with pytest.raises(ConfigError, match=r"valid_dataset.size=200: task 'arith': its options allow only about 2 "
-                                          "distinct problems, fewer than 200"):
-        build(task=tiny, valid_size=200)
-    with pytest.raises(ConfigError, match="problems in a row were held-out ones"):
-        build(task=tiny, valid_size=2)  # both held out: nothing left to train on
-    assert len(build(task=tiny, valid_size=1).valid) == 1
 
 
 # ---- prompt length limit --------------------------------------------------------------------------------
@@ -125,119 +109,92 @@ def test_a_limit_nothing_fits_under_is_a_config_error_at_build_time(tokenizer):
     assert len(data.valid) == 3 and "prompt_ids" in next(data.train)
 
 
-# ---- held-out rows are never trained on -----------------------------------------------------------------
-def test_a_one_row_file_is_refused(tmp_path):
-    one = write_jsonl(tmp_path / "one.jsonl", ROWS[:1])
-    with pytest.raises(ConfigError, match=r"train_dataset.path: '.*one\.jsonl' has a single usable row, and "
-                                          r"held-out rows are never trained on: give valid_dataset.path"):
-        build(one)
-    with pytest.raises(ConfigError, match="single usable row"):
-        eval_set_from_config(TaskConfig(), ValidDatasetConfig(), TrainDatasetConfig(path=one))
-    two = write_jsonl(tmp_path / "two.jsonl", ROWS[:2])
-    data = build(two)
-    assert not {it["question"] for it in data.valid} & {it["question"] for it in itertools.islice(data.train, 9)}
-    valid = write_jsonl(tmp_path / "valid.jsonl", ROWS[5:7])
-    assert len(build(one, valid).valid) == 2  # a separate held-out file makes one training row fine
-
-
-def test_held_out_file_overlapping_the_training_file_is_warned_about(tmp_path, caplog):
-    train = write_jsonl(tmp_path / "train.jsonl", ROWS)
-    valid = write_jsonl(tmp_path / "valid.jsonl", ROWS[:3] + [{"question": "new", "answer": "1"}])
-    with caplog.at_level(logging.WARNING, logger="asyncrl.data"):
-        build(train, valid)
-    assert "3 of the 4 held-out questions" in caplog.text and "trains on them" in caplog.text
-
-
-# ---- reading files --------------------------------------------------------------------------------------
-def test_byte_order_mark_keeps_the_first_row(tmp_path):
-    body = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
-    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + body)
-    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(ROWS, indent=1).encode())
-    for name in ("bom.jsonl", "bom.json"):
-        data = build(str(tmp_path / name))
-        assert questions(data) == {r["question"] for r in ROWS} and data.stats()["data_bad_rows"] == 0
-
-
-def test_unicode_line_separators_inside_strings_stay_in_their_row(tmp_path):
-    rows = [{"question": f"Line one\u2028line two\x85{i}", "answer": str(i)} for i in range(20)]
-    data = build(write_jsonl(tmp_path / "u.jsonl", rows, ensure_ascii=False))
-    assert questions(data) == {r["question"] for r in rows} and data.stats()["data_bad_rows"] == 0
-
-
-def test_a_non_utf8_line_costs_that_row_only(tmp_path, caplog):
-    lines = [json.dumps(r).encode() for r in ROWS]
-    lines[4] = b'{"question": "caf\xe9", "answer": "1"}'
-    (tmp_path / "latin1.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    with caplog.at_level(logging.WARNING, logger="asyncrl.data"):
-        data = build(str(tmp_path / "latin1.jsonl"))
-    assert len(questions(data)) == 19 and data.stats()["data_bad_rows"] == 1
-    assert "latin1.jsonl:5: not UTF-8 text" in caplog.text
-    (tmp_path / "latin1.json").write_bytes(b'[\n{"question": "caf\xe9", "answer": "1"}\n]')
-    with pytest.raises(ConfigError, match=r"latin1\.json:2: not UTF-8 text"):
-        build(str(tmp_path / "latin1.json"))
-
-
-def test_unreadable_data_file_is_a_config_error(tmp_path, monkeypatch):
-    path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
-
-    def denied(self):
-        raise PermissionError(13, "Permission denied", str(self))
-
-    monkeypatch.setattr(Path, "read_bytes", denied)
-    with pytest.raises(ConfigError, match=r"train_dataset.path: cannot read '.*rows\.jsonl' \(Permission denied\)"):
-        build(path)
-
-
-# ---- prompt templates and field mappings ----------------------------------------------------------------
-@pytest.mark.parametrize("template,match", [
-    ("{question} Put it in \\boxed{}.", r"'\{\}' is a positional field: .* write \{\{\}\} for literal braces"),
-    ("{0}: {question}", r"'\{0\}' is a positional field"),
-    ("Solve it.", r"it names no field such as \{question\}, so every prompt would be the same text"),
-    ("{question", "not a valid format string"),
-    ("{question!x}", r"'\{question!x\}': the conversion must be !r, !s or !a"),
-])
-def test_bad_prompt_templates_are_refused_up_front(template, match):
-    with pytest.raises(ConfigError, match=r"^train_dataset.prompt_template: " + match):
-        TrainDatasetConfig(prompt_template=template).validate()
-    with pytest.raises(ConfigError, match="train_dataset.prompt_template"):
-        configlib.load(TrainConfig, None, [f"train_dataset.prompt_template='{template}'"])
-
-
-def test_template_that_fails_on_every_item_is_a_config_error_not_a_traceback(tmp_path):
-    path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
-    with pytest.raises(ConfigError, match=r"(?s)no usable rows.*cannot be formatted \(AttributeError"):
-        build(path, prompt_template="{question.nope}")
-    with pytest.raises(ConfigError, match=r"(?s)no usable rows.*cannot be formatted \(TypeError"):
-        build(path, prompt_template="{question} {answer[x]}")
-    with pytest.raises(ConfigError, match=r"prompt_template cannot be formatted \(AttributeError.*task 'arith'"):
-        build(prompt_template="{question.nope}")
-    assert build(prompt_template="{question} ({answer!r:.0})").valid  # a valid conversion and spec work
-
-
 @pytest.mark.parametrize("column", [["q"], 3, ""])
 def test_field_mapping_to_a_non_column_is_refused(column):
     with pytest.raises(ConfigError, match="train_dataset.fields.question must be a column name"):
         TrainDatasetConfig(fields={"question": column}).validate()
 
 
-# ---- the plain-argument API -----------------------------------------------------------------------------
-def test_data_functions_take_plain_arguments(tmp_path):
-    path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
-    data = file_dataset(path, row_type="qa", fields={"question": "question"}, template="Q: {question}",
-                        valid_size=2, valid_seed=1, seed=3)
-    assert len(data.valid) == 2 and next(data.train)["question"].startswith("Q: Compute")
-    assert data.reward_fn.__name__ == "math_reward" and data.stats()["data_bad_rows"] == 0
-    task = task_dataset("arith", {"min_terms": 2, "max_terms": 2, "ops": "*"}, valid_size=4, seed=5)
-    assert len(task.valid) == 4 and " * " in next(task.train)["question"]
+def test_builtin_by_path_and_its_errors():
+    assert take(build("builtin:arith").train, 3) == take(build().train, 3)
+    with pytest.raises(ConfigError, match="no built-in task 'nope'.*task.name"):
+        build("builtin:nope")
+    with pytest.raises(ConfigError, match="valid_dataset.path"):
+        build("", f"{SAMPLES}/gsm8k_test.jsonl")
 
 
-def test_the_data_package_does_not_import_its_config_module():
-    """asyncrl.data.config imports asyncrl.data; the reverse at module level would be circular."""
-    import ast
+@pytest.mark.parametrize("override,match", [
+    (dict(path="/nonexistent/train.jsonl"), "train_dataset.path: '/nonexistent/train.jsonl' does not exist"),
+    (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", type="csv"), "train_dataset.type must be one of"),
+    (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", fields={"prompt": "x"}), "train_dataset.fields"),
+    (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", prompt_template="{nope}"), "prompt_template refers to 'nope'"),
+])
+def test_config_errors_name_the_key(override, match):
+    with pytest.raises(ConfigError, match=match):
+        build(skip_bad_rows=False, **override)
 
-    import asyncrl.data
 
-    tree = ast.parse(Path(asyncrl.data.__file__).read_text())
-    imported = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    assert "asyncrl.data.config" not in imported
+def test_over_long_prompts_are_skipped_and_counted(tmp_path, tokenizer):
+    rows = [{"question": "Add 1 and 2.", "answer": "3"}] * 10 + [{"question": "word " * 400, "answer": "1"}] * 10
+    path = write_jsonl(tmp_path / "long.jsonl", rows)
+    data = build(path, path, valid_size=50, tokenizer=tokenizer, max_prompt_tokens=64)
+    assert data.stats()["data_skipped_long"] == 20  # ten in the train list, ten in the valid list
+    items = take(data.train, 30)
+    assert all(len(it["prompt_ids"]) <= 64 and it["question"] == "Add 1 and 2." for it in items)
+    with pytest.raises(ConfigError, match="max_prompt_tokens"):
+        build(path, tokenizer=tokenizer, max_prompt_tokens=2)
+
+
+def test_eval_set_from_a_file_needs_no_training_source(tmp_path):
+    """``asyncrl eval valid_dataset.path=F``: the file alone, in its detected format, with its own verifier."""
+    path = write_jsonl(tmp_path / "test.jsonl", [{"question": f"{i} + 1 = ?", "answer": str(i + 1)}
+                                                 for i in range(8)])
+    items, reward_fn = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=path, size=5))
+    assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
+    assert reward_fn.__name__ == "math_reward" and call_reward(reward_fn, items[2], "\\boxed{3}") == 1.0
+    builtin, arith = eval_set_from_config(TaskConfig(), ValidDatasetConfig(size=5))  # default: the built-in task
+    assert len(builtin) == 5 and arith is arith_reward
+    with pytest.raises(ConfigError, match="valid_dataset.path"):
+        eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=str(tmp_path / "missing.jsonl")))
+
+
+def _cfg(*overrides) -> TrainConfig:
+    return configlib.load(TrainConfig, None, list(overrides))
+
+
+def _mixture(entries: list[dict], *overrides) -> TrainConfig:
+    return _cfg(f"train_dataset.mixture={json.dumps(entries)}", *overrides)
+
+
+def _data(cfg: TrainConfig):
+    return dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
+
+
+@pytest.mark.parametrize("entry, key", [
+    ({"path": "builtin:arith", "weight": 0}, "train_dataset.mixture[1].weight"),
+    ({"path": "builtin:arith", "weight": "heavy"}, "train_dataset.mixture[1].weight"),
+    ({"path": "builtin:arith", "wieght": 2}, "train_dataset.mixture[1].wieght: unknown key; did you mean 'weight'"),
+    ({"weight": 2}, "train_dataset.mixture[1].path is required"),
+    ({"path": "builtin:arith", "reward_fn": "no_such_module:fn"}, "train_dataset.mixture[1].reward_fn"),
+    ({"path": "builtin:arith", "type": "csv"}, "train_dataset.mixture[1].type"),
+    ({"path": "builtin:arith", "valid_path": "x.jsonl"}, "train_dataset.mixture[1].valid_path"),
+    ({"path": "gym:arith"}, "train_dataset.mixture[1].name: 'arith' is the name of entry 0"),
+    ({"path": "builtin:arith", "name": "a/b"}, "train_dataset.mixture[1].name"),
+])
+def test_a_bad_entry_is_one_line_naming_its_key(entry, key):
+    with pytest.raises(ConfigError) as e:
+        _mixture([{"path": "builtin:arith"}, entry])
+    assert key in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_mixture_and_path_are_exclusive():
+    with pytest.raises(ConfigError, match="train_dataset.path and train_dataset.mixture are exclusive"):
+        _mixture([{"path": "builtin:arith"}], "train_dataset.path=builtin:arith")
+    with pytest.raises(ConfigError, match=r"train_dataset.mixture\[i\].valid_path"):
+        _data(_mixture([{"path": "builtin:arith"}], "valid_dataset.path=held_out.jsonl"))
+
+
+def test_a_source_that_cannot_load_is_named(tmp_path):
+    cfg = _mixture([{"path": "builtin:arith"}, {"name": "gone", "path": str(tmp_path / "missing.jsonl")}])
+    with pytest.raises(ConfigError, match=r"mixture\[1\] \(gone\): train_dataset.path: .* does not exist"):
+        _data(cfg)

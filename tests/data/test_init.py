@@ -1,22 +1,28 @@
-"""Training mixtures: several sources interleaved by weight, each scored by its own reward function and
-reported per source."""
+"""Datasets (asyncrl.data): held-out rows are never trained on (a one-row file is refused, an overlapping held-out file
+is warned about), the plain-argument API, and training mixtures: sources interleaved by weight, resumed in place,
+held out by weight, each reported on in a run."""
 
 import collections
 import itertools
 import json
+import logging
+from pathlib import Path
 
 import pytest
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.data import split_sizes
-from asyncrl.data.config import dataset_from_config, source_lookup
-from asyncrl.evaluate import by_source
-from asyncrl.metrics import source_stats
-from asyncrl.reward import build_reward_service, call_reward
-from asyncrl.reward.config import RewardConfig
-from asyncrl.types import Trajectory, TrajectoryGroup
+from asyncrl.data import file_dataset, hold_out, split_sizes, task_dataset
+from asyncrl.data.config import (
+    TaskConfig,
+    TrainDatasetConfig,
+    ValidDatasetConfig,
+    dataset_from_config,
+    eval_set_from_config,
+    source_lookup,
+)
+from datasets_for_tests import ROWS, build, take, write_jsonl
 
 
 def _file(tmp_path, name: str, n: int, offset: int = 0) -> str:
@@ -71,77 +77,6 @@ def test_resume_skips_the_drawn_items_and_continues_in_place(tmp_path):
     assert resumed == whole[300:]
 
 
-def test_each_source_is_scored_by_its_own_function_in_workers_too(tmp_path):
-    cfg = _two_files(tmp_path, a={"reward_fn": "rewards_for_tests:constant_reward"},
-                     b={"reward_fn": "rewards_for_tests:one_reward"})
-    data = _data(cfg)
-    items = list(itertools.islice(data.train, 40))
-    for workers in (0, 1):
-        service = build_reward_service(RewardConfig(workers=workers), data.reward_fn)
-        try:
-            scores = {(it["source"], service.score(it, "no answer")) for it in items}
-            held_out = {(it["source"], service.eval_fn(it["question"], "x", **{k: v for k, v in it.items()
-                                                                               if k != "question"}))
-                        for it in data.valid}
-        finally:
-            service.close()
-        assert scores == held_out == {("alpha", 0.0), ("beta", 1.0)}
-        assert service.errors == 0
-
-
-def test_reward_fn_and_kwargs_stand_in_for_the_sources_own_verifier(tmp_path):
-    """reward.fn replaces the verifier of a source that names no reward_fn; a source's reward_fn stays, with
-    its own reward_kwargs only; reward.kwargs go under a source's reward_kwargs."""
-    cfg = _two_files(tmp_path, b={"reward_fn": "rewards_for_tests:scale_reward", "reward_kwargs": {"scale": 3}})
-    data = _data(cfg)
-    alpha = next(it for it in data.train if it["source"] == "alpha")
-    beta = next(it for it in data.train if it["source"] == "beta")
-    right = f"The answer is {alpha['answer']}."
-
-    def score(item, completion, **reward):
-        return call_reward(build_reward_service(RewardConfig(workers=0, **reward), data.reward_fn).fn, item,
-                           completion)
-
-    assert score(alpha, right) == 1.0 and score(alpha, "The answer is -7.") == 0.0  # its own verifier (math)
-    assert score(beta, "anything") == 3.0
-    over = dict(fn="rewards_for_tests:scale_reward", kwargs={"scale": 2})
-    assert score(alpha, right, **over) == 2.0  # reward.fn with reward.kwargs
-    assert score(beta, "anything", **over) == 3.0  # named its own: reward.fn and reward.kwargs do not apply
-    cfg = _two_files(tmp_path, a={"reward_kwargs": {"scale": 5}})
-    data = _data(cfg)
-    assert score(alpha, right, **over) == 5.0  # the source's reward_kwargs win over reward.kwargs
-
-
-@pytest.mark.parametrize("entry, key", [
-    ({"path": "builtin:arith", "weight": 0}, "train_dataset.mixture[1].weight"),
-    ({"path": "builtin:arith", "weight": "heavy"}, "train_dataset.mixture[1].weight"),
-    ({"path": "builtin:arith", "wieght": 2}, "train_dataset.mixture[1].wieght: unknown key; did you mean 'weight'"),
-    ({"weight": 2}, "train_dataset.mixture[1].path is required"),
-    ({"path": "builtin:arith", "reward_fn": "no_such_module:fn"}, "train_dataset.mixture[1].reward_fn"),
-    ({"path": "builtin:arith", "type": "csv"}, "train_dataset.mixture[1].type"),
-    ({"path": "builtin:arith", "valid_path": "x.jsonl"}, "train_dataset.mixture[1].valid_path"),
-    ({"path": "gym:arith"}, "train_dataset.mixture[1].name: 'arith' is the name of entry 0"),
-    ({"path": "builtin:arith", "name": "a/b"}, "train_dataset.mixture[1].name"),
-])
-def test_a_bad_entry_is_one_line_naming_its_key(entry, key):
-    with pytest.raises(ConfigError) as e:
-        _mixture([{"path": "builtin:arith"}, entry])
-    assert key in str(e.value) and "\n" not in str(e.value), str(e.value)
-
-
-def test_mixture_and_path_are_exclusive():
-    with pytest.raises(ConfigError, match="train_dataset.path and train_dataset.mixture are exclusive"):
-        _mixture([{"path": "builtin:arith"}], "train_dataset.path=builtin:arith")
-    with pytest.raises(ConfigError, match=r"train_dataset.mixture\[i\].valid_path"):
-        _data(_mixture([{"path": "builtin:arith"}], "valid_dataset.path=held_out.jsonl"))
-
-
-def test_a_source_that_cannot_load_is_named(tmp_path):
-    cfg = _mixture([{"path": "builtin:arith"}, {"name": "gone", "path": str(tmp_path / "missing.jsonl")}])
-    with pytest.raises(ConfigError, match=r"mixture\[1\] \(gone\): train_dataset.path: .* does not exist"):
-        _data(cfg)
-
-
 def test_held_out_is_split_by_weight_and_never_trained_on(tmp_path):
     cfg = _mixture([{"name": "big", "path": _file(tmp_path, "big", 200), "weight": 1},
                     {"name": "task", "path": "builtin:arith", "weight": 2}], "valid_dataset.size=12")
@@ -159,24 +94,6 @@ def test_a_file_source_can_have_its_own_held_out_file(tmp_path):
     data = _data(cfg)
     alpha_valid = [it["question"] for it in data.valid if it["source"] == "alpha"]
     assert alpha_valid and all("compute 9" in q for q in alpha_valid)
-
-
-def test_metrics_and_evaluation_per_source():
-    def group(item_id, *rewards):
-        return TrajectoryGroup([Trajectory([1], [2], [0.0], [0], r) for r in rewards], item_id=item_id)
-
-    lookup = {0: "a", 1: "b", 2: "a"}.get
-    stats = source_stats([group(0, 1.0, 0.0), group(1, 0.5, 0.5), group(2, 1.0, 1.0)], lookup, ["a", "b", "c"])
-    assert stats == {"samples/a": 4, "samples/b": 2, "samples/c": 0, "reward_mean/a": 0.75, "reward_mean/b": 0.5}
-    items = [{"source": "a"}, {"source": "a"}, {"source": "b"}]
-    assert by_source(items, [1.0, 0.0, 1.0]) == {"eval_accuracy/a": 0.5, "eval_reward_mean/a": 0.5,
-                                                 "eval_accuracy/b": 1.0, "eval_reward_mean/b": 1.0}
-    assert by_source([{"question": "q"}], [1.0]) == {}
-
-
-def test_help_config_documents_the_mixture():
-    text = " ".join(configlib.describe(TrainConfig).split())
-    assert "train_dataset.mixture = []" in text and "reward_mean/NAME" in text and "weight: 3" in text
 
 
 @pytest.mark.slow
@@ -203,3 +120,61 @@ def test_train_on_a_two_source_mixture_reports_each_source(tmp_path, tiny_model_
         assert any(f"reward_mean/{name}" in r for r in steps)
         assert f"eval_accuracy/{name}" in records[0] and f"eval_accuracy/{name}" in steps[-1]
     assert steps[-1]["eval_accuracy/ones"] == 1.0 and steps[-1]["eval_accuracy/zeros"] == 0.0
+
+
+# ---- held-out rows are never trained on -----------------------------------------------------------------
+def test_a_one_row_file_is_refused(tmp_path):
+    one = write_jsonl(tmp_path / "one.jsonl", ROWS[:1])
+    with pytest.raises(ConfigError, match=r"train_dataset.path: '.*one\.jsonl' has a single usable row, and "
+                                          r"held-out rows are never trained on: give valid_dataset.path"):
+        build(one)
+    with pytest.raises(ConfigError, match="single usable row"):
+        eval_set_from_config(TaskConfig(), ValidDatasetConfig(), TrainDatasetConfig(path=one))
+    two = write_jsonl(tmp_path / "two.jsonl", ROWS[:2])
+    data = build(two)
+    assert not {it["question"] for it in data.valid} & {it["question"] for it in itertools.islice(data.train, 9)}
+    valid = write_jsonl(tmp_path / "valid.jsonl", ROWS[5:7])
+    assert len(build(one, valid).valid) == 2  # a separate held-out file makes one training row fine
+
+
+def test_held_out_file_overlapping_the_training_file_is_warned_about(tmp_path, caplog):
+    train = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    valid = write_jsonl(tmp_path / "valid.jsonl", ROWS[:3] + [{"question": "new", "answer": "1"}])
+    with caplog.at_level(logging.WARNING, logger="asyncrl.data"):
+        build(train, valid)
+    assert "3 of the 4 held-out questions" in caplog.text and "trains on them" in caplog.text
+
+
+# ---- the plain-argument API -----------------------------------------------------------------------------
+def test_data_functions_take_plain_arguments(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    data = file_dataset(path, row_type="qa", fields={"question": "question"}, template="Q: {question}",
+                        valid_size=2, valid_seed=1, seed=3)
+    assert len(data.valid) == 2 and next(data.train)["question"].startswith("Q: Compute")
+    assert data.reward_fn.__name__ == "math_reward" and data.stats()["data_bad_rows"] == 0
+    task = task_dataset("arith", {"min_terms": 2, "max_terms": 2, "ops": "*"}, valid_size=4, seed=5)
+    assert len(task.valid) == 4 and " * " in next(task.train)["question"]
+
+
+def test_the_data_package_does_not_import_its_config_module():
+    """asyncrl.data.config imports asyncrl.data; the reverse at module level would be circular."""
+    import ast
+
+    import asyncrl.data
+
+    tree = ast.parse(Path(asyncrl.data.__file__).read_text())
+    imported = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
+    assert "asyncrl.data.config" not in imported
+
+
+def test_held_out_rows_are_never_trained_on(tmp_path):
+    path = write_jsonl(tmp_path / "qa.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(50)])
+    data = build(path, valid_size=100)
+    held = {it["question"] for it in data.valid}
+    assert len(held) == 5  # at most a tenth of the file
+    seen = take(data.train, 200)  # four epochs
+    assert not held & {it["question"] for it in seen}
+    assert len({it["id"] for it in seen}) == 200 and data.stats()["data_epoch"] == 4
+    train, valid = hold_out(list(range(10)), 3, seed=1)
+    assert len(valid) == 1 and not set(train) & set(valid)

@@ -94,22 +94,3 @@ def test_bad_corpus_is_one_line(tmp_path, capsys, name, content, where):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--corpus" in err and where in err, err
     assert not (tmp_path / "m").exists()
-
-
-def test_corpus_and_task_are_alternatives(tmp_path, capsys):
-    corpus = tmp_path / "paints.txt"
-    corpus.write_text("mixing paint\n")
-    with pytest.raises(SystemExit) as e:
-        main(["init-model", "--corpus", str(corpus), "--task", "arith", "--out", str(tmp_path / "m")])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--task" in err and "--corpus" in err
-
-
-@pytest.mark.parametrize("flag, value", [("--hidden-size", "30"), ("--layers", "0"), ("--vocab-size", "100")])
-def test_bad_shape_is_one_line(tmp_path, capsys, flag, value):
-    corpus = tmp_path / "paints.txt"
-    corpus.write_text("mixing paint\n")
-    assert main(["init-model", "--corpus", str(corpus), "--out", str(tmp_path / "m"), *SHAPE, flag, value]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and flag in err

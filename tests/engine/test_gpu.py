@@ -1,4 +1,4 @@
-"""The built-in engine on a CUDA device (skipped without one): ``pytest -m gpu tests/test_gpu.py``.
+"""The built-in engine on a CUDA device (skipped without one): ``pytest -m gpu tests/engine/test_gpu.py``.
 
 Greedy generation equals HF ``generate`` on the same GPU, sampled log-probs equal a separate forward, every
 tensor of the engine lives on the device, a decode step reads from the device once, and a weight update from a
@@ -19,15 +19,6 @@ pytestmark = [pytest.mark.gpu,
 
 VOCAB = 320
 CUDA = torch.device("cuda")
-
-
-@pytest.fixture(autouse=True)
-def _full_float32():
-    """float32 matmuls in full precision (no TF32), as on the CPU."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(before)
 
 
 def _prompts(n, seed=0, vocab=VOCAB):

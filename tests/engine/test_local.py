@@ -1,3 +1,7 @@
+"""The built-in engine (asyncrl.engine.local): greedy equals HF generate, log-probs equal a separate forward, continuous
+batching, stop tokens and strings, weight updates mid-generation (recompute, abort, drain), pause, bad requests,
+reduced precision, devices, and seeded sampling however a request is batched or interrupted."""
+
 import asyncio
 import dataclasses
 
@@ -6,7 +10,6 @@ import torch
 
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.requests import NO_STOP_TOKENS
-from asyncrl.engine.sampling import filter_logits, sample
 from asyncrl.types import SamplingParams, WeightUpdate
 from conftest import make_model, reference_logprobs
 
@@ -223,19 +226,6 @@ def test_update_with_missing_weights_keeps_old_model():
     assert len(c.output_ids) == 3
 
 
-def test_top_p_and_top_k_filtering():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    kept = filter_logits(logits, torch.tensor([0.7]), torch.tensor([0])).isfinite()
-    assert kept.tolist() == [[True, True, False, False]]
-    kept = filter_logits(logits, torch.tensor([1.0]), torch.tensor([1])).isfinite()
-    assert kept.tolist() == [[True, False, False, False]]
-    tokens, lp = sample(logits.repeat(200, 1), torch.ones(200), torch.full((200,), 0.7), torch.zeros(200, dtype=torch.long),
-                        torch.zeros(200, dtype=torch.bool), torch.Generator().manual_seed(0))
-    assert set(tokens.tolist()) <= {0, 1}
-    # behaviour log-probs are under the renormalised nucleus: 0.5/0.8 and 0.3/0.8
-    assert torch.allclose(lp.exp().unique().sort().values, torch.tensor([0.375, 0.625]), atol=1e-5)
-
-
 def test_qwen3_greedy_matches_hf_generate():
     """Qwen3's per-head q/k RMSNorm and explicit head_dim go through the same fused forward."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -343,26 +333,6 @@ def test_prefill_of_many_prompts_with_padding_matches_one_by_one():
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
 
 
-def test_inverse_cdf_draws_in_proportion_at_a_large_vocabulary():
-    """The two-level inverse CDF used above 4096 entries: only positive-weight entries, frequencies as weighted,
-    including a last block shorter than the others and targets at the very ends of [0, 1)."""
-    from asyncrl.engine.sampling import inverse_cdf
-
-    g = torch.Generator().manual_seed(0)
-    V = 9000 + 17
-    probs = torch.softmax(torch.randn(V, generator=g) * 2, -1)
-    probs[V // 3 :: 5] = 0
-    probs[-3:] = 0.01  # mass in the short last block
-    weights = probs.expand(20000, V)  # a view: no 20000 x V copy
-    idx, total = inverse_cdf(weights, torch.rand(20000, 1, generator=g))
-    assert (probs[idx] > 0).all() and torch.allclose(total.squeeze(-1), weights.sum(-1), rtol=1e-5)
-    freq = torch.bincount(idx, minlength=V).float() / 20000
-    top = probs.topk(20).indices
-    assert (freq[top] - probs[top] / probs.sum()).abs().max() < 0.006  # 4 standard deviations
-    edges, _ = inverse_cdf(weights[:3], torch.tensor([[0.0], [1 - 1e-12], [0.999999]]))
-    assert (probs[edges] > 0).all()
-
-
 def _run_with_an_update(engine, new_model, prompts, params):
     """Generate ``prompts`` in the calling thread with a weight update (re-prefill) after 3 steps."""
     futures = [engine.submit(p, s) for p, s in zip(prompts, params)]
@@ -416,47 +386,6 @@ def test_the_torch_path_makes_every_tensor_on_the_engines_device():
                              device=torch.device("cpu"))
         got = _run_with_an_update(engine, new, prompts, MIXED_PARAMS)
     assert got == want
-
-
-def test_row_params_on_a_device_keep_their_flags_on_the_host():
-    from asyncrl.engine.sampling import RowParams
-
-    rows = RowParams.of(MIXED_PARAMS, torch.device("cpu"))
-    assert rows.greedy.tolist() == [False, True, False, False] and rows.top_k.tolist() == [0, 0, 20, 0]
-    assert (rows.filtered, rows.all_greedy, rows.any_greedy) == (True, False, True)
-    greedy = RowParams.of([SamplingParams(greedy=True, top_p=0.5)])  # greedy rows ignore top-p
-    assert (greedy.filtered, greedy.all_greedy, greedy.any_greedy) == (False, True, True)
-
-
-def test_decoder_and_sampler_run_on_another_device():
-    """The decoder and the sampler on a device other than the CPU, checked here with "meta" (shapes, no data):
-    every tensor is made there, the native kernels (CPU code) are off, and prefill, decode, a weight update
-    from a host state dict and each kind of sampling run without a host tensor meeting a device one (which
-    raises "Tensor on device cpu is not on the expected device meta")."""
-    from asyncrl.engine.decoder import Decoder
-    from asyncrl.engine.sampling import RowParams, sample_rows
-
-    d = Decoder(make_model(VOCAB), 4, 40, device="meta")
-    assert d.kernels is None and not d.packed and d.device == torch.device("meta")
-    tensors = [d.kv_cache, d.rotation, d.head_scale, d.logits, d.w.embed, d.w.norm, d.w.lm_head]
-    tensors += [t for layer in d.w.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-    assert all(t.device.type == "meta" for t in tensors)
-    lengths, zeros = torch.tensor([5, 9, 1, 7]), torch.zeros(4, dtype=torch.long)
-    logits = d.forward(torch.randint(0, VOCAB, (4, 9)), 0, zeros, lengths)  # prefill, padded
-    assert logits.device.type == "meta" and logits.shape == (4, VOCAB)
-    d.install(d.prepare(make_model(VOCAB, seed=1).state_dict()))
-    assert all(t.device.type == "meta" for layer in d.w.layers for t in (layer.wqkv, layer.wd))
-    d.copy_slot(0, range(1, 3), 5)
-    logits = d.forward(torch.randint(0, VOCAB, (4, 1)), 0, lengths, torch.ones(4, dtype=torch.long))  # decode
-    large = torch.empty(4, 9000, device="meta")  # above 4096 entries the sampler's inverse CDF has two levels
-    for logits in (logits, large):
-        scratch = torch.empty(logits.shape, device="meta")
-        for params in ([SamplingParams(greedy=True)] * 4, [SamplingParams(temperature=0.7)] * 4,
-                       [SamplingParams(greedy=True), SamplingParams(top_p=0.9, top_k=5)] * 2):
-            rows = RowParams.of(params, "meta")
-            assert rows.temperature.device.type == rows.greedy.device.type == "meta"
-            tokens, logprobs = sample_rows(logits.clone(), rows, None, scratch)
-            assert tokens.device.type == logprobs.device.type == "meta" and tokens.shape == (4,)
 
 
 @pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])

@@ -1,4 +1,5 @@
-"""The remote engine client against real ``asyncrl serve`` servers on 127.0.0.1."""
+"""The remote engine client (asyncrl.engine.remote) against real ``asyncrl serve`` servers on 127.0.0.1, and a run
+with two servers that survives losing one."""
 
 import asyncio
 import time
@@ -257,3 +258,54 @@ def test_controller_with_asyncrl_servers_by_config_alone(tmp_path, tiny_model_di
     ])
     last = train(cfg)
     assert last["version"] == 3 and last["rollout_failures"] == 0 and last["staleness_max"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["generation", "weight-sync", "evaluation"])
+def test_a_run_with_two_servers_survives_losing_one(tmp_path, tiny_model_dir, moment):
+    """kill -9 of one of two engine servers while generating, during a weight update or during evaluation:
+    the server is retired, its requests move to the other, and the run trains every step."""
+    import threading
+
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.controller import run
+    from asyncrl.launch.build import assemble
+    from asyncrl.publish import DiskPublisher
+
+    cfg = configlib.load(TrainConfig, None, [
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
+        "total_train_steps=6", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=24",
+        "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.backend=asyncrl:d2", "rollout.max_slots=8",
+        "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", "max_train_time_s=0"])
+    with assemble(cfg) as parts:
+        victim = parts.engine._procs[0]
+        if moment == "generation":
+            def kill_while_generating():
+                while parts.engine.stats().generated_tokens < 100:
+                    time.sleep(0.005)
+                victim.kill()
+
+            threading.Thread(target=kill_while_generating, daemon=True).start()
+        elif moment == "weight-sync":
+            publish = parts.publisher.publish
+
+            def publish_and_kill(state_dict, version):
+                if version == 3:
+                    victim.kill()
+                return publish(state_dict, version)
+
+            parts.publisher.publish = publish_and_kill
+            assert isinstance(parts.publisher, DiskPublisher)
+        else:
+            evaluate = parts.evaluate
+
+            def evaluate_and_kill(version):
+                if version == 2:
+                    victim.kill()
+                return evaluate(version)
+
+            parts.evaluate = evaluate_and_kill
+        last = run(parts)
+        retired = [s for s in parts.engine._servers if s.retired]
+    assert last["version"] == 6 and len(retired) == 1, (last.get("version"), retired)

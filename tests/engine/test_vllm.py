@@ -2,7 +2,7 @@
 
 Needs the separate environment ``.venv-vllm`` (docs/engine.md) and runs only when selected:
 
-    .venv/bin/python -m pytest -m vllm tests/test_vllm.py
+    .venv/bin/python -m pytest -m vllm tests/engine/test_vllm.py
 
 Without ``.venv-vllm``, or without ``-m vllm``, every test here is skipped.
 """
@@ -13,14 +13,13 @@ import httpx
 import pytest
 import torch
 
-from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.remote import RemoteEngine
+from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.spawn import vllm_server
 from asyncrl.models import build_tiny_model
 from asyncrl.publish import DiskPublisher
 from asyncrl.types import SamplingParams, WeightUpdate
-from conftest import reference_logprobs
-from conftest import ROOT
+from conftest import ROOT, reference_logprobs
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
@@ -28,12 +27,6 @@ pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no vLLM environment at {VLLM_PYTHON} (docs/engine.md)"),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _selected(request):
-    if "vllm" not in (request.config.getoption("-m") or ""):
-        pytest.skip("the vLLM tier runs only with -m vllm")
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+
 sys.path.insert(0, str(ROOT))
 
 pytest.importorskip("openai")

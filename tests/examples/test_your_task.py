@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT
 
 ASYNCRL = str(Path(sys.executable).with_name("asyncrl"))

@@ -1,10 +1,9 @@
-"""The Ray launcher: the placement group's bundles (no Ray started), the Slurm script, and a run on a local Ray of
-2 CPUs (one `asyncrl serve`, two trainer ranks) that advances the version within the staleness bound and leaves
-no process behind."""
+"""The Ray launcher (asyncrl.launch.ray): the placement group's bundles (no Ray started), CPU requests scaled to the
+machine, and a run on a local Ray of 2 CPUs (one `asyncrl serve`, two trainer ranks) that advances the version
+within the staleness bound and leaves no process behind."""
 
 import os
 import signal
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +15,6 @@ pytest.importorskip("ray")
 from asyncrl import configlib  # noqa: E402
 from asyncrl.config import TrainConfig  # noqa: E402
 from asyncrl.launch.ray import Bundle, bundle_plan  # noqa: E402
-from asyncrl.launch.slurm import sbatch_script  # noqa: E402
 
 
 def _cfg(*extra):
@@ -45,21 +43,6 @@ def test_cpu_requests_are_scaled_to_fit_the_machine():
     plan = bundle_plan(cfg, cpus=2)
     assert [b.resources["CPU"] for b in plan] == [0.66] * 3 and sum(b.resources["CPU"] for b in plan) <= 2
     assert [b.resources["CPU"] for b in bundle_plan(cfg, cpus=8)] == [1.0] * 3  # fits: unchanged
-
-
-def test_sbatch_script_starts_a_ray_cluster_and_runs_the_driver(tmp_path):
-    script = sbatch_script(_cfg("actor.backend=ddp:d4", "rollout.backend=vllm:d2t2", "rollout.interrupt_mode=abort",
-                                "experiment_name=big"), nodes=2, gpus_per_node=4, partition="gpu")
-    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu",
-                 "--head", "--num-gpus=4", "launcher=ray cluster.ray_address=\"$HEAD_IP:$PORT\"",
-                 "backend: vllm:d2t2"):
-        assert line in script
-    path = tmp_path / "job.sbatch"
-    path.write_text(script)
-    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-    config = script.split("<<'ASYNCRL_CONFIG'\n")[1].split("\nASYNCRL_CONFIG")[0]
-    (tmp_path / "c.yaml").write_text(config)
-    assert configlib.load(TrainConfig, str(tmp_path / "c.yaml")).actor.backend == "ddp:d4"  # the config round-trips
 
 
 def _tagged(tag: str) -> list[str]:

@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 from asyncrl import configlib
-from asyncrl.configlib import ConfigError
-from asyncrl.reward import BoundReward, RewardService, build_reward_service
-from asyncrl.reward.config import RewardConfig
+from asyncrl.reward import BoundReward, RewardService
 from data_fixtures import reward_fns
 
 ITEM = {"id": 7, "question": "q", "answer": "42", "prompt_ids": [1, 2, 3]}
@@ -228,22 +226,6 @@ def test_config_kwargs_override_item_fields_and_describe_reaches_stats(service_f
     assert code.stats()["sandbox"].split("+")[0] in ("bwrap", "unshare", "rlimits")
 
 
-def test_build_from_config():
-    cfg = configlib.load(RewardConfig, None, ["fn=data_fixtures.reward_fns:scaled", "kwargs={scale: 2}",
-                                              "workers=0", "timeout_s=5"])
-    s = build_reward_service(cfg, default_fn=reward_fns.raising)
-    try:
-        assert s.score({"question": "q", "answer": "a"}, "a") == 2.0
-    finally:
-        s.close()
-    default = build_reward_service(RewardConfig(workers=0), default_fn=reward_fns.exact_answer)
-    assert default.score(ITEM, "42") == 1.0
-    with pytest.raises(ConfigError, match="reward.fn"):
-        build_reward_service(RewardConfig(fn="data_fixtures.reward_fns:missing"), reward_fns.raising)
-    with pytest.raises(ConfigError, match="reward.workers"):
-        build_reward_service(RewardConfig(workers=-1), reward_fns.raising)
-
-
 @pytest.mark.slow
 def test_training_continues_when_the_reward_hangs(tmp_path, tiny_model_dir):
     """Half the samples hang: they time out, are counted, score the default, and the run finishes."""
@@ -264,7 +246,6 @@ def test_training_continues_when_the_reward_hangs(tmp_path, tiny_model_dir):
 def test_a_killed_worker_takes_its_sandboxes_with_it(service_factory, mechanism):
     """The service times out a code reward mid-run: the program and a child that left its session die too."""
     from asyncrl.reward.code_reward import code_reward
-
     from asyncrl.reward.sandbox import get_sandbox
 
     box = get_sandbox(mechanism)

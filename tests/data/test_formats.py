@@ -1,0 +1,90 @@
+"""Row formats and prompt templates (asyncrl.data.formats): GSM8K, MATH, QA and code rows, field mappings, and templates
+checked up front and applied to every source."""
+
+import pytest
+
+from asyncrl import configlib
+from asyncrl.config import TrainConfig
+from asyncrl.configlib import ConfigError
+from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
+from asyncrl.reward import call_reward
+from datasets_for_tests import ROWS, SAMPLES, build, take, write_jsonl
+
+
+# ---- prompt templates and field mappings ----------------------------------------------------------------
+@pytest.mark.parametrize("template,match", [
+    ("{question} Put it in \\boxed{}.", r"'\{\}' is a positional field: .* write \{\{\}\} for literal braces"),
+    ("{0}: {question}", r"'\{0\}' is a positional field"),
+    ("Solve it.", r"it names no field such as \{question\}, so every prompt would be the same text"),
+    ("{question", "not a valid format string"),
+    ("{question!x}", r"'\{question!x\}': the conversion must be !r, !s or !a"),
+])
+def test_bad_prompt_templates_are_refused_up_front(template, match):
+    with pytest.raises(ConfigError, match=r"^train_dataset.prompt_template: " + match):
+        TrainDatasetConfig(prompt_template=template).validate()
+    with pytest.raises(ConfigError, match="train_dataset.prompt_template"):
+        configlib.load(TrainConfig, None, [f"train_dataset.prompt_template='{template}'"])
+
+
+def test_template_that_fails_on_every_item_is_a_config_error_not_a_traceback(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    with pytest.raises(ConfigError, match=r"(?s)no usable rows.*cannot be formatted \(AttributeError"):
+        build(path, prompt_template="{question.nope}")
+    with pytest.raises(ConfigError, match=r"(?s)no usable rows.*cannot be formatted \(TypeError"):
+        build(path, prompt_template="{question} {answer[x]}")
+    with pytest.raises(ConfigError, match=r"prompt_template cannot be formatted \(AttributeError.*task 'arith'"):
+        build(prompt_template="{question.nope}")
+    assert build(prompt_template="{question} ({answer!r:.0})").valid  # a valid conversion and spec work
+
+
+def test_gsm8k_jsonl():
+    data = build(f"{SAMPLES}/gsm8k_train.jsonl", f"{SAMPLES}/gsm8k_test.jsonl", valid_size=40)
+    item = take(data.train, 1)[0]
+    assert set(item) >= {"question", "answer", "solution", "id"} and item["answer"].lstrip("-").isdigit()
+    assert "<<" not in item["solution"] and item["solution"].endswith(f"The answer is {item['answer']}.")
+    assert len(data.valid) == 40 and data.reward_fn.__name__ == "math_reward"
+    for it in data.valid[:5]:
+        assert call_reward(data.reward_fn, it, it["solution"]) == 1.0
+
+
+def test_math_format_takes_the_boxed_answer():
+    data = build(f"{SAMPLES}/math_train.jsonl", f"{SAMPLES}/math_test.jsonl", type="math")
+    it = data.valid[0]
+    assert it["answer"] in it["solution"] and "\\boxed" not in it["answer"]
+    assert it["level"].startswith("Level")  # other columns ride along for custom rewards
+    assert all(call_reward(data.reward_fn, v, v["solution"]) == 1.0 for v in data.valid)
+
+
+def test_code_format_and_reference_solutions_pass():
+    data = build(f"{SAMPLES}/code_train.jsonl", f"{SAMPLES}/code_test.jsonl", valid_size=4)
+    assert data.reward_fn.__name__ == "code_reward"
+    kinds = {"fn_name" in it for it in data.valid}
+    for it in data.valid:
+        assert call_reward(data.reward_fn, it, it["solution"]) == 1.0, it["question"]
+    assert kinds  # at least one style present; the train file has both
+    train = take(data.train, 24)
+    assert {("fn_name" in it) for it in train} == {True, False}
+
+
+def test_field_mapping_and_prompt_template(tmp_path):
+    path = write_jsonl(tmp_path / "qa.jsonl", [{"id": "r1", "q": f"What is {i} + {i}?", "final": 2 * i}
+                                               for i in range(30)])
+    data = build(path, fields={"question": "q", "answer": "final"}, prompt_template="Solve: {question}")
+    item = take(data.train, 1)[0]
+    assert item["question"].startswith("Solve: What is") and item["answer"] == str(int(item["answer"]))
+    assert item["source_id"] == "r1" and isinstance(item["id"], int)
+    assert call_reward(data.reward_fn, item, f"The answer is {item['answer']}.") == 1.0
+
+
+def test_prompt_template_applies_to_the_builtin_task():
+    small = TaskConfig(min_terms=2, max_terms=2, max_operand=6)  # few distinct problems: collisions likely
+    data = dataset_from_config(small, TrainDatasetConfig(prompt_template="Q: {question} Think step by step."),
+                               ValidDatasetConfig(size=20))
+    held = {it["question"] for it in data.valid}
+    trained = {it["question"] for it in take(data.train, 300)}
+    assert all(q.startswith("Q: Compute ") and q.endswith("step by step.") for q in held | trained)
+    assert len(held) == 20 and not held & trained
+    it = data.valid[0]
+    assert call_reward(data.reward_fn, it, f"The answer is {it['answer']}.") == 1.0
+    with pytest.raises(ConfigError, match=r"train_dataset.prompt_template.*'problem'"):
+        dataset_from_config(small, TrainDatasetConfig(prompt_template="{problem}"), ValidDatasetConfig(size=5))

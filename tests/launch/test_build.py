@@ -1,0 +1,66 @@
+"""Assembling a run (asyncrl.launch.build): each thread has its own tokenizer, an allocation the machine's GPUs cannot
+hold is refused and servers are pinned, and the context is the model's own on vLLM and SGLang, capped on the
+built-in engine."""
+
+import pytest
+import torch
+
+from asyncrl import configlib
+from asyncrl.config import TrainConfig
+from asyncrl.controller import run
+from asyncrl.launch.build import assemble
+
+
+def _cfg(tmp_path, model_path, *extra):
+    return configlib.load(TrainConfig, None, [
+        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
+        "total_train_steps=3", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=16",
+        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8",
+        "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", *extra,
+    ])
+
+
+def test_each_thread_has_its_own_tokenizer(tmp_path, tiny_model_dir):
+    """Fast tokenizers can fail with 'Already borrowed' when two threads use one at once: the rollout thread
+    (prompt stream, workflow) and the trainer thread (evaluation, checkpoints) each get their own, and
+    evaluation uses the prompt ids computed when the held-out set was built. Evaluating at every step runs
+    both paths side by side."""
+    cfg = _cfg(tmp_path, tiny_model_dir, "evaluator.freq_steps=1", "total_train_steps=4")
+    with assemble(cfg) as parts:
+        assert parts.rollout.workflow.tokenizer is not parts.evaluate.tokenizer
+        assert parts.checkpoints.tokenizer is parts.evaluate.tokenizer
+        assert all("prompt_ids" in item for item in parts.evaluate.items)
+        record = run(parts)
+    assert record["version"] == 4 and "eval_accuracy" in record
+
+
+def test_a_run_refuses_an_allocation_its_gpus_cannot_hold_and_pins_servers(monkeypatch):
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.configlib import ConfigError
+    from asyncrl.launch.build import _allocation
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    cfg = configlib.load(TrainConfig, None, ["actor.backend=ddp:d2", "rollout.backend=asyncrl:d3"])
+    with pytest.raises(ConfigError, match="needs 2 device.* 3: 5 in all, but this machine has 4 cuda"):
+        _allocation(cfg, "cuda:0")
+    ok = configlib.load(TrainConfig, None, ["actor.backend=ddp:d2", "rollout.backend=asyncrl:d2"])
+    assert _allocation(ok, "cuda:0").server_devices == ((2,), (3,))
+    assert _allocation(cfg, "cpu").server_devices == ((), (), ())  # CPU: process counts only
+
+
+def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in_engine():
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.configlib import ConfigError
+    from asyncrl.launch.build import context_len
+
+    def rollout(*extra):
+        return configlib.load(TrainConfig, None, ["rollout.interrupt_mode=abort", *extra]).rollout
+
+    assert context_len(rollout(), 32768) == 1024 and context_len(rollout(), 512) == 512
+    assert context_len(rollout("rollout.backend=vllm:d1"), 32768) == 32768
+    assert context_len(rollout("rollout.backend=remote", "rollout.server_addrs=[h:1]",
+                               "rollout.max_context=8192"), 32768) == 8192
+    with pytest.raises(ConfigError, match="rollout.max_context=9000 exceeds the model's max_position_embeddings"):
+        context_len(rollout("rollout.max_context=9000"), 4096)

@@ -1,0 +1,61 @@
+"""``asyncrl serve``'s middleware (asyncrl.server.middleware): errors keep the connection open, and a 5xx does not
+retire the server in the remote client."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from asyncrl.engine.remote import RemoteEngine, ServerError
+from asyncrl.models import build_tiny_model
+from asyncrl.server.limits import MAX_REQUEST_BYTES
+from asyncrl.types import SamplingParams
+from servers_for_tests import serving
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=0).eval()
+
+
+@pytest.fixture
+def server(model, tokenizer):
+    with serving(model, tokenizer) as s:
+        yield s
+
+
+# ---- internal errors ---------------------------------------------------------------------------------------
+def test_errors_keep_the_connection_and_a_5xx_does_not_retire_the_server(server, monkeypatch):
+    url, state = server
+    real = state.generate
+
+    async def failing(prompts, params):  # the test hook: one prompt breaks the server's code
+        if prompts == [[7, 7, 7]]:
+            raise RuntimeError("broken on purpose")
+        return await real(prompts, params)
+
+    monkeypatch.setattr(state, "generate", failing)
+    with httpx.Client(base_url=url, timeout=60) as client:
+        def local_port():
+            return client.get("/health").extensions["network_stream"].get_extra_info("client_addr")
+
+        first = local_port()
+        answers = [client.post("/generate", json={"input_ids": [7, 7, 7]}),  # 500
+                   client.post("/generate", json={"input_ids": [10**9]}),  # 400
+                   client.post("/generate", json={"input_ids": [True]}),  # 422
+                   client.post("/generate", content=b"x" * (MAX_REQUEST_BYTES + 1))]  # 413
+        assert [r.status_code for r in answers] == [500, 400, 422, 413]
+        assert answers[0].json()["error"] == {"message": "RuntimeError: broken on purpose", "type": "internal_error"}
+        assert local_port() == first  # one connection all along: no answer closed it
+    assert httpx.get(f"{url}/get_server_info").json()["internal_errors"] == 1
+
+    engine = RemoteEngine([url], max_attempts=2, dead_cooldown_s=60, request_timeout_s=10).start()
+    try:
+        params = SamplingParams(max_new_tokens=3, greedy=True)
+        with pytest.raises(ServerError, match="broken on purpose"):
+            asyncio.run(engine.generate([7, 7, 7], params))
+        assert engine.live_addrs() == [url]  # an error of that request, not of the server
+        (c,) = asyncio.run(engine.generate([5, 6, 7], params))
+        assert len(c.output_ids) == 3
+    finally:
+        engine.stop()

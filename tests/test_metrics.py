@@ -1,0 +1,54 @@
+"""Metrics (asyncrl.metrics): non-finite values written as such and read back, per-source metrics and evaluation, and
+the TensorBoard sink."""
+
+import json
+import math
+
+import pytest
+
+from asyncrl import configlib
+from asyncrl.config import TrainConfig
+from asyncrl.evaluate import by_source
+from asyncrl.launch.train import train
+from asyncrl.metrics import MetricsLogger, read_metrics, source_stats
+from asyncrl.types import Trajectory, TrajectoryGroup
+
+
+def _cfg(tmp_path, model_path, *extra):
+    return configlib.load(TrainConfig, None, [
+        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
+        "total_train_steps=5", "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24",
+        "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.max_slots=16", "actor.lr=1e-3",
+        "reward.fn=rewards_for_tests:digit_count_reward", *extra,
+    ])
+
+
+def test_tensorboard_sink_writes_events(tmp_path, tiny_model_dir):
+    pytest.importorskip("tensorboard")
+    cfg = _cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "evaluator.freq_steps=0", "stats_logger.tensorboard=true")
+    train(cfg)
+    events = list((tmp_path / "asyncrl" / "default" / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_metrics_and_evaluation_per_source():
+    def group(item_id, *rewards):
+        return TrajectoryGroup([Trajectory([1], [2], [0.0], [0], r) for r in rewards], item_id=item_id)
+
+    lookup = {0: "a", 1: "b", 2: "a"}.get
+    stats = source_stats([group(0, 1.0, 0.0), group(1, 0.5, 0.5), group(2, 1.0, 1.0)], lookup, ["a", "b", "c"])
+    assert stats == {"samples/a": 4, "samples/b": 2, "samples/c": 0, "reward_mean/a": 0.75, "reward_mean/b": 0.5}
+    items = [{"source": "a"}, {"source": "a"}, {"source": "b"}]
+    assert by_source(items, [1.0, 0.0, 1.0]) == {"eval_accuracy/a": 0.5, "eval_reward_mean/a": 0.5,
+                                                 "eval_accuracy/b": 1.0, "eval_reward_mean/b": 1.0}
+    assert by_source([{"question": "q"}], [1.0]) == {}
+
+
+def test_non_finite_metrics_are_written_as_such_and_read_back(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    logger.log({"step": 1, "loss": math.nan, "grad_norm": math.inf, "x": -math.inf, "ok": 0.5})
+    logger.close()
+    raw = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert raw == {"step": 1, "loss": "nan", "grad_norm": "inf", "x": "-inf", "ok": 0.5}  # never null
+    (record,) = read_metrics(tmp_path)
+    assert math.isnan(record["loss"]) and record["grad_norm"] == math.inf and record["x"] == -math.inf

@@ -1,0 +1,88 @@
+"""The actor section (asyncrl.trainer.config): guardrails say why and what to set, values are checked with the key
+named, the off-policy guardrails, and a critic path without a critic."""
+
+import pytest
+
+from asyncrl import configlib
+from asyncrl.config import TrainConfig
+from asyncrl.configlib import ConfigError
+from asyncrl.trainer.config import ActorConfig
+
+
+def _validate(**kw):
+    from asyncrl.trainer.config import ActorConfig
+
+    eta = kw.pop("eta", 2)
+    n = kw.pop("n", 8)
+    mnt = kw.pop("max_new_tokens", 64)
+    ActorConfig(**kw).validate(max_staleness=eta, n_samples=n, max_new_tokens=mnt)
+
+
+def test_guardrails_say_why_and_what_to_set():
+    import pytest
+
+    from asyncrl.configlib import ConfigError
+
+    cases = [
+        (dict(policy_loss="ppo"), "no off-policy correction.*max_head_offpolicyness=0"),
+        (dict(behav_imp_weight_cap=None), "unbounded behaviour importance weight.*behav_imp_weight_cap"),
+        (dict(kl_ctl=0.01), "no reference model.*actor.ref_model=init"),
+        (dict(adv_estimator="gae"), "without a critic.*actor.critic"),
+        (dict(critic="value_head"), "never uses.*adv_estimator=gae"),
+        (dict(adv_estimator="rloo", n=1), "n_samples=1"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            _validate(**kw)
+        _validate(allow_unsafe=True, **kw)  # the expert override
+    _validate(policy_loss="ppo", eta=0)  # naive PPO is fine on-policy
+    _validate(kl_ctl=0.01, ref_model="init", use_kl_loss=True, kl_estimator="k3")
+    _validate(adv_estimator="gae", critic="separate")
+    _validate(adv_estimator="reinforce_pp", n=1)
+
+
+def test_actor_values_are_checked_with_the_key_named():
+    import pytest
+
+    from asyncrl.configlib import ConfigError
+
+    for kw, message in [
+        (dict(c_clip=0.5), "actor.c_clip"),
+        (dict(loss_agg_mode="seq-mean"), "actor.loss_agg_mode 'seq-mean' is not one of"),
+        (dict(kl_estimator="k4"), "actor.kl_estimator"),
+        (dict(behav_imp_weight_metric="kl_k3"), "behav_imp_weight_mode=mask"),
+        (dict(behav_imp_weight_metric="kl_k3", behav_imp_weight_mode="mask", behav_imp_weight_floor=6.0),
+         "behav_imp_weight_floor exceeds"),
+        (dict(behav_imp_weight_floor=6.0), "behav_imp_weight_floor=6.0 must be < 1"),
+        (dict(overlong_reward_penalty=True), "overlong_tokens > 0"),
+        (dict(overlong_reward_penalty=True, overlong_tokens=100), "exceeds gconfig.max_new_tokens=64"),
+        (dict(discount=1.5), "actor.discount must be in"),
+        (dict(ref_model="/no/such/dir"), "actor.ref_model"),
+        (dict(importance_sampling_level="seq"), "actor.importance_sampling_level"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            _validate(**kw)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["actor.behav_imp_weight_cap=0.5", "actor.behav_imp_weight_mode=mask"], "drops every on-policy token"),
+    (["actor.behav_imp_weight_cap=0"], "zeroes all learning"),
+    (["actor.behav_imp_weight_cap=1.0"], "shrinks the weight of every on-policy token"),
+    (["actor.behav_imp_weight_floor=1.0"], "floor at or above 1"),
+    (["actor.lr=2"], "above 1"),
+])
+def test_off_policy_guardrails(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        configlib.load(TrainConfig, None, overrides)
+
+
+def test_a_kl_cap_below_one_is_fine():
+    configlib.load(TrainConfig, None, ["actor.behav_imp_weight_metric=kl_k3", "actor.behav_imp_weight_mode=mask",
+                                       "actor.behav_imp_weight_cap=0.05"])
+
+
+def test_critic_path_without_a_critic_is_refused():
+    from asyncrl.configlib import ConfigError
+
+    with pytest.raises(ConfigError, match="actor.critic_path"):
+        ActorConfig(critic_path="/x").validate(max_staleness=0, n_samples=4)
