@@ -4,7 +4,8 @@ Admission (AReaL, arXiv 2505.24298 Eq. 3): a new prompt group may start while
 
     accepted + running < (η + v + 1) · B
 
-with B the batch size in groups, v the current version and η the max staleness (η = 0 is synchronous RL).
+with B the batch size in groups, v the current version and η the max staleness (η = 0 is synchronous RL),
+given by a ``StalenessPolicy`` (a fixed number, or ``asyncrl.staleness.AutoStaleness``).
 
 Batch assembly: the trainer takes B groups as soon as they are ready, oldest admission version first.
 Within one admission version any ready group will do, but a group of an older version is never skipped
@@ -19,8 +20,17 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from asyncrl.types import TrajectoryGroup
+
+
+class StalenessPolicy(Protocol):
+    """η: fixed, or tuned online (``asyncrl.staleness``). The buffer reads it once per version, when the version
+    is set, so it is constant while that version admits; the gate then trains every group admitted at version v
+    by version v + η(v), whatever η does next."""
+
+    def bound(self) -> int: ...
 
 
 def capacity(max_staleness: int, version: int, batch_size: int, accepted: int, running: int,
@@ -34,17 +44,31 @@ def capacity(max_staleness: int, version: int, batch_size: int, accepted: int, r
 
 @dataclass(frozen=True)
 class Ticket:
-    """An admitted group: its admission order and the version at admission."""
+    """An admitted group: its admission order, the version at admission and the η it was admitted under."""
 
     seq: int
     version: int
+    max_staleness: int = 0
+
+
+@dataclass
+class _Fixed:
+    eta: int
+
+    def bound(self) -> int:
+        return self.eta
 
 
 class RolloutBuffer:
     """Thread-safe counters, the ready groups, and the rules that link them."""
 
-    def __init__(self, batch_size: int, max_staleness: int, max_concurrent: int = 0, on_change=None):
-        self.batch_size, self.max_staleness, self.max_concurrent = batch_size, max_staleness, max_concurrent
+    def __init__(self, batch_size: int, max_staleness: "int | StalenessPolicy", max_concurrent: int = 0,
+                 on_change=None):
+        self.batch_size, self.max_concurrent = batch_size, max_concurrent
+        self.policy = _Fixed(max_staleness) if isinstance(max_staleness, int) else max_staleness
+        self.max_staleness = self.policy.bound()  # η of the current version
+        self._gate_closed_s = 0.0  # time admission was refused by the staleness bound (not by max_concurrent)
+        self._closed_since: float | None = None
         self.version = 0
         self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
         self.rejected = 0
@@ -63,15 +87,27 @@ class RolloutBuffer:
 
     def capacity(self) -> int:
         with self._cv:
-            return self._capacity()
+            return self._capacity(self.max_staleness)
 
     def try_admit(self) -> Ticket | None:
         with self._cv:
-            if self._capacity() <= 0:
+            eta = self.max_staleness
+            if self._capacity(eta) <= 0:
+                gated = capacity(eta, self.version, self.batch_size, self.accepted, self.running) <= 0
+                if gated and self._closed_since is None:
+                    self._closed_since = time.perf_counter()
                 return None
-            ticket = Ticket(next(self._seq), self.version)
+            self._gate_opened()
+            ticket = Ticket(next(self._seq), self.version, eta)
             self._running[ticket.seq] = ticket
             return ticket
+
+    def gate_closed_s(self) -> float:
+        """Seconds so far during which the rollout side had work to admit but the staleness bound kept it out:
+        from a refused admission to the next one admitted."""
+        with self._cv:
+            open_for = time.perf_counter() - self._closed_since if self._closed_since is not None else 0.0
+            return self._gate_closed_s + open_for
 
     def started(self, ticket: Ticket, item: dict) -> None:
         """``ticket`` is rolling out ``item``, the next one drawn from the prompt stream."""
@@ -117,8 +153,9 @@ class RolloutBuffer:
         self._changed()
 
     def set_version(self, version: int) -> None:
+        eta = self.policy.bound()
         with self._cv:
-            self.version = version
+            self.version, self.max_staleness = version, eta
         self._changed()
 
     def fail(self, error: BaseException) -> None:
@@ -157,13 +194,18 @@ class RolloutBuffer:
 
     def stats(self) -> dict:
         with self._cv:
-            return {"buffer_ready": len(self._ready), "buffer_running": self.running,
-                    "groups_accepted": self.accepted, "groups_rejected": self.rejected}
+            counters = {"buffer_ready": len(self._ready), "buffer_running": self.running,
+                        "groups_accepted": self.accepted, "groups_rejected": self.rejected}
+        return {**counters, "max_staleness": self.max_staleness}
 
     # ---- internals (hold the lock) -----------------------------------------------------------------------
-    def _capacity(self) -> int:
-        return capacity(self.max_staleness, self.version, self.batch_size, self.accepted, self.running,
-                        self.max_concurrent)
+    def _capacity(self, eta: int) -> int:
+        return capacity(eta, self.version, self.batch_size, self.accepted, self.running, self.max_concurrent)
+
+    def _gate_opened(self) -> None:
+        if self._closed_since is not None:
+            self._gate_closed_s += time.perf_counter() - self._closed_since
+            self._closed_since = None
 
     def _pick(self) -> list[int] | None:
         candidates = [(t.version, 0, t.seq) for t, _ in self._ready.values()]

@@ -135,7 +135,7 @@ class TrainConfig:
     def validate(self) -> None:
         _positive(self, ["train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens",
                          "total_train_steps", "rollout.max_slots", "rollout.threads", "valid_dataset.size"])
-        _non_negative(self, ["rollout.max_head_offpolicyness", "rollout.max_concurrent_rollouts",
+        _non_negative(self, ["rollout.max_concurrent_rollouts",
                              "max_train_time_s", "evaluator.freq_steps", "saver.freq_steps", "gconfig.top_k"])
         if self.gconfig.temperature <= 0:
             raise ConfigError("gconfig.temperature must be > 0 (training log-probs are divided by it)")
@@ -161,7 +161,7 @@ class TrainConfig:
         if self.gconfig.n_samples > self.rollout.max_slots:
             raise ConfigError(f"gconfig.n_samples ({self.gconfig.n_samples}) exceeds rollout.max_slots "
                               f"({self.rollout.max_slots}): one group must fit in the engine at once")
-        self.actor.validate(max_staleness=self.rollout.max_head_offpolicyness, n_samples=self.gconfig.n_samples,
+        self.actor.validate(max_staleness=self.rollout.staleness_bound, n_samples=self.gconfig.n_samples,
                             max_new_tokens=self.gconfig.max_new_tokens)
         if self.actor.world_size > self.train_dataset.batch_size:
             raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "

@@ -31,6 +31,7 @@ from asyncrl.engine.base import Engine
 from asyncrl.metrics import MetricsLogger, StepMeter
 from asyncrl.publish import Publisher
 from asyncrl.rollout import RolloutRunner
+from asyncrl.staleness import StalenessPolicy
 from asyncrl.timeline import Timeline
 from asyncrl.trainer import Trainer
 from asyncrl.watchdog import Watchdog
@@ -72,6 +73,7 @@ class Parts:
     engine: Engine  # the rollout engine (started)
     publisher: Publisher  # new weights -> the engine
     buffer: RolloutBuffer  # the staleness gate and the finished groups
+    staleness: StalenessPolicy  # η: fixed, or tuned from each step's record
     rollout: RolloutRunner  # admission and one workflow task per group, in the rollout thread
     evaluate: Callable[[int], dict]  # held-out metrics of a version (asyncrl.evaluate.Evaluator)
     checkpoints: Checkpointer
@@ -128,23 +130,26 @@ def _loop(p: Parts) -> dict:
     for step in range(p.start.version, plan.total_steps):
         with tl.span("wait", step) as waited:
             groups = p.buffer.take(plan.batch_timeout_s)  # raises the rollout side's failure at once
-        batch = collate(groups, plan.pad_id)
         with tl.span("train", step):
+            batch = collate(groups, plan.pad_id)
             stats = p.trainer.step(batch, version=step)
         version = step + 1
         with tl.span("sync", step):
             sync_s = p.publisher.publish(p.trainer.state_dict(), version)
         p.buffer.set_version(version)  # the staleness gate opens for B more groups
-        record = p.meter.record(version, groups, batch, stats, sync_s, waited.seconds)
+        with tl.span("log", step):
+            record = p.meter.record(version, groups, batch, stats, sync_s, waited.seconds)
+            p.staleness.observe(record)  # an auto η reads where the step's time went
         final = version == plan.total_steps or plan.out_of_time(p.meter.elapsed())
         if final or plan.evaluate_at(version):
             with tl.span("eval", version):
                 record.update(p.evaluate(version))
-        p.logger.log(record)  # before the checkpoint: a resume cuts the logs back to it, never leaves a hole
+        with tl.span("log", step):
+            p.logger.log(record)  # before the checkpoint: a resume cuts the logs back to it, never leaves a hole
+            p.watchdog.check(record)  # may stop the run: its last version is saved all the same (save_last)
         if final or plan.save_at(version, p.meter.elapsed() - p.meter.last_save):
             with tl.span("save", version):
                 p.save(version)
-        p.watchdog.check(record)
         if final:
             break
     log.info("trained up to version %s in %.0f s", record.get("version"), p.meter.elapsed())

@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from asyncrl.report.account import SIDES, key
 from asyncrl.types import Batch
 
 log = logging.getLogger(__name__)
@@ -86,14 +87,16 @@ def source_stats(groups: list, source_of: Callable[[object], str | None], source
 
 
 class StepMeter:
-    """Builds each step's record: the batch's statistics, the trainer's, rates over the step's wall time
-    (generation from the engine's counters) and the counters of the other parts (callables returning dicts,
-    read once per step). With ``source_of`` (a training mixture's item id -> source name), the record has the
-    batch's ``samples/NAME`` and ``reward_mean/NAME`` too (:func:`source_stats`)."""
+    """Builds each step's record: the batch's statistics, the trainer's, rates and the time account of the
+    step's window (from the previous record to this one; ``asyncrl.report.account`` names the phases) read from
+    ``account`` (the timeline's running totals), and the counters of the other parts (callables returning dicts,
+    read once per step; their accounting seconds, cumulative there, become the window's). With ``source_of`` (a
+    training mixture's item id -> source name), the record has the batch's ``samples/NAME`` and
+    ``reward_mean/NAME`` too (:func:`source_stats`)."""
 
-    def __init__(self, engine_stats: Callable, counters: list[Callable[[], dict]],
+    def __init__(self, account: Callable[[], dict], counters: list[Callable[[], dict]],
                  source_of: Callable[[object], str | None] | None = None):
-        self.engine_stats, self.counters, self.source_of = engine_stats, counters, source_of
+        self.account, self.counters, self.source_of = account, counters, source_of
         self.last_save = 0.0  # elapsed time of the last checkpoint
         self.start()
 
@@ -102,30 +105,61 @@ class StepMeter:
         self.last = time.perf_counter()
         self.t_start = self.last - elapsed_s
         self.last_save = elapsed_s  # a resumed run was saved when it stopped
-        self.last_engine = self.engine_stats()
+        self.last_account = self.account()
+        self.last_counters: dict = {}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t_start
 
     def record(self, version: int, groups: list, batch: Batch, train: dict, sync_s: float, wait_s: float) -> dict:
-        now, engine = time.perf_counter(), self.engine_stats()
+        acc = self.account()
+        now = time.perf_counter()
         dt = max(now - self.last, 1e-9)
+
+        def delta(key: str) -> float:
+            return acc.get(key, 0) - self.last_account.get(key, 0)
+
         record = {
             "step": version, "version": version, **batch_stats(batch, version - 1),
-            "gen_tokens_per_s": (engine.generated_tokens - self.last_engine.generated_tokens) / dt,
-            "gen_busy_frac": (engine.busy_s - self.last_engine.busy_s) / dt,
+            "gen_tokens_per_s": delta("generated_tokens") / dt, "gen_busy_frac": delta("busy_s") / dt,
             "train_tokens_per_s": train["train_tokens"] / max(train["train_time_s"], 1e-9),
             "trainer_wait_s": wait_s, "weight_sync_s": sync_s, "step_time_s": dt, "elapsed_s": now - self.t_start,
-            "interruptions": engine.interruptions,
+            "interruptions": acc.get("interruptions", 0), "gate_closed_s": delta("gate_closed_s"),
         }
+        record.update(time_account(dt, delta, train))
         if self.source_of is not None:
             record.update(source_stats(groups, self.source_of, getattr(self.source_of, "names", ())))
-        for counters in self.counters:
-            record.update(counters())
+        counters: dict = {}
+        for read in self.counters:
+            counters.update(read())
+        for k, v in counters.items():  # the accounting seconds of the window; every other counter as it is
+            record[k] = v - self.last_counters.get(k, 0.0) if k in ACCOUNTED else v
         record.update(train)
         record["trained_items"] = [item for g in groups for item in [g.item_id] * len(g.trajectories)]
-        self.last, self.last_engine = now, engine
+        self.last, self.last_account, self.last_counters = now, acc, counters
         return record
+
+
+ACCOUNTED = {key(side, phase) for side in ("episode", "reward") for phase in SIDES[side]}
+"""Counters the parts report cumulatively that the record holds per step."""
+
+
+def time_account(dt: float, delta: Callable[[str], float], train: dict) -> dict:
+    """The trainer's and the generator's phases over a window of ``dt`` seconds: ``delta(name)`` is how much a
+    running total of the timeline (``Timeline.account``) grew in it, ``train`` the trainer's statistics of the
+    step in it. The trainer's ``other`` is measured (its bookkeeping spans); the generator's is what its counters
+    did not claim (the engine loop's own overhead). What the trainer's phases leave of ``dt`` is time between
+    spans, which the account checks stays small."""
+    measured = {k: train.get(f"train_{k}_s", 0.0) for k in ("recompute", "fwd_bwd", "optim")}
+    trainer = {"wait": delta("span_wait_s"), **measured, "sync": delta("span_sync_s"), "eval": delta("span_eval_s"),
+               "save": delta("span_save_s"),  # other: the rest of the train span (advantages, collation) and logs
+               "other": max(0.0, delta("span_train_s") - sum(measured.values())) + delta("span_log_s")}
+    idle = delta("idle_s")
+    gate = min(max(0.0, delta("idle_gate_s")), max(0.0, idle))
+    gen = {"decode": delta("decode_s"), "prefill": delta("prefill_s"), "reprefill": delta("reprefill_s"),
+           "paused": delta("paused_s"), "idle_gate": gate, "idle_nowork": max(0.0, idle - gate)}
+    gen["other"] = max(0.0, dt - sum(gen.values()))
+    return {**{key("trainer", k): v for k, v in trainer.items()}, **{key("gen", k): v for k, v in gen.items()}}
 
 
 # ---- sinks -----------------------------------------------------------------------------------------------

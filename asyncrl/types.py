@@ -55,6 +55,7 @@ class Completion:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str  # "stop" | "length" | "abort"
+    queued_s: float = 0.0  # how long the request waited for a free slot before its prefill (0 where unknown)
 
 
 @dataclass

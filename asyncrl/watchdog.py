@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from asyncrl.configlib import ConfigError
+from asyncrl.report.verdict import WINDOW, diagnose
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,12 @@ class WatchdogConfig:
     max_nonfinite_steps: int = 3
     """Stop when this many steps in a row had a non-finite loss or gradient norm (each such step is skipped
     and counted in nonfinite_skipped); 0 = never stop."""
+    verdict_steps: int = 10
+    """Read the run's verdict (bottleneck and learning health, docs/report.md) every this many steps and warn
+    once about a finding seen at two checks in a row; 0 = never (the verdict still ends the run's output)."""
 
     def validate(self) -> None:
-        for key in ("no_signal_steps", "reward_failure_steps", "max_nonfinite_steps"):
+        for key in ("no_signal_steps", "reward_failure_steps", "max_nonfinite_steps", "verdict_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"watchdog.{key} must be >= 0, got {getattr(self, key)}")
         if self.reward_failure_action not in REWARD_FAILURE_ACTIONS:
@@ -51,14 +55,37 @@ class TrainingHalted(RuntimeError):
         self.version = version
 
 
+class LiveVerdict:
+    """The verdict's rules (``asyncrl.report.verdict``) over the last steps, every ``every`` steps; a finding
+    seen at two checks in a row (a condition that persists) is warned about once, with its evidence and the
+    change it suggests."""
+
+    def __init__(self, settings: dict, every: int = 10):
+        self.settings, self.every = settings, every
+        self.records: list[dict] = []
+        self._seen: set[str] = set()  # findings at the previous check
+        self._warned: set[str] = set()
+
+    def check(self, record: dict) -> None:
+        self.records = (self.records + [record])[-WINDOW:]
+        if not self.every or record.get("step", 0) % self.every:
+            return
+        found = {f.name: f for f in diagnose(self.records, self.settings).findings}
+        for name in (found.keys() & self._seen) - self._warned:
+            self._warned.add(name)
+            log.warning("%s (for %d steps now; warned once): %s", name, 2 * self.every, found[name].line())
+        self._seen = set(found)
+
+
 class Watchdog:
     def __init__(self, no_signal_steps: int = 10, reward_failure_steps: int = 5, stop_on_reward_failures: bool = True,
-                 max_nonfinite_steps: int = 3):
+                 max_nonfinite_steps: int = 3, live: LiveVerdict | None = None):
         self.no_signal_steps, self.reward_failure_steps = no_signal_steps, reward_failure_steps
         self.stop_on_reward_failures, self.max_nonfinite_steps = stop_on_reward_failures, max_nonfinite_steps
         self.no_signal = self.reward_failing = self.nonfinite = 0  # steps in a row
         self._warned_no_signal = False
         self._calls = self._failures = 0  # cumulative reward counters at the previous step
+        self.live = live
 
     def check(self, record: dict) -> None:
         """Look at one step's record; warn, or raise ``TrainingHalted``."""
@@ -78,6 +105,8 @@ class Watchdog:
                                  "(watchdog.max_nonfinite_steps); each was stopped at that update, so no NaN reached "
                                  "the weights. Lower actor.lr, check the rewards and actor.behav_imp_weight_cap",
                                  version)
+        if self.live is not None:
+            self.live.check(record)
 
     def _check_rewards(self, record: dict, version: int) -> None:
         calls = record.get("reward_calls", 0)

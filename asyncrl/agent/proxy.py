@@ -88,6 +88,13 @@ class AgentProxy:
         """``/v1/chat/completions``: ``messages`` (+ ``tools``, ``tool_choice``, ``n``, ``stop``, ``max_tokens`` /
         ``max_completion_tokens``, ``logprobs``); the reply's tool calls parsed for the agent."""
         episode = self.episode(key)
+        t0 = time.perf_counter()
+        try:
+            return await self._answer_chat(episode, body)
+        finally:
+            episode.handler_s += time.perf_counter() - t0
+
+    async def _answer_chat(self, episode: Episode, body: dict) -> dict:
         messages, tools = _messages(body), _list(body, "tools")
         fingerprint = canonical(["chat", messages, tools, body.get("tool_choice"), body.get("n"), body.get("stop"),
                                  _max_tokens(body), bool(body.get("logprobs"))])
@@ -105,6 +112,13 @@ class AgentProxy:
     async def complete(self, key: str | None, body: dict) -> dict:
         """``/v1/completions``: ``prompt`` (text or token ids) continued as it is, no chat template."""
         episode = self.episode(key)
+        t0 = time.perf_counter()
+        try:
+            return await self._answer_completion(episode, body)
+        finally:
+            episode.handler_s += time.perf_counter() - t0
+
+    async def _answer_completion(self, episode: Episode, body: dict) -> dict:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             _check_chars(len(prompt), "prompt")
@@ -171,6 +185,7 @@ class AgentProxy:
         t0 = time.perf_counter()
         completions = await self.engine.generate(prompt_ids, dataclasses.replace(params, n=n))
         episode.llm_s += time.perf_counter() - t0
+        episode.llm_queue_s += max(c.queued_s for c in completions)
         for c in completions:
             call = Call(f"chatcmpl-{uuid.uuid4().hex}", messages, tools_key, list(prompt_ids), parent, bridge,
                         c.output_ids, c.logprobs, c.versions, c.finish_reason)

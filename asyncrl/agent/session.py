@@ -62,7 +62,9 @@ class Episode:
         self.calls: list[Call] = []
         self.history_edits = 0  # calls that could not continue an earlier one
         self.retries = 0  # repeated requests answered from an earlier call
-        self.llm_s = 0.0  # time spent waiting for the engine
+        self.llm_s = 0.0  # time in the engine's generate (queued + generating)
+        self.llm_queue_s = 0.0  # of which its requests waited for a free slot
+        self.handler_s = 0.0  # time in the proxy's endpoints (the engine's time included)
         self._requests: dict[str, asyncio.Future] = {}  # request fingerprint -> the response (retries)
 
     def plan(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int | None, int]:

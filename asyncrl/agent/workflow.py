@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import logging
 import numbers
 import time
@@ -21,6 +22,7 @@ from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy, check_bind
 from asyncrl.configlib import ConfigError
 from asyncrl.plugins import load_object
+from asyncrl.report.account import EPISODES as EPISODE_PHASES
 from asyncrl.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,8 @@ class AgentWorkflow:
                 raise ValueError("agent.client=openai needs the proxy on HTTP, and no server was given (serve=None)")
             self._serve(serve, context.tokenizer, stop_token_id, proxy_host, proxy_port, admin_key)
         self.episodes = self.failures = self.history_edits = self.retries = 0
-        self.tool_s = 0.0  # time episodes spent outside LLM calls (tools, the agent's own code)
+        self.time = dict.fromkeys(EPISODE_PHASES, 0.0)  # episode-seconds per phase (asyncrl.report.account)
+        self._client_s: dict[str, float] = {}  # per episode key: time its HTTP calls took, seen by the client
         self._logged: set[str] = set()
 
     def _serve(self, serve, tokenizer, stop_token_id: int, host: str, port: int, admin_key: str) -> None:
@@ -156,7 +159,7 @@ class AgentWorkflow:
             self.episodes += 1
             self.history_edits += episode.history_edits
             self.retries += episode.retries
-            self.tool_s += max(0.0, time.perf_counter() - t0 - episode.llm_s)
+            self._account(time.perf_counter() - t0, episode, self._client_s.pop(key, episode.handler_s))
 
     def evaluate(self, engine, items: list[dict], tokenizer, params, success_threshold: float = 1.0) -> dict:
         """One episode per held-out item on ``engine`` with ``params`` (greedy by default), run from the calling
@@ -193,9 +196,11 @@ class AgentWorkflow:
     def _client(self, key: str):
         if not self.use_http:
             return InProcessClient(self.proxy, key)
-        from openai import AsyncOpenAI
+        return _timed_openai()(base_url=self.server.url + "/v1", api_key=key, http_client=self.http, max_retries=2,
+                               on_call=lambda seconds: self._add_client_time(key, seconds))
 
-        return AsyncOpenAI(base_url=self.server.url + "/v1", api_key=key, http_client=self.http, max_retries=2)
+    def _add_client_time(self, key: str, seconds: float) -> None:
+        self._client_s[key] = self._client_s.get(key, 0.0) + seconds
 
     def _failed(self, item: dict, error: Exception) -> None:
         self.failures += 1
@@ -205,14 +210,64 @@ class AgentWorkflow:
             log.warning("an episode of item %s failed; it is dropped and counted in agent_episode_failures "
                         "(logged once per kind of error)", item.get("id"), exc_info=error)
 
+    def _account(self, wall_s: float, episode, client_s: float) -> None:
+        """An episode's time: in the engine (queued, generating), in the proxy's own work, between the client and
+        the proxy (HTTP; 0 in process), and the rest (its tools and code). ``client_s`` is how long its calls
+        took as the client saw them."""
+        client_s = max(client_s, episode.handler_s)
+        self.time["llm_queue"] += episode.llm_queue_s
+        self.time["llm_gen"] += max(0.0, episode.llm_s - episode.llm_queue_s)
+        self.time["proxy"] += max(0.0, episode.handler_s - episode.llm_s)
+        self.time["http"] += client_s - episode.handler_s
+        self.time["tool"] += max(0.0, wall_s - client_s)
+
     def stats(self) -> dict:
         return {"agent_episodes": self.episodes, "agent_episode_failures": self.failures,
                 "agent_calls": self.proxy.calls, "agent_tool_parse_errors": self.proxy.tool_parse_errors,
-                "agent_history_edits": self.history_edits, "agent_retries": self.retries, "agent_tool_s": self.tool_s}
+                "agent_history_edits": self.history_edits, "agent_retries": self.retries,
+                "agent_tool_s": self.time["tool"], **{f"episode_{k}_s": v for k, v in self.time.items()}}
 
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+
+
+@functools.cache
+def _timed_openai():
+    """``openai.AsyncOpenAI`` that reports how long each chat or text completion took as the agent saw it (the
+    client library's own work, HTTP and the proxy included): an episode's time outside them is its own (its
+    tools and code)."""
+    from openai import AsyncOpenAI
+
+    class TimedOpenAI(AsyncOpenAI):
+        def __init__(self, *args, on_call, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._on_call = on_call
+
+        @functools.cached_property
+        def chat(self):
+            chat = super().chat
+            chat.completions.create = self._timed(chat.completions.create)
+            return chat
+
+        @functools.cached_property
+        def completions(self):
+            completions = super().completions
+            completions.create = self._timed(completions.create)
+            return completions
+
+        def _timed(self, create):
+            @functools.wraps(create)
+            async def timed(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return await create(*args, **kwargs)
+                finally:
+                    self._on_call(time.perf_counter() - t0)
+
+            return timed
+
+    return TimedOpenAI
 
 
 def _has_openai() -> bool:

@@ -40,11 +40,28 @@ class Lifecycle(Protocol):
 
 @dataclass(frozen=True)
 class EngineStats:
-    """An engine's cumulative counters, read together as one snapshot."""
+    """An engine's cumulative counters, read together as one snapshot. Its time splits into generating
+    (``busy_s`` = ``prefill_s`` + ``decode_s`` + ``reprefill_s``), held for a weight update (``paused_s``),
+    waiting for work (``idle_s``), and the loop's own overhead (the rest). Remote engines see requests, not
+    the servers' steps: their generating time is all ``decode_s``."""
 
     generated_tokens: int = 0
     busy_s: float = 0.0  # time spent generating
     interruptions: int = 0  # weight updates (or aborts) that hit in-flight requests
+    prefill_s: float = 0.0  # admitting requests: their prompts' forward pass and first token
+    decode_s: float = 0.0  # one token for every running sequence
+    reprefill_s: float = 0.0  # recomputing running sequences' KV caches under new weights
+    paused_s: float = 0.0  # held: paused, or installing new weights
+    idle_s: float = 0.0  # no request to serve
+
+    def plus(self, **deltas) -> "EngineStats":
+        """These counters with ``deltas`` added (``busy_s`` follows the three phases it is made of)."""
+        unknown = set(deltas) - {f.name for f in dataclasses.fields(self)} - {"busy_s"}
+        if unknown or "busy_s" in deltas:
+            raise TypeError(f"not EngineStats phases: {sorted(unknown | ({'busy_s'} & set(deltas)))}")
+        busy = sum(deltas.get(k, 0.0) for k in ("prefill_s", "decode_s", "reprefill_s"))
+        return EngineStats(**{f.name: getattr(self, f.name) + deltas.get(f.name, 0) for f in dataclasses.fields(self)
+                              if f.name != "busy_s"}, busy_s=self.busy_s + busy)
 
 
 @runtime_checkable
@@ -57,7 +74,7 @@ class Metered(Protocol):
 def join(done: Completion, more: Completion) -> Completion:
     """A sample continued after an interruption: the tokens so far, then the new chunk."""
     return Completion(done.prompt_ids, done.output_ids + more.output_ids, done.logprobs + more.logprobs,
-                      done.versions + more.versions, more.finish_reason)
+                      done.versions + more.versions, more.finish_reason, done.queued_s + more.queued_s)
 
 
 MAX_EMPTY_RESUMES = 100

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 
 @dataclass
 class RolloutConfig:
-    max_head_offpolicyness: int = 2
+    max_head_offpolicyness: int | str = 2
     """η, the max staleness in versions: prompts are admitted while accepted + running < (η + v + 1)·B.
-    0 is synchronous RL."""
+    0 is synchronous RL. 'auto': η tuned online to the smallest value that keeps the trainer from waiting,
+    at most rollout.max_staleness_limit (asyncrl/staleness.py; docs/report.md)."""
+    max_staleness_limit: int = 8
+    """With max_head_offpolicyness=auto: the largest η it may choose."""
     max_concurrent_rollouts: int = 0
     """Cap on groups generating at once (0 = no cap beyond the staleness gate)."""
     backend: str = "local"
@@ -78,6 +81,11 @@ class RolloutConfig:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"rollout.{key} must be one of {list(allowed)}, got '{getattr(self, key)}'")
 
+        eta = self.max_head_offpolicyness
+        if eta != "auto" and (isinstance(eta, str) or eta < 0):
+            raise ConfigError(f"rollout.max_head_offpolicyness must be >= 0 (an integer) or 'auto', got {eta!r}")
+        if self.max_staleness_limit < 0:
+            raise ConfigError(f"rollout.max_staleness_limit must be >= 0, got {self.max_staleness_limit}")
         if self.max_context < 0:
             raise ConfigError(f"rollout.max_context must be 0 (the default) or positive, got {self.max_context}")
         from asyncrl.placement import ROLLOUT_KINDS, PlacementError, parse
@@ -134,6 +142,12 @@ class RolloutConfig:
         """The servers' HTTP dialect: asyncrl serve and SGLang speak SGLang's, vLLM its own; remote: server_api."""
         kind = self.placement.kind
         return self.server_api if kind == "remote" else "vllm" if kind == "vllm" else "sglang"
+
+    @property
+    def staleness_bound(self) -> int:
+        """The largest η the run may admit under: the fixed η, or the limit of 'auto'."""
+        eta = self.max_head_offpolicyness
+        return self.max_staleness_limit if eta == "auto" else eta
 
     @property
     def resolved_transport(self) -> str:

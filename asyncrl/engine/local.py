@@ -89,6 +89,7 @@ class LocalEngine:
         self._update_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()  # replaced whole under _stats_lock, so a reader gets one snapshot
+        self._waiting_since: tuple[float, str] | None = None  # (since, "idle_s" | "paused_s") while the loop waits
         self._stats_lock = threading.Lock()
 
     # ---- public API ----------------------------------------------------------------------------------
@@ -226,12 +227,15 @@ class LocalEngine:
 
     def stats(self) -> EngineStats:
         with self._stats_lock:
-            return self._stats
+            if self._waiting_since is None:
+                return self._stats
+            t0, kind = self._waiting_since
+            return self._stats.plus(**{kind: time.perf_counter() - t0})
 
-    def _count(self, tokens: int = 0, busy_s: float = 0.0, interruptions: int = 0) -> None:
+    def _count(self, **deltas) -> None:
+        """Add ``deltas`` to the counters (``EngineStats`` field names)."""
         with self._stats_lock:
-            s = self._stats
-            self._stats = EngineStats(s.generated_tokens + tokens, s.busy_s + busy_s, s.interruptions + interruptions)
+            self._stats = self._stats.plus(**deltas)
 
     @property
     def n_running(self) -> int:
@@ -253,12 +257,20 @@ class LocalEngine:
             self._run_loop()
 
     def _run_loop(self) -> None:
+        """Wait for work, then apply a weight update or an abort, or take one step. Every moment is counted:
+        waiting (for the lock too) as idle or paused, and the rest of an iteration as the phase it did."""
         while True:
+            with self._stats_lock:  # the wait counts as it goes: stats() adds the part so far
+                self._waiting_since = (time.perf_counter(), "paused_s" if self._paused else "idle_s")
             with self._cv:
                 while not (self._stopped or self._update or self._abort) and (
                     self._paused or not (self._waiting or self._active)
                 ):
                     self._cv.wait()
+                with self._stats_lock:
+                    (t0, kind), self._waiting_since = self._waiting_since, None
+                    self._stats = self._stats.plus(**{kind: time.perf_counter() - t0})
+                    t0, before = time.perf_counter(), self._stats
                 if self._stopped:
                     return
                 # drain (non-interruptible generation, for ablations): a pending update waits until every
@@ -283,6 +295,11 @@ class LocalEngine:
                     self.step(admit=not draining)
             except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the engine
                 self._fail_all(e)
+            with self._stats_lock:  # the iteration's own overhead (locks, inference mode) is its phase's
+                done = self._stats
+                counted = sum(getattr(done, k) - getattr(before, k) for k in ("busy_s", "paused_s"))
+                rest = max(0.0, time.perf_counter() - t0 - counted)
+                self._stats = done.plus(**{"decode_s" if pending is None and not abort else "paused_s": rest})
 
     def run_until_idle(self) -> None:
         """Run the loop in the calling thread until no request is waiting or running."""
@@ -299,6 +316,7 @@ class LocalEngine:
         t0 = time.perf_counter()
         if admit:
             self._admit()
+        t1 = time.perf_counter()
         if self._active:
             seqs, cpu = self._active, CPU  # token ids and positions on the host (the decoder moves them)
             tokens = torch.tensor([s.tokens[-1] for s in seqs], device=cpu)[:, None]
@@ -308,7 +326,7 @@ class LocalEngine:
                 self._rows = RowParams.of([s.req.params for s in seqs], self.device)
             self._sample_into(seqs, logits, self._rows)
             self._retire()
-        self._count(busy_s=time.perf_counter() - t0)
+        self._count(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
 
     def _admit(self) -> None:
         new: list[Request] = []
@@ -317,6 +335,7 @@ class LocalEngine:
             while self._waiting and self._waiting[0].params.n <= free:
                 req = self._waiting.popleft()
                 free -= req.params.n
+                req.queued_s = time.perf_counter() - req.submitted
                 new.append(req)
         if not new:
             return
@@ -359,7 +378,7 @@ class LocalEngine:
             s.output_ids.append(t)
             s.logprobs.append(lp)
             s.versions.append(version)
-        self._count(tokens=len(seqs))
+        self._count(generated_tokens=len(seqs))
 
     def _uniforms(self, seqs: list[SampleState], rows: RowParams) -> torch.Tensor | None:
         """Counter-based draws when some request has a seed (``SamplingParams.seed``): a seeded sample's draw
@@ -398,14 +417,16 @@ class LocalEngine:
         self._active.pop()
         self._rows = None
         req = s.req
-        req.done.append((s.index, Completion(req.prompt_ids, s.output_ids, s.logprobs, s.versions, reason)))
+        req.done.append((s.index, Completion(req.prompt_ids, s.output_ids, s.logprobs, s.versions, reason, req.queued_s)))
         if len(req.done) == req.params.n and not req.future.done():
             req.future.set_result([c for _, c in sorted(req.done, key=lambda d: d[0])])
 
     def _install(self, version: int, weights: Weights) -> None:
+        t0 = time.perf_counter()
         self._check_version(version)  # again at the swap: an update that timed out may have landed since
         self.decoder.install(weights)
         self._version = version
+        self._count(paused_s=time.perf_counter() - t0)
 
     @torch.inference_mode()
     def _interrupt_running(self) -> None:
@@ -428,7 +449,7 @@ class LocalEngine:
             for i, s in enumerate(chunk):
                 tokens[i, : s.cached] = torch.tensor(s.tokens[:-1], device=cpu)
             self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long, device=cpu), lengths)
-        self._count(busy_s=time.perf_counter() - t0)
+        self._count(reprefill_s=time.perf_counter() - t0)
 
     def _abort_running(self) -> None:
         with self._on_stream():  # finishing compacts the slots (cache copies)

@@ -131,6 +131,8 @@ class RemoteEngine:
         self.failovers = 0  # chunks retried after a failure (on another server when there is one)
         self._in_flight = 0
         self._busy_since = 0.0
+        self.paused_s, self._paused_since = 0.0, 0.0  # inside weight updates
+        self._started_at = 0.0
 
     # ---- the engine Protocol ---------------------------------------------------------------------------------
     @property
@@ -156,6 +158,7 @@ class RemoteEngine:
             wait_healthy(s.url, self.startup_timeout_s)
         self._call_all(self.live_addrs(), self.api.set_version(self._version), self.startup_timeout_s,
                        f"setting version {self._version}")
+        self._started_at = time.monotonic()
         return self
 
     def stop(self) -> None:
@@ -169,9 +172,15 @@ class RemoteEngine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> EngineStats:
+        """The counters as seen from the client: generating is time with a request outstanding (all of it
+        ``decode_s``), paused is time inside a weight update, idle the rest since ``start``."""
         with self._lock:
-            busy = self.busy_s + (time.monotonic() - self._busy_since if self._in_flight else 0.0)
-            return EngineStats(self.generated_tokens, busy, self.interruptions)
+            now = time.monotonic()
+            busy = self.busy_s + (now - self._busy_since if self._in_flight else 0.0)
+            paused = self.paused_s + (now - self._paused_since if self._paused_since else 0.0)
+            idle = max(0.0, (now - self._started_at if self._started_at else 0.0) - busy - paused)
+            return EngineStats(self.generated_tokens, busy, self.interruptions, decode_s=busy, paused_s=paused,
+                               idle_s=idle)
 
     def pause(self) -> None:
         """Hold new chunks here and running requests at a token boundary on the servers."""
@@ -215,6 +224,8 @@ class RemoteEngine:
         if not addrs:
             raise WeightSyncError(f"no live server to update to version {version}")
         abort = self.interrupt_mode == "abort"
+        with self._lock:
+            self._paused_since = time.monotonic()
         try:
             if abort:
                 self._gate.close()
@@ -224,12 +235,20 @@ class RemoteEngine:
         except BaseException as e:
             self._failed_update = f"weight update to version {version} failed: {type(e).__name__}: {e}"
             self._gate.open()  # waiting requests see the failure instead of hanging
+            self._end_pause()
             raise
         self._version = version
+        self._end_pause()
         if abort:
             self._call_all(self.live_addrs(), self.api.resume(), timeout, f"resuming after version {version}",
                            survive=version)
             self._gate.open()
+
+    def _end_pause(self) -> None:
+        with self._lock:
+            if self._paused_since:
+                self.paused_s += time.monotonic() - self._paused_since
+                self._paused_since = 0.0
 
     def _retire_unreachable(self, version: int) -> None:
         """Before an update: a server that does not answer ``/health`` now is retired for good (it would miss

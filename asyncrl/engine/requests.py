@@ -4,6 +4,7 @@ boundary), the checks a request must pass, and the engine's constants."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -36,6 +37,8 @@ class Request:
     params: SamplingParams
     future: Future
     done: list = field(default_factory=list)
+    submitted: float = field(default_factory=time.perf_counter)
+    queued_s: float = 0.0  # from submission to admission
 
 
 @dataclass

@@ -45,10 +45,11 @@ from asyncrl.metrics import Console, MetricsLogger, StepMeter
 from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
 from asyncrl.reward import build_reward_service
 from asyncrl.rollout import RolloutRunner
+from asyncrl.staleness import AutoStaleness, FixedStaleness
 from asyncrl.timeline import Timeline
 from asyncrl.trainer import build_trainer
 from asyncrl.types import SamplingParams
-from asyncrl.watchdog import Watchdog
+from asyncrl.watchdog import LiveVerdict, Watchdog
 from asyncrl.workflow import Closable, Counted, Evaluating, Workflow, WorkflowContext, build_workflow
 
 log = logging.getLogger(__name__)
@@ -187,8 +188,10 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         stack.callback(workflow.close)
 
     run_dir = _run_dir(cfg, start)
-    max_staleness, batch_size = cfg.rollout.max_head_offpolicyness, cfg.train_dataset.batch_size
-    buffer = RolloutBuffer(batch_size, max_staleness, cfg.rollout.max_concurrent_rollouts)
+    max_staleness, batch_size = cfg.rollout.staleness_bound, cfg.train_dataset.batch_size
+    policy = (AutoStaleness(cfg.rollout.max_staleness_limit) if cfg.rollout.max_head_offpolicyness == "auto"
+              else FixedStaleness(max_staleness))
+    buffer = RolloutBuffer(batch_size, policy, cfg.rollout.max_concurrent_rollouts)
     # a resumed run: the groups that were ready, then the items that were in flight, then the stream goes on
     buffer.restore(start.version, start.ready, start.accepted, start.rejected, start.drawn - len(start.inflight))
     items = itertools.chain(start.inflight, itertools.islice(data.train, start.drawn, None))
@@ -202,7 +205,8 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
                            run_name=f"{cfg.experiment_name}/{cfg.trial_name}", config=configlib.to_dict(cfg),
                            console=Console(cfg.progress_bar, cfg.total_train_steps))
     stack.callback(logger.close)
-    timeline = Timeline(run_dir / "timeline.jsonl", engine.stats, start_s=start.timeline_s)
+    timeline = Timeline(run_dir / "timeline.jsonl", engine.stats, start_s=start.timeline_s,
+                        gate_closed_s=buffer.gate_closed_s)
     stack.callback(timeline.close)
     w = cfg.watchdog
     return Parts(
@@ -210,15 +214,21 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         plan=LoopPlan(cfg.total_train_steps, cfg.max_train_time_s, cfg.rollout.batch_timeout_s,
                       cfg.evaluator.freq_steps, cfg.saver.freq_steps, cfg.saver.freq_seconds,
                       cfg.saver.on_error == "stop", tokenizer.pad_token_id),
-        start=start,
+        start=start, staleness=policy,
         trainer=trainer, engine=engine, publisher=publisher, buffer=buffer, rollout=rollout,
         evaluate=_evaluator(cfg, workflow, eval_engine, trainer, tokenizer, data.valid, reward, shape),
         checkpoints=Checkpointer(run_dir, trainer, tokenizer, cfg.saver.keep_last), logger=logger, timeline=timeline,
-        meter=StepMeter(engine.stats, [rollout.stats, reward.stats, buffer.stats, data.stats,
+        meter=StepMeter(timeline.account, [rollout.stats, reward.stats, buffer.stats, data.stats,
                                        *([workflow.stats] if isinstance(workflow, Counted) else [])]),
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
-                          w.max_nonfinite_steps),
+                          w.max_nonfinite_steps, LiveVerdict(verdict_settings(cfg), w.verdict_steps)),
     )
+
+
+def verdict_settings(cfg: TrainConfig) -> dict:
+    """What the verdict's rules know of the configuration."""
+    return {"eta": cfg.rollout.max_head_offpolicyness, "n_samples": cfg.gconfig.n_samples,
+            "max_new_tokens": cfg.gconfig.max_new_tokens, "workers": cfg.reward.workers}
 
 
 def _paths(cfg: TrainConfig, resume: Path | None) -> tuple[str | None, str]:

@@ -60,6 +60,8 @@ def train(cfg: TrainConfig) -> dict:
             ranks.close()
         if cfg.report and run_dir is not None:
             _write_report(run_dir)
+        if run_dir is not None:
+            _say_verdict(run_dir)
 
 
 def _resume_point(cfg: TrainConfig) -> Path | None:
@@ -94,6 +96,17 @@ def _trainer_ranks(cfg: TrainConfig, resume: Path | None):
                           if cfg.cluster.resolved_device() == "cuda" else "cpu")
     timeout = cfg.rollout.batch_timeout_s + 600  # a rank waits for rank 0's next batch at most this long
     return parallel.from_env(cfg.actor.parallel_mode, device, timeout), ranks
+
+
+def _say_verdict(run_dir: Path) -> None:
+    """The verdict's few lines end the run's output (``asyncrl diagnose RUN_DIR`` prints them again)."""
+    from asyncrl.report.diagnose import diagnose_dir
+
+    try:
+        for line in diagnose_dir(run_dir).lines():
+            log.info("verdict: %s", line)
+    except Exception as e:  # noqa: BLE001 - a run never fails for its verdict
+        log.warning("no verdict: %s", e)
 
 
 def _write_report(run_dir: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 from asyncrl.report.plots import Figure, render_figures
 from asyncrl.report.reader import Run, finite, load_run
 from asyncrl.report.summary import RunSummary, summarize
+from asyncrl.report.verdict import diagnose
+from asyncrl.report.diagnose import run_settings
 
 REPORT_FILE = "report.html"
 PLOTS_DIR = "plots"
@@ -35,6 +37,7 @@ table.summary td { padding: 3px 14px 3px 0; border-bottom: 1px solid #eee; }
 table.summary td:first-child { color: #555; }
 img.plot { max-width: 100%; border: 1px solid #ddd; }
 p.caption { color: #555; font-size: 13px; margin: 4px 0 0; }
+ul.verdict { font-size: 14px; } ul.verdict li:nth-child(2) { font-weight: 600; }
 pre { background: #f6f6f6; padding: 10px; font-size: 12px; overflow-x: auto; }
 """
 
@@ -60,6 +63,7 @@ def render_html(run: Run, summary: RunSummary, figures: list[Figure]) -> str:
         f"<title>{title}</title><style>{STYLE}</style><script>{CHECK_SCRIPT}</script></head><body>",
         f"<h1>{title}</h1>",
         f'<div class="sub">{html.escape(_headline(run))}</div>',
+        "<h2>Verdict</h2>", _verdict(run),
         "<h2>Summary</h2>", _summary_table(summary),
     ]
     for fig in figures:
@@ -72,6 +76,12 @@ def render_html(run: Run, summary: RunSummary, figures: list[Figure]) -> str:
     parts += ["<h2>Configuration</h2>",
               f"<details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>", "</body></html>"]
     return "\n".join(parts)
+
+
+def _verdict(run: Run) -> str:
+    """Where the time went, the bottleneck and the other findings (docs/report.md explains each rule)."""
+    lines = diagnose(run.records, run_settings(run)).lines()
+    return '<ul class="verdict">' + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>"
 
 
 def _headline(run: Run) -> str:

@@ -63,7 +63,9 @@ def plot_staleness(run: Run, plt) -> bytes:
     fig, (ax, hx) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [2.2, 1]})
     ax.step(*_series(steps, "step", "staleness_max"), where="mid", color="#d62728", label="max")
     ax.plot(*_series(steps, "step", "staleness_mean"), color="#1f77b4", label="mean (tokens)")
-    if max_staleness is not None:
+    if any("max_staleness" in r for r in steps):  # η of each step (an auto η moves)
+        ax.step(*_series(steps, "step", "max_staleness"), where="mid", color="k", ls="--", lw=1, label="η")
+    elif isinstance(max_staleness, int):
         ax.axhline(max_staleness, color="k", ls="--", lw=1, label=f"η = {max_staleness}")
     ax.set_xlabel("training step")
     ax.set_ylabel("staleness (versions)")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SPAN_KINDS = ("wait", "train", "sync", "eval", "save")
+SPAN_KINDS = ("wait", "train", "sync", "eval", "save", "log")
 """What the trainer thread's timeline spans record, in the order the report lists them."""
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 """How ``metrics.jsonl`` spells non-finite numbers (JSON has no literal for them)."""
@@ -90,7 +90,7 @@ def load_run(run_dir: str | Path) -> Run:
     if not (path / "metrics.jsonl").is_file():
         raise ReportError(f"{path} is not a run directory: it has no metrics.jsonl "
                           "(asyncrl train writes outputs/<experiment_name>/<trial_name>/metrics.jsonl)")
-    records = [_decode(r) for r in _read_jsonl(path / "metrics.jsonl")]
+    records = [_decode(r) for r in read_jsonl(path / "metrics.jsonl")]
     if not records:
         raise ReportError(f"{path / 'metrics.jsonl'} holds no records")
     if not all(isinstance(r.get("step", 0), int) for r in records):
@@ -109,7 +109,7 @@ def _decode(record: dict) -> dict:
 
 
 def _read_timeline(run: Run, path: Path) -> None:
-    for rec in _read_jsonl(path):
+    for rec in read_jsonl(path):
         try:
             if rec.get("type") == "span":
                 run.spans.append(Span(rec["kind"], rec["t0"], rec["t1"], rec.get("step", -1)))
@@ -130,7 +130,7 @@ def _read_config(path: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     """The JSON objects of ``path``, one per line; a torn last line (a run killed mid-write) is skipped."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

@@ -16,7 +16,7 @@ class RunSummary:
     """What one run achieved and where its time went (the columns of the benchmark table)."""
 
     name: str
-    max_staleness: int | None
+    max_staleness: int | str | None  # "auto": tuned online (each step's η is in its record)
     steps: int
     wall_s: float  # training wall time: from the end of the step-0 evaluation to the last step
     initial_accuracy: float | None

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from queue import LifoQueue
@@ -117,6 +118,8 @@ class RewardService:
                  workers: int = 0):
         self.fn, self.default, self.timeout_s = fn, default, timeout_s
         self.errors = self.timeouts = self.calls = self.restarts = 0
+        self.queue_s = self.run_s = 0.0  # call-seconds waiting (for the executor, for a worker) and running
+        self._local = threading.local()  # this thread's wait for a worker in its current call
         self._lock = threading.Lock()
         self._logged: set[str] = set()
         self._closed = False
@@ -135,11 +138,19 @@ class RewardService:
         self._facts = dict(describe()) if callable(describe) else {}
 
     # ---- scoring -------------------------------------------------------------------------------------
-    def score(self, item: dict, completion: str) -> float:
-        """The reward, or the default (counted and logged once) when the function fails or times out."""
+    def score(self, item: dict, completion: str, submitted: float | None = None) -> float:
+        """The reward, or the default (counted and logged once) when the function fails or times out.
+        ``submitted`` (``time.perf_counter()``) is when the call was asked for: the time until it starts, and
+        until a worker is free, counts as queued (``reward_queue_s``), the rest as running (``reward_run_s``)."""
+        start = time.perf_counter()
         with self._lock:
             self.calls += 1
         status, value = self._run(item, completion)
+        end = time.perf_counter()
+        with self._lock:
+            waited = self._waited_in_calls()
+            self.queue_s += (start - submitted if submitted is not None else 0.0) + waited
+            self.run_s += end - start - waited
         if status == "ok":
             return value
         if not self._closed:  # a call cut short by close() is not the reward's fault
@@ -147,7 +158,8 @@ class RewardService:
         return self.default
 
     async def ascore(self, item: dict, completion: str) -> float:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.score, item, completion)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.score, item, completion,
+                                                                time.perf_counter())
 
     def eval_fn(self, prompt: str, completion: str, **fields) -> float:
         """A plain reward function that scores through the service (workers, timeout) for held-out
@@ -171,7 +183,9 @@ class RewardService:
             return "error", f"{type(e).__name__}: {e}"
 
     def _score_in_worker(self, item: dict, completion: str) -> tuple[str, object]:
+        t0 = time.perf_counter()
         worker = self._idle.get()  # this thread now owns the worker (or the empty slot)
+        self._local.waited = time.perf_counter() - t0
         try:
             if self._closed:
                 return "error", "the reward service is closed"
@@ -213,10 +227,16 @@ class RewardService:
                         what, item.get("id"), self.default, kind)
 
     # ---- reporting and shutdown ----------------------------------------------------------------------
+    def _waited_in_calls(self) -> float:
+        waited = getattr(self._local, "waited", 0.0)
+        self._local.waited = 0.0
+        return waited
+
     def stats(self) -> dict:
         with self._lock:
             return {"reward_errors": self.errors, "reward_timeouts": self.timeouts, "reward_calls": self.calls,
-                    "reward_worker_restarts": self.restarts, **self._facts}
+                    "reward_worker_restarts": self.restarts, "reward_queue_s": self.queue_s,
+                    "reward_run_s": self.run_s, **self._facts}
 
     def close(self) -> None:
         """Stop every worker and the sandboxes they started; a call in flight returns the default, uncounted.

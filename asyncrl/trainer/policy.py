@@ -132,6 +132,8 @@ class PolicyTrainer:
         self.autocast_dtype = autocast_dtype
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step
+        self.optim_s = 0.0  # time in the optimizer during the current step
+        self._mismatch = [0.0, 0]  # |behaviour - proximal log-prob| summed over tokens of the current version
         self._full: dict[str, torch.Tensor] | None = None  # gathered weights of the last step (FSDP)
 
     @property
@@ -244,19 +246,22 @@ class PolicyTrainer:
         not finite is skipped and ends the step (``nonfinite_skipped`` = 1; the updates of earlier minibatches
         of the step stay applied, and a separate critic skips its update of that minibatch too)."""
         t0 = time.perf_counter()
-        algo, self.skipped_updates = self.algo, 0
+        algo, self.skipped_updates, self.optim_s, self._mismatch = self.algo, 0, 0.0, [0.0, 0]
         need_prox = self.n_minibatches > 1 and not algo.loglinear_prox
         prox = self.logprobs(batch) if need_prox else None
         ref = self.logprobs(batch, self.ref_model) if self.ref_model is not None else None
         values = self.values(batch) if self.value_head is not None else None
+        recompute_s = time.perf_counter() - t0
         advantages, returns, stats = self._advantages(batch, ref, values)
 
         chunks = self._minibatches(batch)
         totals: dict[str, float] = {}
-        lr, done = self._lr(self.base_lr), 0
+        lr, done, minibatches_s = self._lr(self.base_lr), 0, 0.0
         for index, rows in enumerate(chunks):
             if rows or self.dp:  # every rank takes every minibatch's collective steps
+                t1 = time.perf_counter()
                 self._minibatch_step(batch, rows, index, version, advantages, returns, values, prox, ref, totals)
+                minibatches_s += time.perf_counter() - t1
                 done += 1
             if self.skipped_updates:  # the rest of the step would start from the same bad batch: stop here
                 break
@@ -274,6 +279,11 @@ class PolicyTrainer:
         stats["adv_abs_mean"] = float((advantages.abs() * mask).sum() / max(n_tok, 1.0))
         stats["pack_efficiency"] = real / slots if slots else 0.0  # real tokens / positions computed
         stats["train_time_s"] = time.perf_counter() - t0
+        stats["train_recompute_s"] = recompute_s  # the no-grad passes: proximal and reference log-probs, values
+        stats["train_fwd_bwd_s"] = minibatches_s - self.optim_s
+        stats["train_optim_s"] = self.optim_s  # clipping and the optimizer steps
+        if self._mismatch[1]:  # |behaviour - recomputed log-prob| where they should agree (~1e-6 in float32)
+            stats["mismatch_abs_mean"] = self._mismatch[0] / self._mismatch[1]
         stats["train_tokens"] = batch.n_tokens
         stats["nonfinite_skipped"] = self.skipped_updates
         return stats
@@ -387,6 +397,10 @@ class PolicyTrainer:
             prox_mb = loglinear_prox_logprobs(behav, logp, d(batch.versions[ids, :L]), version)
         else:
             prox_mb = logp.detach()  # the first minibatch trains the very weights that are the proximal policy
+        if index == 0:  # tokens of the version being trained: behaviour and proximal policy are the same weights
+            current = (d(batch.versions[ids, :L]) == version) & mask.bool()
+            self._mismatch[0] += float((behav - prox_mb.detach()).abs()[current].sum())
+            self._mismatch[1] += int(current.sum())
         per_token, stats = algo.loss_fn(logprobs=logp, prox_logprobs=prox_mb, behav_logprobs=behav,
                                         advantages=d(advantages[ids, :L]), mask=mask, **algo.loss_options)
         loss = (per_token * mb.weights).sum()
@@ -405,6 +419,13 @@ class PolicyTrainer:
     def _clip_and_step(self, optimizer, params, loss_finite: bool = True) -> float:
         """Clip and apply the gradients; an update whose loss or gradient norm is not finite is skipped
         (counted in ``nonfinite_skipped``), so NaN never reaches the weights or the optimizer state."""
+        t0 = time.perf_counter()
+        try:
+            return self._clip_and_apply(optimizer, params, loss_finite)
+        finally:
+            self.optim_s += time.perf_counter() - t0
+
+    def _clip_and_apply(self, optimizer, params, loss_finite: bool) -> float:
         params = [p for p in params if p.grad is not None]
         if not params and self.dp is None:
             return 0.0

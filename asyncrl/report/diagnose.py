@@ -1,0 +1,54 @@
+"""``asyncrl diagnose RUN_DIR [--json]``: where a run's time went and what to change (``asyncrl.report.verdict``).
+Works on a run still running (it reads what has been written), on a run directory copied from another machine
+(only its files are read), and on an ``asyncrl sft`` output directory (``sft_metrics.jsonl``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from asyncrl.report.reader import ReportError, load_run, read_jsonl
+from asyncrl.report.verdict import Verdict, diagnose, diagnose_sft
+
+PROG = "asyncrl diagnose"
+SFT_METRICS = "sft_metrics.jsonl"
+
+
+def run_settings(run) -> dict:
+    """What the rules need to know of a run's configuration (``config.yaml``)."""
+    return {name: run.setting(key) for name, key in (("eta", "rollout.max_head_offpolicyness"),
+                                                    ("n_samples", "gconfig.n_samples"),
+                                                    ("max_new_tokens", "gconfig.max_new_tokens"),
+                                                    ("workers", "reward.workers")) if run.setting(key) is not None}
+
+
+def diagnose_dir(path: str | Path) -> Verdict:
+    """The verdict on a run directory (``metrics.jsonl``) or an SFT output (``sft_metrics.jsonl``)."""
+    path = Path(path)
+    if (path / SFT_METRICS).is_file() and not (path / "metrics.jsonl").is_file():
+        return diagnose_sft(read_jsonl(path / SFT_METRICS))
+    run = load_run(path)
+    return diagnose(run.records, run_settings(run))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a run directory of asyncrl train (metrics.jsonl) or an asyncrl sft output")
+    parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        verdict = diagnose_dir(args.run_dir)
+    except (ReportError, OSError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(verdict.to_dict()) if args.json else "\n".join(verdict.lines()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,91 @@
+"""η as a policy: the max staleness the gate admits under, fixed or tuned online from the run's accounting
+(``rollout.max_head_offpolicyness``: a number, or ``auto`` with ``rollout.max_staleness_limit``).
+
+The loop hands the policy each step's metrics record (``observe``); the buffer reads ``bound()`` once per
+version, when the version is set, so η is constant while a version admits. Whatever the policy says, the gate
+enforces it: a group admitted at version v is trained by version v + η(v) (``asyncrl.buffer``), so every
+trained token is at most the η of its group's version behind, and never more than the limit.
+
+The control law of ``AutoStaleness`` (docs/report.md): over the last ``window`` steps,
+- the trainer waited for batches (``trainer_wait_s`` over ``step_time_s`` above ``wait_high``) while the gate
+  held work back (``gate_closed_s`` > 0): raise η by one (up to ``limit``) and remember that the lower value
+  made the trainer wait;
+- the trainer did not wait (below ``wait_low``): lower η by one, never to a value at which it waited before;
+- after a change, wait ``window`` steps before the next (the effect of a new η shows only once the groups
+  admitted under it are trained); the first step (it waits for the first batch whatever η is) is not read.
+So η settles at the smallest value that keeps the trainer from waiting; where waiting comes from slow
+generation that a larger η cannot hide (the gate was open), η does not grow.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class StalenessPolicy(Protocol):
+    """What the loop and the buffer ask of a policy."""
+
+    def bound(self) -> int: ...
+
+    def observe(self, record: dict) -> None: ...
+
+
+@dataclass
+class FixedStaleness:
+    """A fixed η."""
+
+    eta: int
+
+    def bound(self) -> int:
+        return self.eta
+
+    def observe(self, record: dict) -> None:
+        pass
+
+
+class AutoStaleness:
+    """η tuned from the accounting of the last ``window`` steps, between 0 and ``limit`` (module docstring)."""
+
+    def __init__(self, limit: int, start: int = 1, window: int = 3, wait_high: float = 0.05, wait_low: float = 0.01):
+        if limit < 0 or window < 1 or not 0 <= wait_low <= wait_high:
+            raise ValueError(f"AutoStaleness needs limit >= 0, window >= 1 and 0 <= wait_low <= wait_high, got "
+                             f"{limit}, {window}, {wait_low}, {wait_high}")
+        self.limit, self.window, self.wait_high, self.wait_low = limit, window, wait_high, wait_low
+        self._eta = min(start, limit)
+        self._floor = 0  # the smallest η not known to make the trainer wait
+        self._recent: list[dict] = []
+        self._hold = window  # steps before the next change is allowed
+        self._lock = threading.Lock()  # bound() is read by the rollout thread
+        self._warm = False
+
+    def bound(self) -> int:
+        with self._lock:
+            return self._eta
+
+    def observe(self, record: dict) -> None:
+        if not self._warm:  # the first step waits for the first batch whatever η is: not a signal
+            self._warm = True
+            return
+        self._recent = (self._recent + [record])[-self.window:]
+        self._hold -= 1
+        if self._hold > 0 or len(self._recent) < self.window:
+            return
+        wall = sum(_num(r, "step_time_s") for r in self._recent)
+        wait = sum(_num(r, "trainer_wait_s") for r in self._recent) / wall if wall > 0 else 0.0
+        gate_closed = sum(_num(r, "gate_closed_s") for r in self._recent)
+        with self._lock:
+            eta = self._eta
+            if wait > self.wait_high and gate_closed > 0 and eta < self.limit:
+                self._floor = max(self._floor, eta + 1)
+                self._eta = eta + 1
+            elif wait < self.wait_low and eta > self._floor:
+                self._eta = eta - 1
+            if self._eta != eta:
+                self._hold = self.window
+
+
+def _num(record: dict, key: str) -> float:
+    value = record.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0

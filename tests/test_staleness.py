@@ -1,0 +1,127 @@
+"""η as a policy (asyncrl/staleness.py): the auto control law, and the gate's guarantee under an η that moves:
+every group is trained at most its version's η behind, never beyond the limit."""
+
+import random
+
+import pytest
+
+from asyncrl import configlib
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import TrainConfig
+from asyncrl.configlib import ConfigError
+from asyncrl.staleness import AutoStaleness, FixedStaleness
+from asyncrl.types import Trajectory, TrajectoryGroup
+
+
+def _record(wait_frac: float, gate_closed_s: float = 1.0, step_s: float = 1.0) -> dict:
+    return {"step_time_s": step_s, "trainer_wait_s": wait_frac * step_s, "gate_closed_s": gate_closed_s}
+
+
+def _auto(**kw) -> AutoStaleness:
+    """An auto policy past its first step (which waits for the first batch whatever η is, and is not read)."""
+    policy = AutoStaleness(**kw)
+    policy.observe(_record(1.0))
+    return policy
+
+
+def test_the_first_step_is_not_read():
+    policy = AutoStaleness(limit=4, start=1, window=1)
+    policy.observe(_record(1.0))
+    assert policy.bound() == 1
+    policy.observe(_record(1.0))
+    assert policy.bound() == 2
+
+
+def test_fixed_is_fixed():
+    policy = FixedStaleness(3)
+    policy.observe(_record(0.9))
+    assert policy.bound() == 3
+
+
+def test_auto_rises_while_the_trainer_waits_behind_a_closed_gate_up_to_the_limit():
+    policy = _auto(limit=4, start=1, window=2)
+    seen = [policy.bound()]
+    for _ in range(20):
+        policy.observe(_record(0.5))
+        seen.append(policy.bound())
+    assert seen[-1] == 4 and max(seen) == 4
+    assert all(b - a in (0, 1) for a, b in zip(seen, seen[1:]))  # one step at a time, held a window after each
+
+
+def test_auto_does_not_rise_when_the_gate_was_open():
+    """The trainer waits, but generation was not held back: a larger η could not help."""
+    policy = _auto(limit=8, start=1, window=2)
+    for _ in range(20):
+        policy.observe(_record(0.5, gate_closed_s=0.0))
+    assert policy.bound() == 1
+
+
+def test_auto_falls_when_the_trainer_never_waits_but_not_back_to_a_value_that_made_it_wait():
+    policy = _auto(limit=8, start=1, window=2)
+    for _ in range(2):  # a window of waiting at η = 1: rises to 2
+        policy.observe(_record(0.5))
+    assert policy.bound() == 2
+    for _ in range(30):  # no more waiting: η stays at 2, the smallest that did not make the trainer wait
+        policy.observe(_record(0.0))
+    assert policy.bound() == 2
+    high = _auto(limit=8, start=5, window=1)
+    seen = []
+    for _ in range(10):
+        high.observe(_record(0.0))
+        seen.append(high.bound())
+    assert seen[-1] == 0 and all(a - b in (0, 1) for a, b in zip([5] + seen, seen))  # down one per version
+
+
+class _Wandering:
+    """An η that jumps anywhere between 0 and ``limit`` each time it is asked."""
+
+    def __init__(self, limit: int, rng: random.Random):
+        self.limit, self.rng = limit, rng
+
+    def bound(self) -> int:
+        return self.rng.randint(0, self.limit)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_group_is_trained_within_the_eta_of_its_version(seed):
+    """η read once per version (the buffer pins it), however the policy moves: no group is trained more than
+    its version's η later, the bound the fixed-η gate gives."""
+    rng, batch = random.Random(seed), 3
+    policy = _Wandering(limit=4, rng=rng)
+    buf = RolloutBuffer(batch, policy)
+    running, admitted_under, trained = [], {}, 0
+
+    def finish(ticket, rejected=False):
+        group = None if rejected else TrajectoryGroup([Trajectory([1], [2], [0.0], [ticket.version], 1.0)])
+        if group is not None:
+            admitted_under[id(group)] = ticket
+        buf.finish(ticket, group)
+
+    for version in range(40):
+        eta = buf.max_staleness
+        while (ticket := buf.try_admit()) is not None:
+            assert ticket.max_staleness == eta
+            running.append(ticket)
+        rng.shuffle(running)  # groups finish in any order; some are rejected
+        for ticket in running[: rng.randint(0, len(running))]:
+            finish(ticket, rejected=rng.random() < 0.2)
+        running = sorted((t for t in running if t.seq in buf._running), key=lambda t: t.seq)
+        while buf._pick() is None:  # the oldest still running finish, until a batch can be taken
+            while not running and (ticket := buf.try_admit()) is not None:  # rejections freed room
+                running.append(ticket)
+            finish(running.pop(0))
+        for group in buf.take(timeout=1):
+            ticket = admitted_under[id(group)]
+            assert version - ticket.version <= ticket.max_staleness <= policy.limit
+            trained += 1
+        buf.set_version(version + 1)
+    assert trained == 40 * batch
+
+
+def test_auto_is_a_config_value_with_a_limit():
+    cfg = configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=auto", "rollout.max_staleness_limit=4"])
+    assert cfg.rollout.staleness_bound == 4
+    with pytest.raises(ConfigError, match=r"max_head_offpolicyness must be >= 0 \(an integer\) or 'auto'"):
+        configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=often"])
+    with pytest.raises(ConfigError, match=r"max_head_offpolicyness must be >= 0 \(an integer\) or 'auto'"):
+        configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=-1"])
