@@ -1,11 +1,12 @@
 # Two entry points for a newcomer: `make train` and `make test`. Both create .venv and install what they need.
+# `make test-fast` leaves out the end-to-end runs (DEVELOPERS.md).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup train test
+.PHONY: setup train test test-fast
 setup: $(VENV)/.installed
 
 # torch is pinned to the CPU build first (an unpinned torch pulls a multi-GB CUDA build).
@@ -19,5 +20,12 @@ $(VENV)/.installed: pyproject.toml
 train: setup
 	$(VENV)/bin/asyncrl train $(ARGS)
 
+# Two pytest-xdist workers, one per core; the 20 slowest tests are listed at the end (DEVELOPERS.md: Tests).
+PYTEST := $(PY) -m pytest -q -n 2 --durations=20
+
 test: setup
-	$(PY) -m pytest -q $(ARGS)
+	$(PYTEST) $(ARGS)
+
+# Everything but the end-to-end runs (marked slow).
+test-fast: setup
+	$(PYTEST) -m "not slow" $(ARGS)

@@ -33,6 +33,15 @@ def agent_tokenizer():
     return build_agent_tokenizer(LookupTask(), vocab_size=512, n_problems=2000)
 
 
+@pytest.fixture(scope="session")
+def two_trainer_ranks():
+    """The updates of two trainer ranks (DDP, FSDP2, LoRA under DDP) for every case the tests compare with one
+    process: trainers_for_tests.two_trainer_ranks, spawned once per session (per worker) instead of per test."""
+    from trainers_for_tests import two_trainer_ranks
+
+    return two_trainer_ranks()
+
+
 def make_model(vocab: int = 320, seed: int = 0, hidden: int = 64, layers: int = 2, model_type: str = "qwen2"):
     """A small random decoder of the given family."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -63,3 +72,9 @@ def tiny_model_dir(tmp_path, tokenizer):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests first (stable otherwise): with two workers (make test) the long end-to-end runs start at once and
+    the many short tests fill in around them, instead of a long run starting last and leaving a worker idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -13,6 +13,7 @@ from asyncrl.launch.build import assemble
 from runs_for_tests import is_complete, latest_checkpoint, prompt_files, train_command
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(tmp_path, tiny_model_dir,
                                                                                    monkeypatch, capsys):
     import errno

@@ -21,6 +21,7 @@ def _cfg(tmp_path, model_path, *extra):
     ])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eta", [0, 2])
 def test_async_run_end_to_end(tmp_path, tiny_model_dir, eta):
     cfg = _cfg(tmp_path, tiny_model_dir, f"rollout.max_head_offpolicyness={eta}")
@@ -42,6 +43,7 @@ def test_async_run_end_to_end(tmp_path, tiny_model_dir, eta):
     assert changed, "training did not change any weight"
 
 
+@pytest.mark.slow
 def test_failing_reward_is_counted_and_training_continues(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward", "total_train_steps=2",
                "evaluator.freq_steps=0")
@@ -49,6 +51,7 @@ def test_failing_reward_is_counted_and_training_continues(tmp_path, tiny_model_d
     assert last["version"] == 2 and last["reward_errors"] > 0 and last["reward_mean"] == 0.0
 
 
+@pytest.mark.slow
 def test_shipped_model_async_run_improves_nothing_breaks(tmp_path):
     """The real shipped checkpoint through the real task and verifier, asynchronously (η = 2)."""
     cfg = configlib.load(TrainConfig, None, [
@@ -72,12 +75,14 @@ def _quick_cfg(tmp_path, model_path, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_waiting_for_a_batch_has_its_own_timeout(tmp_path, tiny_model_dir):
     cfg = _quick_cfg(tmp_path, tiny_model_dir, "rollout.batch_timeout_s=1", "workflow.name=workflows_for_tests:reject_all")
     with pytest.raises(TimeoutError, match="within 1.0s \\(rollout.batch_timeout_s\\)"):
         train(cfg)
 
 
+@pytest.mark.slow
 def test_max_train_time_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path, tiny_model_dir):
     cfg = _quick_cfg(tmp_path, tiny_model_dir, "max_train_time_s=0.001", "total_train_steps=50")
     last = train(cfg)
@@ -85,6 +90,7 @@ def test_max_train_time_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_pat
     assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step1").is_dir()
 
 
+@pytest.mark.slow
 def test_a_failed_run_keeps_no_checkpoint_its_logs_do_not_reach(tmp_path, tiny_model_dir, monkeypatch):
     """Step 3 is trained but fails before it is logged: a checkpoint of it would resume past a step the logs
     and the ledger lack, so none is written (a failure after the log keeps one: test_run_hardening)."""

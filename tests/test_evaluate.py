@@ -1,5 +1,7 @@
 """Held-out evaluation (asyncrl.evaluate): the accuracy is a fraction whatever the reward's scale."""
 
+import pytest
+
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
@@ -14,6 +16,7 @@ def _cfg(tmp_path, model_path, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_eval_accuracy_is_a_fraction_whatever_the_reward_scale(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:huge_reward", "total_train_steps=1")
     last = train(cfg)

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytest.importorskip("peft")
 
@@ -21,7 +20,7 @@ from asyncrl.lora import (AdaptersOff, LoraConfig, apply_lora, is_lora, merged_s
                           trainable_summary)
 from asyncrl.models import load_model, resolve_model_path  # noqa: E402
 from conftest import ROOT, TESTS  # noqa: E402
-from trainers_for_tests import free_port, lora_model, lora_rank_step, varied_batch  # noqa: E402
+from trainers_for_tests import lora_model, varied_batch  # noqa: E402
 
 
 def _adapters(model) -> dict[str, torch.Tensor]:
@@ -153,6 +152,7 @@ def test_bad_targets_and_fsdp_are_refused_when_a_run_is_built(tmp_path, tiny_mod
             pass
 
 
+@pytest.mark.slow
 def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_path, tiny_model_dir, capsys):
     from safetensors.torch import load_file
 
@@ -190,21 +190,14 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
     assert "model.lora.rank: '8' -> '0'" in err and "resume=fresh" in err
 
 
-def test_two_ddp_ranks_train_the_adapters_as_one_rank_does():
+def test_two_ddp_ranks_train_the_adapters_as_one_rank_does(two_trainer_ranks):
+    """Two DDP ranks (spawned once for the session: the two_trainer_ranks fixture) against one process."""
     from asyncrl.trainer import PolicyTrainer
 
     single = PolicyTrainer(lora_model(), lr=1e-2, max_grad_norm=0.0, pack_sequences=True)
     before = {k: v.clone() for k, v in single.state_dict().items()}
     stats = single.step(varied_batch(5))
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=lora_rank_step, args=(r, 2, port, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    weights, parallel_stats = out.get(timeout=180)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    weights, parallel_stats = two_trainer_ranks["lora-ddp"]
     moved = 0.0
     for name, w in single.state_dict().items():
         got = torch.from_numpy(weights[name])

@@ -23,6 +23,7 @@ def _cfg(tmp_path, model_path, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_tensorboard_sink_writes_events(tmp_path, tiny_model_dir):
     pytest.importorskip("tensorboard")
     cfg = _cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "evaluator.freq_steps=0", "stats_logger.tensorboard=true")

@@ -4,31 +4,23 @@ tokens."""
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from asyncrl.launch.ranks import split
 from asyncrl.parallel import shard_groups
-from trainers_for_tests import free_port, rank_step, ranked_trainer, varied_batch
+from trainers_for_tests import PARALLEL_CASES, ranked_trainer, varied_batch
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-@pytest.mark.parametrize("kw", [{}, {"ppo_n_minibatches": 2, "sgd": True}, {"pack": False, "mb_max_tokens": 24}],
-                         ids=["one-minibatch", "two-minibatches", "padded-micro-batches"])
-def test_two_ranks_give_the_update_of_one(mode, kw):
+@pytest.mark.parametrize("case", list(PARALLEL_CASES))
+def test_two_ranks_give_the_update_of_one(mode, case, two_trainer_ranks):
+    """Two ranks (spawned once for all cases: the two_trainer_ranks fixture) against one process on the whole
+    batch."""
+    kw = PARALLEL_CASES[case]
     torch.manual_seed(0)
     single = ranked_trainer(**dict(kw))
     before = {k: v.clone() for k, v in single.state_dict().items()}
     stats = single.step(varied_batch())
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=rank_step, args=(r, 2, port, mode, kw, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    weights, parallel_stats = out.get(timeout=180)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    weights, parallel_stats = two_trainer_ranks[f"{case}-{mode}"]
     moved = 0.0
     for name, w in single.state_dict().items():
         got = torch.from_numpy(weights[name])

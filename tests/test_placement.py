@@ -49,6 +49,7 @@ def test_device_falls_back_to_cpu_without_a_gpu(monkeypatch):
         ClusterConfig(device="cuda").resolved_device()
 
 
+@pytest.mark.slow
 def test_a_bad_backend_is_one_line(tmp_path):
     import subprocess
     import sys

@@ -87,6 +87,7 @@ def test_buckets_respect_the_size_and_keep_order():
     assert [n for g in groups for n in g] == list(sd)
 
 
+@pytest.mark.slow
 def test_dist_broadcast_to_a_server_process(tiny_model_dir, tokenizer, tmp_path):
     """gloo broadcast in small buckets from this process to an `asyncrl serve` process: greedy output afterwards
     is the new model's, every token tagged with the new version; a dead server fails the next publish loudly."""

@@ -33,6 +33,7 @@ def _three_then_raise(items, raised_at):
         yield item
 
 
+@pytest.mark.slow
 def test_a_prompt_stream_that_raises_stops_the_trainer_with_its_own_error(tmp_path, tiny_model_dir):
     """The stream's own exception reaches the trainer thread within seconds (not after the 600 s request
     timeout), and the groups already in flight finish into the buffer: none is lost or left running."""

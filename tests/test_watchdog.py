@@ -29,6 +29,7 @@ def _nan_loss(**kw):
     return torch.full_like(kw["logprobs"], math.nan) * kw["logprobs"], {}
 
 
+@pytest.mark.slow
 def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_finite_checkpoint(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "watchdog.max_nonfinite_steps=2")
     with assemble(cfg) as parts:
@@ -43,6 +44,7 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_finite_checkpo
     assert [r["nonfinite_skipped"] for r in records[1:]] == [1, 1] and math.isnan(records[1]["loss"])
 
 
+@pytest.mark.slow
 def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward", "watchdog.reward_failure_steps=2")
     with pytest.raises(TrainingHalted, match="every reward call failed in the last 2 steps"):
@@ -50,6 +52,7 @@ def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny_model_dir):
     assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step2").is_dir()  # something to resume from
 
 
+@pytest.mark.slow
 def test_a_reward_that_always_fails_can_warn_instead(tmp_path, tiny_model_dir, caplog):
     cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward",
                "watchdog.reward_failure_steps=2", "watchdog.reward_failure_action=warn")
@@ -58,6 +61,7 @@ def test_a_reward_that_always_fails_can_warn_instead(tmp_path, tiny_model_dir, c
     assert sum("every reward call failed" in r.message for r in caplog.records) == 3  # steps 2, 3 and 4
 
 
+@pytest.mark.slow
 def test_no_learning_signal_is_said_once(tmp_path, tiny_model_dir, caplog):
     cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:constant_reward", "watchdog.no_signal_steps=2")
     with caplog.at_level(logging.WARNING, logger="asyncrl.watchdog"):

@@ -1,6 +1,7 @@
-"""Batches, trainers and the trainer ranks that tests spawn. The rank functions live here, not in a test module,
-because a spawned process imports its target by module name: this one is importable as ``trainers_for_tests``
-wherever tests/ is on the path."""
+"""Batches, trainers, and two trainer ranks in spawned processes (two_trainer_ranks: the updates test_parallel and
+test_lora compare with one process's). The ranks' functions live here, not in a test module, because a spawned
+process imports its target by module name: this one is importable as ``trainers_for_tests`` wherever tests/ is
+on the path."""
 
 import os
 import socket
@@ -72,24 +73,84 @@ def _join(rank, world, port):
     torch.set_num_threads(1)
 
 
-def rank_step(rank, world, port, mode, kw, out):
-    """One trainer rank of ``world``: one step on its shard of varied_batch(); rank 0 puts the weights and the
-    combined stats on ``out``."""
-    _join(rank, world, port)
+PARALLEL_CASES = {"one-minibatch": {}, "two-minibatches": {"ppo_n_minibatches": 2, "sgd": True},
+                  "padded-micro-batches": {"pack": False, "mb_max_tokens": 24}}
+"""ranked_trainer's options of each case test_parallel compares (SGD for two minibatches: see ranked_trainer)."""
+
+
+def _parallel_cases(rank, world, mode, out):
+    """One step of each PARALLEL_CASES trainer on this rank's shard of varied_batch(); rank 0 puts
+    (case-mode, weights, the ranks' combined stats) on ``out``."""
     from asyncrl import parallel
     from asyncrl.launch.ranks import combine, split
 
     dp = parallel.from_env(mode, torch.device("cpu"), timeout_s=120)
-    trainer = ranked_trainer(dp, **kw)
-    trainer.gather_weights()
-    shard = split(varied_batch(), world)[rank]
-    stats = trainer.step(shard)
-    trainer.gather_weights()
-    all_stats = dp.gather(stats)
+    for name, kw in PARALLEL_CASES.items():
+        trainer = ranked_trainer(dp, **dict(kw))
+        trainer.gather_weights()
+        shard = split(varied_batch(), world)[rank]
+        stats = trainer.step(shard)
+        trainer.gather_weights()
+        all_stats = dp.gather(stats)
+        if rank == 0:
+            out.put((f"{name}-{mode}", {k: v.detach().numpy().copy() for k, v in trainer.state_dict().items()},
+                     combine(all_stats)))
+
+
+def _lora_case(rank, world, out):
+    """lora_model()'s adapters trained one step by DDP on this rank's shard of varied_batch(5)."""
+    from asyncrl import parallel
+    from asyncrl.launch.ranks import combine, split
+    from asyncrl.trainer import PolicyTrainer
+
+    dp = parallel.from_env("ddp", torch.device("cpu"), timeout_s=120)
+    trainer = PolicyTrainer(lora_model(), lr=1e-2, max_grad_norm=0.0, dp=dp, pack_sequences=True)
+    stats = dp.gather(trainer.step(split(varied_batch(5), world)[rank]))
     if rank == 0:
-        out.put(({k: v.detach().numpy().copy() for k, v in trainer.state_dict().items()}, combine(all_stats)))
+        out.put(("lora-ddp", {k: v.numpy().copy() for k, v in trainer.state_dict().items()}, combine(stats)))
+
+
+def _has_peft() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("peft") is not None
+
+
+def rank_cases(rank, world, port, out):
+    """Trainer rank ``rank`` of ``world`` (one spawned process): every case, one after the other in one process
+    group, DDP then FSDP2, then the LoRA case under DDP (when peft is installed)."""
+    _join(rank, world, port)
+    for mode in ("ddp", "fsdp"):
+        _parallel_cases(rank, world, mode, out)
+    if _has_peft():
+        _lora_case(rank, world, out)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def two_trainer_ranks() -> dict:
+    """case -> (rank 0's weights after one step, the ranks' combined stats), from two trainer ranks spawned once
+    (starting a process costs seconds; a step of these models, milliseconds): every PARALLEL_CASES case as
+    "<case>-ddp" and "<case>-fsdp", and "lora-ddp"."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=rank_cases, args=(r, 2, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(2 * len(PARALLEL_CASES) + _has_peft()):
+            case, weights, stats = out.get(timeout=240)
+            results[case] = (weights, stats)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    return results
 
 
 def lora_model(rank=8, seed=0, path=None):
@@ -106,19 +167,3 @@ def lora_model(rank=8, seed=0, path=None):
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     return model
-
-
-def lora_rank_step(rank, world, port, out):
-    """One DDP rank training lora_model()'s adapters one step on its shard of varied_batch(5)."""
-    _join(rank, world, port)
-    from asyncrl import parallel
-    from asyncrl.launch.ranks import combine, split
-    from asyncrl.trainer import PolicyTrainer
-
-    dp = parallel.from_env("ddp", torch.device("cpu"), timeout_s=120)
-    trainer = PolicyTrainer(lora_model(), lr=1e-2, max_grad_norm=0.0, dp=dp, pack_sequences=True)
-    stats = dp.gather(trainer.step(split(varied_batch(5), world)[rank]))
-    if rank == 0:
-        out.put(({k: v.numpy().copy() for k, v in trainer.state_dict().items()}, combine(stats)))
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()

@@ -206,6 +206,7 @@ def test_all_servers_down_fails_with_a_reason(models):
         engine.stop()
 
 
+@pytest.mark.slow
 def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, tokenizer, tmp_path):
     """Two `asyncrl serve` processes; one is killed while requests are in flight. Every request completes with
     exactly the greedy output of an unbroken run: nothing lost, nothing duplicated."""
@@ -241,6 +242,7 @@ def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, toke
             s.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["dist"])
 def test_controller_with_asyncrl_servers_by_config_alone(tmp_path, tiny_model_dir, transport):
     """`rollout.backend=asyncrl:d2`: the controller starts two `asyncrl serve` processes, rolls out through the

@@ -25,6 +25,7 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 pytestmark = [
     pytest.mark.vllm,
+    pytest.mark.timeout(900),  # the module's vLLM server starts in its first test
     pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=f"no vLLM environment at {VLLM_PYTHON} (docs/engine.md)"),
 ]
 

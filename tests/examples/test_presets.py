@@ -42,6 +42,7 @@ def test_preset_holds_only_overrides(name):
     assert cfg.experiment_name == name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_preset_trains_end_to_end(tmp_path, tiny_model_dir, name):
     cfg = configlib.load(TrainConfig, str(EXAMPLES / f"{name}.yaml"),

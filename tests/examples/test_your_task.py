@@ -40,6 +40,7 @@ def evaluate(model: Path, data: Path, out: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_jsonl_and_reward_to_a_trained_policy(tmp_path):
     data, init, sft = tmp_path / "data", tmp_path / "init", tmp_path / "sft"
     run(sys.executable, "examples/your_task/make_data.py", "--out", str(data), "--sft", "3000", "--train", "5000",

@@ -20,6 +20,7 @@ def _cfg(tmp_path, model_path, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_each_thread_has_its_own_tokenizer(tmp_path, tiny_model_dir):
     """Fast tokenizers can fail with 'Already borrowed' when two threads use one at once: the rollout thread
     (prompt stream, workflow) and the trainer thread (evaluation, checkpoints) each get their own, and

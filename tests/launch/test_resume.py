@@ -20,6 +20,7 @@ from runs_for_tests import is_complete, last_logged_step, latest_checkpoint, pro
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_killed_at_any_moment_and_resumed_every_prompt_is_trained_once(tmp_path, tiny_model_dir):
     """SIGKILL 12 times, each time 0-0.5 s after the restarted run has logged a new step (so the kills land
     in generation, training, weight sync, checkpoint writing and evaluation, not in start-up), then let it
@@ -87,6 +88,7 @@ def test_synchronous_run_stopped_and_resumed_replays_the_uninterrupted_losses(tm
         assert abs(a - b) <= 1e-6 and ra == rb, (step, a, b, ra, rb)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_model_dir, capsys):
     from asyncrl import cli
 
@@ -123,6 +125,7 @@ def _overrides(tmp_path, model, steps: int) -> list[str]:
             "saver.freq_steps=1", "evaluator.freq_steps=0", "max_train_time_s=0", "progress_bar=false", "report=false"]
 
 
+@pytest.mark.slow
 def test_every_trained_token_is_within_the_bound_after_each_resume(tmp_path, tiny_model_dir):
     for steps in (2, 3, 4, 6, 8):  # a run stopped after step 2, resumed four times
         train(configlib.load(TrainConfig, None, _overrides(tmp_path, tiny_model_dir, steps)))

@@ -32,6 +32,7 @@ def test_report_page_inlines_every_plot(run_dir):
     assert "0.200 → 0.600" in text and "η 2" in text
 
 
+@pytest.mark.slow
 @needs_matplotlib
 def test_report_of_a_real_run(tmp_path, tiny_model_dir):
     from asyncrl import configlib

@@ -44,6 +44,7 @@ def test_keys_isolate_episodes_over_http(tokenizer):
         server.close()
 
 
+@pytest.mark.slow
 def test_standalone_proxy_in_asyncrl_serve(tiny_model_dir):
     """`asyncrl serve --agent-proxy`: the admin opens a session, an openai client talks to /agent/v1 with its
     key, and ending the session returns the recorded calls token for token."""

@@ -17,6 +17,7 @@ from asyncrl.server import cli
 
 
 # ---- shutting down -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sigterm_stops_a_busy_server_process_within_seconds(tmp_path):
     """A server generating and stuck joining a weight group exits with status 0 a few seconds after SIGTERM;
     both requests are answered with a 503."""

@@ -1,6 +1,8 @@
 """Workflows by config (asyncrl.workflow): a user's workflow named by import path runs end to end, and kwargs it
 refuses are a one-line refusal before anything is created."""
 
+import pytest
+
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
@@ -16,6 +18,7 @@ def _cfg(tmp_path, model_path, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_a_user_workflow_named_by_import_path_runs_end_to_end(tmp_path, tiny_model_dir):
     import workflows_for_tests
 
