@@ -63,11 +63,12 @@ class RolloutBuffer:
     """Thread-safe counters, the ready groups, and the rules that link them."""
 
     def __init__(self, batch_size: int, max_staleness: "int | StalenessPolicy", max_concurrent: int = 0,
-                 on_change=None):
+                 on_change=None, clock=time.perf_counter):
         self.batch_size, self.max_concurrent = batch_size, max_concurrent
         self.policy = _Fixed(max_staleness) if isinstance(max_staleness, int) else max_staleness
         self.max_staleness = self.policy.bound()  # η of the current version
         self._gate_closed_s = 0.0  # time admission was refused by the staleness bound (not by max_concurrent)
+        self._clock = clock  # what measures it (the planner's simulation passes its own)
         self._closed_since: float | None = None
         self.version = 0
         self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
@@ -95,7 +96,7 @@ class RolloutBuffer:
             if self._capacity(eta) <= 0:
                 gated = capacity(eta, self.version, self.batch_size, self.accepted, self.running) <= 0
                 if gated and self._closed_since is None:
-                    self._closed_since = time.perf_counter()
+                    self._closed_since = self._clock()
                 return None
             self._gate_opened()
             ticket = Ticket(next(self._seq), self.version, eta)
@@ -106,7 +107,7 @@ class RolloutBuffer:
         """Seconds so far during which the rollout side had work to admit but the staleness bound kept it out:
         from a refused admission to the next one admitted."""
         with self._cv:
-            open_for = time.perf_counter() - self._closed_since if self._closed_since is not None else 0.0
+            open_for = self._clock() - self._closed_since if self._closed_since is not None else 0.0
             return self._gate_closed_s + open_for
 
     def started(self, ticket: Ticket, item: dict) -> None:
@@ -169,6 +170,14 @@ class RolloutBuffer:
     def failed(self) -> bool:
         return self._error is not None
 
+    def try_take(self) -> list[TrajectoryGroup] | None:
+        """The next batch if it is ready now (the rule of ``take``), else None; never blocks."""
+        with self._cv:
+            if self._error is not None:
+                raise self._error
+            batch = self._pick()
+            return None if batch is None else [self._ready.pop(seq)[1] for seq in batch]
+
     def take(self, timeout: float | None = None) -> list[TrajectoryGroup]:
         """Block until a batch of B groups is ready (see the module docstring) and return it. Raises the
         rollout side's failure (``fail``) as soon as it is reported, and ``TimeoutError`` after ``timeout``
@@ -204,7 +213,7 @@ class RolloutBuffer:
 
     def _gate_opened(self) -> None:
         if self._closed_since is not None:
-            self._gate_closed_s += time.perf_counter() - self._closed_since
+            self._gate_closed_s += self._clock() - self._closed_since
             self._closed_since = None
 
     def _pick(self) -> list[int] | None:

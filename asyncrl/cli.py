@@ -1,5 +1,5 @@
-"""The ``asyncrl`` command: train | sft | eval | serve | report | diagnose | init-model (``asyncrl.eval_run``
-holds eval).
+"""The ``asyncrl`` command: train | sft | eval | serve | report | diagnose | plan | init-model
+(``asyncrl.eval_run`` holds eval).
 
 Every start-up refusal (a bad config value, a model directory that is not one, a missing extra) prints one
 line naming the problem and the fix and exits with status 2; a run stopped by its own checks (the watchdog,
@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
 
     diagnose_help = "where a run's time went and what to change (also on a run still running, or an SFT output)"
     diagnose_arguments(sub.add_parser("diagnose", help=diagnose_help, description=diagnose_help))
+    from asyncrl.launch.plan import add_arguments as plan_arguments
+
+    plan_help = "predict a run before it starts: step time, tokens/s, waits, staleness (--sweep compares settings)"
+    plan_arguments(sub.add_parser("plan", help=plan_help, description=plan_help))
     init_help = ("build a byte-level BPE tokenizer (trained on a built-in task's text, or on your own --corpus) and "
                  "a randomly initialised tiny Qwen2 model")
     init = sub.add_parser("init-model", help=init_help, description=init_help)
@@ -123,6 +127,10 @@ def _dispatch(args) -> int:
         return run(args)
     if args.command == "diagnose":
         from asyncrl.report.diagnose import run
+
+        return run(args)
+    if args.command == "plan":
+        from asyncrl.launch.plan import run
 
         return run(args)
     from asyncrl.config import EvalConfig, SFTConfig, TrainConfig

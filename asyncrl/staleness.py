@@ -11,8 +11,9 @@ The control law of ``AutoStaleness`` (docs/report.md): over the last ``window`` 
   held work back (``gate_closed_s`` > 0): raise η by one (up to ``limit``) and remember that the lower value
   made the trainer wait;
 - the trainer did not wait (below ``wait_low``): lower η by one, never to a value at which it waited before;
-- after a change, wait ``window`` steps before the next (the effect of a new η shows only once the groups
-  admitted under it are trained); the first step (it waits for the first batch whatever η is) is not read.
+- after a change, the next two steps are skipped (a new η applies from the next version, and its groups are
+  trained the version after) and a full window of steps under it decides the next change; the first step of a run (it waits for the first batch
+  whatever η is) is not read.
 So η settles at the smallest value that keeps the trainer from waiting; where waiting comes from slow
 generation that a larger η cannot hide (the gate was open), η does not grow.
 """
@@ -56,7 +57,7 @@ class AutoStaleness:
         self._eta = min(start, limit)
         self._floor = 0  # the smallest η not known to make the trainer wait
         self._recent: list[dict] = []
-        self._hold = window  # steps before the next change is allowed
+        self._skip = 0  # steps not to read after a change
         self._lock = threading.Lock()  # bound() is read by the rollout thread
         self._warm = False
 
@@ -68,9 +69,11 @@ class AutoStaleness:
         if not self._warm:  # the first step waits for the first batch whatever η is: not a signal
             self._warm = True
             return
+        if self._skip:  # the two steps after a change train groups admitted before the new η took hold
+            self._skip -= 1
+            return
         self._recent = (self._recent + [record])[-self.window:]
-        self._hold -= 1
-        if self._hold > 0 or len(self._recent) < self.window:
+        if len(self._recent) < self.window:
             return
         wall = sum(_num(r, "step_time_s") for r in self._recent)
         wait = sum(_num(r, "trainer_wait_s") for r in self._recent) / wall if wall > 0 else 0.0
@@ -82,8 +85,8 @@ class AutoStaleness:
                 self._eta = eta + 1
             elif wait < self.wait_low and eta > self._floor:
                 self._eta = eta - 1
-            if self._eta != eta:
-                self._hold = self.window
+            if self._eta != eta:  # judge the new η on a window of its own
+                self._recent, self._skip = [], 2
 
 
 def _num(record: dict, key: str) -> float:

@@ -24,12 +24,17 @@ def _auto(**kw) -> AutoStaleness:
     return policy
 
 
-def test_the_first_step_is_not_read():
+def test_the_first_step_is_not_read_nor_the_two_after_a_change():
     policy = AutoStaleness(limit=4, start=1, window=1)
     policy.observe(_record(1.0))
     assert policy.bound() == 1
     policy.observe(_record(1.0))
     assert policy.bound() == 2
+    policy.observe(_record(1.0))
+    policy.observe(_record(1.0))
+    assert policy.bound() == 2  # these trained groups admitted before η = 2 took hold
+    policy.observe(_record(1.0))
+    assert policy.bound() == 3
 
 
 def test_fixed_is_fixed():
@@ -66,7 +71,7 @@ def test_auto_falls_when_the_trainer_never_waits_but_not_back_to_a_value_that_ma
     assert policy.bound() == 2
     high = _auto(limit=8, start=5, window=1)
     seen = []
-    for _ in range(10):
+    for _ in range(20):  # a change, two steps skipped, the next judged on its own step
         high.observe(_record(0.0))
         seen.append(high.bound())
     assert seen[-1] == 0 and all(a - b in (0, 1) for a, b in zip([5] + seen, seen))  # down one per version

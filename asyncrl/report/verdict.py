@@ -33,7 +33,7 @@ EVAL_SAVE_SHARE = 0.15  # evaluation + checkpoints took this much of the trainer
 TOOL_SHARE = 0.5  # episodes spent this share of their time in tools...
 NOWORK_IDLE = 0.3  # ...while the generator idled this much with the gate open
 REWARD_QUEUE = 1.0  # reward calls waited for a worker this many times as long as they ran...
-REWARD_SHARE = 0.1  # ...and rewards took this share of the step (call-seconds over wall)
+REWARD_SHARE = 0.1  # ...rewards took this share of the step (call-seconds over wall), and the trainer waited
 LONG_TAIL = 4.0  # the longest response was this many times the mean while the trainer waited
 NO_SIGNAL = 0.8  # share of groups whose rewards were all equal
 ENTROPY_FLOOR = 0.02  # mean token entropy (nats) below which sampling has collapsed
@@ -184,13 +184,13 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
     if acc.measured("reward"):
         r = acc.seconds["reward"]
         share = (r["queue"] + r["run"]) / acc.wall_s if acc.wall_s else 0.0
-        if r["run"] > 0 and r["queue"] >= REWARD_QUEUE * r["run"] and share >= REWARD_SHARE:
+        if r["run"] > 0 and r["queue"] >= REWARD_QUEUE * r["run"] and share >= REWARD_SHARE and t["wait"] >= TRAINER_WAIT:
             out.append(Finding(
                 "reward-bound", "bottleneck",
                 f"reward calls waited {r['queue']:.0f} s for a worker and ran {r['run']:.0f} s "
                 f"(over {acc.wall_s:.0f} s of wall time)",
                 f"more reward workers (reward.workers{_now(s, 'workers')})",
-                min(t["wait"], share) if t["wait"] else share * 0.5))
+                min(t["wait"], share)))
     if acc.measured("episode") and not any(f.name == "tool-bound" for f in out):
         e = acc.fractions("episode")
         if e["tool"] >= TOOL_SHARE and g["idle_nowork"] >= NOWORK_IDLE:

@@ -50,6 +50,7 @@ def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_d
         critic_model=critic_model, critic_lr=cfg.critic_lr,
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
         max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
+        ppo_epochs=cfg.ppo_epochs,
         pack_sequences=cfg.pack_sequences, temperature=temperature, top_p=top_p, top_k=top_k,
         autocast_dtype=autocast_dtype, dp=dp, device=device,
     )

@@ -40,6 +40,9 @@ class ActorConfig:
     ppo_n_minibatches: int = 1
     """Optimizer steps per training batch, each on a share of its groups (whole groups, dealt in a random order
     fixed by the step number); with 1, the proximal policy equals the current one (no extra forward pass)."""
+    ppo_epochs: int = 1
+    """Passes over each training batch (each pass: ppo_n_minibatches optimizer steps); more than one reuses the
+    batch, with the proximal policy recomputed once before the first."""
     threads: int = 1
     """Torch threads for training (per trainer rank)."""
     backend: str = "ddp:d1"
@@ -173,7 +176,7 @@ class ActorConfig:
         from asyncrl.algo.losses import IS_LEVELS, OFF_POLICY_CORRECTED
         from asyncrl.algo.offpolicy import AGGS, LEVELS, METRICS, MODES
 
-        for key in ("lr", "ppo_n_minibatches", "threads", "mb_max_tokens"):
+        for key in ("lr", "ppo_n_minibatches", "ppo_epochs", "threads", "mb_max_tokens"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"actor.{key} must be > 0, got {getattr(self, key)!r}")
         for key in ("max_grad_norm", "warmup_steps", "kl_ctl", "reward_clip", "overlong_tokens",

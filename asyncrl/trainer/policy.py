@@ -4,11 +4,12 @@ and accumulates gradients over micro-batches, packed or padded.
 
 One step (``PolicyTrainer.step``), as in AReaL's trainer:
 
-1. no-grad passes where the configuration needs them: the proximal log-probs (``ppo_n_minibatches > 1``
+1. no-grad passes where the configuration needs them: the proximal log-probs (``ppo_n_minibatches > 1`` or
+   ``ppo_epochs > 1``
    with ``prox_logp_method=recompute``), the reference model's log-probs (KL), the critic's values;
 2. shaped rewards -> per-token rewards (minus β·KL when the KL is in the reward) -> advantages (+ returns
    for the critic);
-3. ``ppo_n_minibatches`` optimizer steps, each accumulating ``Σ weight · per-token loss`` (+ β·KL in the
+3. ``ppo_epochs`` x ``ppo_n_minibatches`` optimizer steps, each accumulating ``Σ weight · per-token loss`` (+ β·KL in the
    loss, + the value loss of a value head) over micro-batches; a separate critic takes its own step.
 """
 
@@ -84,6 +85,7 @@ class PolicyTrainer:
         max_grad_norm: float = 1.0,
         mb_max_tokens: int = 8192,
         ppo_n_minibatches: int = 1,
+        ppo_epochs: int = 1,
         pack_sequences: bool = False,
         temperature: float = 1.0,
         top_p: float = 1.0,
@@ -126,7 +128,7 @@ class PolicyTrainer:
         self.base_lr, self.critic_lr, self.warmup_steps = lr, critic_lr or lr, warmup_steps
         self.max_grad_norm = max_grad_norm
         self.mb_max_tokens = mb_max_tokens
-        self.n_minibatches = ppo_n_minibatches
+        self.n_minibatches, self.ppo_epochs = ppo_n_minibatches, ppo_epochs
         self.pack_sequences = pack_sequences
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k  # the engine's sampling distribution
         self.autocast_dtype = autocast_dtype
@@ -247,14 +249,14 @@ class PolicyTrainer:
         of the step stay applied, and a separate critic skips its update of that minibatch too)."""
         t0 = time.perf_counter()
         algo, self.skipped_updates, self.optim_s, self._mismatch = self.algo, 0, 0.0, [0.0, 0]
-        need_prox = self.n_minibatches > 1 and not algo.loglinear_prox
+        need_prox = self.n_minibatches * self.ppo_epochs > 1 and not algo.loglinear_prox
         prox = self.logprobs(batch) if need_prox else None
         ref = self.logprobs(batch, self.ref_model) if self.ref_model is not None else None
         values = self.values(batch) if self.value_head is not None else None
         recompute_s = time.perf_counter() - t0
         advantages, returns, stats = self._advantages(batch, ref, values)
 
-        chunks = self._minibatches(batch)
+        chunks = self._minibatches(batch) * self.ppo_epochs  # every epoch passes over the same minibatches
         totals: dict[str, float] = {}
         lr, done, minibatches_s = self._lr(self.base_lr), 0, 0.0
         for index, rows in enumerate(chunks):

@@ -1,0 +1,208 @@
+"""A hardware profile for the simulation, from this machine or from a run:
+
+- ``measure``: runs the built-in engine and the trainer on the configured model, alone, with their configured
+  threads, and fits the linear costs of ``asyncrl.plan.costs.Costs`` (decode steps at several batch sizes and
+  context lengths, prefill per token, training per token, a weight sync through the configured transport, a
+  checkpoint, a reward call); the response lengths are those the model writes for real prompts;
+- ``fit_run``: the same costs and lengths read off a run directory's ``metrics.jsonl`` (its account).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.requests import NO_STOP_TOKENS
+from asyncrl.plan.costs import Costs, Profile
+from asyncrl.plan.lengths import Lengths, empirical, from_records
+from asyncrl.types import SamplingParams, WeightUpdate
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What a calibration found: the costs, the response lengths, and what else the workload needs."""
+
+    profile: Profile
+    lengths: Lengths
+    prompt_tokens: int
+    calls_per_episode: float = 1.0
+    tool_s: float = 0.0  # mean seconds per tool call (agent runs)
+
+
+def _least_squares(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Non-negative least squares by clamping (the costs are non-negative by nature)."""
+    a, b = torch.tensor(rows, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64)
+    coef = torch.linalg.lstsq(a, b[:, None]).solution[:, 0]
+    return [max(0.0, float(c)) for c in coef]
+
+
+def _decode_points(engine: LocalEngine, prompt: list[int], batches: list[int], lengths: list[int]):
+    """(running, mean context, seconds per decode step) of generations of ``b`` samples x ``n`` tokens."""
+    points = []
+    for n in lengths:
+        for b in batches:
+            params = SamplingParams(n=b, max_new_tokens=n, temperature=1.0, stop_token_ids=NO_STOP_TOKENS)
+            before = engine.stats()
+            engine.generate_batch([prompt], params)
+            after = engine.stats()
+            points.append((b, b * (len(prompt) + n / 2), (after.decode_s - before.decode_s) / n))
+    return points
+
+
+def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_len: int, max_new_tokens: int,
+            n_samples: int, temperature: float, stop_token_ids: tuple[int, ...], engine_threads: int,
+            trainer_threads: int, make_trainer, publish=None, reward=None, save=None, eval_items: int = 0,
+            name: str = "") -> Fitted:
+    """Measure the costs on this machine. ``make_trainer(model) -> Trainer`` builds the configured trainer on a
+    copy of the model; ``publish(state_dict, version) -> seconds`` is the configured transport into an engine
+    (None: in process), ``reward(text) -> float`` the configured reward, ``save(model, directory)`` a checkpoint."""
+    torch.set_num_threads(engine_threads)
+    engine = LocalEngine(copy.deepcopy(model), max_slots=max_slots, max_len=max_len, stop_token_ids=stop_token_ids,
+                         threads=engine_threads, seed=0)
+    prompt = prompts[0][: max(1, max_len // 4)]
+    engine.generate_batch([prompt], SamplingParams(n=2, max_new_tokens=8, stop_token_ids=NO_STOP_TOKENS))  # warm
+    batches = sorted({1, min(8, max_slots), min(32, max_slots), max_slots})
+    room = max_len - len(prompt) - 1
+    steps = sorted({min(room, 16), min(room, max(32, max_new_tokens))})
+    points = _decode_points(engine, prompt, batches, steps)
+    base, per_seq, per_ctx = _least_squares([[1.0, b, c] for b, c, _ in points], [s for _, _, s in points])
+    # prefill: the engine's own counter over requests of real prompts (their first token included)
+    before = engine.stats()
+    sample = prompts[:16]
+    engine.generate_batch(sample, SamplingParams(n=1, max_new_tokens=1, stop_token_ids=NO_STOP_TOKENS))
+    prefill_per_token = (engine.stats().prefill_s - before.prefill_s) / sum(len(p) for p in sample)
+    # response lengths: what the model writes for these prompts at the run's sampling
+    params = SamplingParams(n=n_samples, max_new_tokens=max_new_tokens, temperature=temperature,
+                            stop_token_ids=stop_token_ids)
+    outs = engine.generate_batch(prompts[:8], params)
+    lengths = [len(c.output_ids) for group in outs for c in group]
+    texts = [c.output_ids for group in outs for c in group]
+    t0 = time.perf_counter()
+    sync = publish(model.state_dict(), 1) if publish is not None else _in_process_sync(engine, model)
+    engine.stop()
+    torch.set_num_threads(trainer_threads)
+    train_base, train_per_token = _train_costs(make_trainer, model, prompts, lengths, n_samples)
+    reward_s = 0.0
+    if reward is not None:
+        t0 = time.perf_counter()
+        for ids in texts[:32]:
+            reward(tokenizer.decode(ids, skip_special_tokens=True))
+        reward_s = (time.perf_counter() - t0) / max(1, min(32, len(texts)))
+    save_s = 0.0
+    if save is not None:
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            save(model, d)
+            save_s = time.perf_counter() - t0
+    costs = Costs(decode_base_s=base, decode_per_seq_s=per_seq, decode_per_ctx_s=per_ctx,
+                  prefill_per_token_s=prefill_per_token, train_base_s=train_base, train_per_token_s=train_per_token,
+                  recompute_per_token_s=train_per_token / 3, sync_s=sync, save_s=save_s, reward_s=reward_s)
+    costs.eval_s = eval_cost(costs, eval_items, max_slots, int(statistics.mean(len(p) for p in prompts)),
+                             statistics.mean(lengths) if lengths else max_new_tokens)
+    notes = [f"decode steps measured at batch sizes {batches} and {steps} new tokens ({len(points)} points)",
+             f"prefill over {len(sample)} prompts; training on batches of real prompt lengths and the sampled "
+             f"response lengths; engine {engine_threads} thread(s), trainer {trainer_threads}, each alone",
+             f"response lengths: {len(lengths)} samples of {min(8, len(prompts))} prompts at temperature {temperature}"]
+    return Fitted(Profile(name or "measured", costs, f"measured on {_machine()}", notes), empirical(lengths, max_new_tokens),
+                  int(statistics.mean(len(p) for p in prompts)))
+
+
+def eval_cost(costs: Costs, items: int, slots: int, prompt: int, length: float) -> float:
+    """An evaluation of ``items`` prompts, ``slots`` at a time: a prefill and ``length`` decode steps a wave."""
+    waves, last = divmod(items, slots)
+
+    def wave(n: int) -> float:
+        return costs.prefill_s(n * prompt) + costs.decode_steps_s(int(length), n, n * prompt) if n else 0.0
+
+    return waves * wave(slots) + wave(last)
+
+
+def _in_process_sync(engine: LocalEngine, model) -> float:
+    t0 = time.perf_counter()
+    engine.update_weights(WeightUpdate(1, state_dict={k: v.detach().clone() for k, v in model.state_dict().items()}))
+    return time.perf_counter() - t0
+
+
+def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[float, float]:
+    """(seconds per step, seconds per token) of the configured trainer, fitted on two batch sizes."""
+    from asyncrl.data.collate import collate
+    from asyncrl.types import Trajectory, TrajectoryGroup
+
+    trainer = make_trainer(copy.deepcopy(model))
+    rng = random.Random(0)
+    points = []
+    for groups in (2, 8):
+        batch = []
+        for g in range(groups):
+            prompt = prompts[g % len(prompts)]
+            trajs = []
+            for j in range(n_samples):
+                n = rng.choice(lengths) if lengths else 8
+                out = [rng.randrange(1, 100) for _ in range(max(1, n))]
+                trajs.append(Trajectory(prompt, out, [-1.0] * len(out), [0] * len(out), float(j % 2)))
+            batch.append(TrajectoryGroup(trajs))
+        collated = collate(batch, pad_id=0)
+        trainer.step(collated, version=0)  # warm-up (allocator, kernels)
+        t0 = time.perf_counter()
+        trainer.step(collated, version=0)
+        points.append((float(collated.attention_mask.sum()), time.perf_counter() - t0))
+    (t1, s1), (t2, s2) = points
+    per_token = max(0.0, (s2 - s1) / (t2 - t1)) if t2 > t1 else s2 / t2
+    return max(0.0, s1 - per_token * t1), per_token
+
+
+def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name: str = "") -> Fitted:
+    """Costs and lengths from a run's ``metrics.jsonl`` records (``group_size``: its samples per prompt): every
+    cost is the run's own average (decode per sequence-step at its occupancy, prefill per prompt token, training
+    per token, the median sync, evaluation and checkpoint)."""
+    steps = [r for r in records if r.get("step", 0) > 0]
+    if not steps or "gen_decode_s" not in steps[-1]:
+        raise ValueError("the run's metrics have no time account (gen_decode_s): it was made by an older asyncrl")
+
+    def total(key):
+        return sum(r.get(key, 0.0) or 0.0 for r in steps)
+
+    def median_of(key, positive=True):
+        values = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and (r[key] > 0 or not positive)]
+        return statistics.median(values) if values else 0.0
+
+    generated = sum(r.get("gen_tokens_per_s", 0.0) * r["step_time_s"] for r in steps)
+    samples = total("n_samples")
+    response = sum(r["n_samples"] * r["response_len_mean"] for r in steps)
+    prompt = max(1.0, (total("train_tokens") - response) / max(1.0, samples))
+    per_token = (total("trainer_fwd_bwd_s") + total("trainer_recompute_s")) / max(1.0, total("train_tokens"))
+    last, first = steps[-1], steps[0]
+    calls = last.get("agent_calls", 0) / max(1, last.get("agent_episodes", 0) or 1)
+    tool = total("episode_tool_s") / max(1.0, last.get("agent_calls", 0) - last.get("agent_episodes", 0))
+    reward_calls = last.get("reward_calls", 0) - first.get("reward_calls", 0)
+    costs = Costs(decode_per_seq_s=total("gen_decode_s") / max(1.0, generated),
+                  prefill_per_token_s=total("gen_prefill_s") / max(1.0, samples / group_size * prompt),
+                  train_base_s=(total("trainer_optim_s") + total("trainer_other_s")) / len(steps),
+                  train_per_token_s=per_token, recompute_per_token_s=per_token / 3,
+                  sync_s=median_of("trainer_sync_s"), eval_s=median_of("trainer_eval_s"),
+                  save_s=median_of("trainer_save_s"),
+                  reward_s=total("reward_run_s") / reward_calls if reward_calls > 0 else 0.0)
+    notes = [f"fitted from {len(steps)} steps: decode {costs.decode_per_seq_s * 1e3:.3f} ms per sequence-step at the "
+             f"run's occupancy, training {per_token * 1e6:.1f} us per token + {costs.train_base_s:.3f} s per step"]
+    return Fitted(Profile(name or "fitted", costs, "fitted from a run", notes), from_records(records, max_new_tokens),
+                  int(round(prompt)), calls if calls >= 1 else 1.0, tool if calls > 1 else 0.0)
+
+
+def _machine() -> str:
+    import os
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores"

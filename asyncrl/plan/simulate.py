@@ -1,0 +1,359 @@
+"""A discrete-event simulation of asyncrl itself: the real staleness gate and batch assembly
+(``asyncrl.buffer.RolloutBuffer``, driven with simulated time, and ``asyncrl.staleness`` for η), with the
+costs of the engines, the trainer, weight sync, evaluation, checkpoints, tools and rewards replaced by a model
+(``asyncrl.plan.costs.Costs``).
+
+What it simulates, as the system does it:
+- admission: whenever the gate has room, a group starts (``n`` samples of one prompt, one request; or ``n``
+  agent episodes of ``calls_per_episode`` LLM calls separated by tool latencies);
+- engines: continuous batching over ``max_slots`` sequences each; a request is prefilled when slots are free
+  (one prefill per prompt); decoding advances every running sequence a token per step (at most ``chunk``
+  steps between looks at the queue); new weights land at a token boundary: running sequences are re-prefilled
+  under them (``recompute``) or ended and resubmitted with their tokens so far (``abort``); the engines are held
+  ``pause_s`` per update; every token is stamped with the version that produced it;
+- rewards: ``reward_workers`` servers, ``reward_s`` per sample, first come first served;
+- the trainer: takes B groups as soon as the buffer's rule allows, trains (``train_s`` of their tokens, times
+  ``epochs``, plus the proximal recompute when asked), publishes (``sync_s``), raises the version, evaluates and
+  saves when due.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.plan.costs import Costs
+from asyncrl.plan.lengths import Z99, Lengths, fixed
+from asyncrl.staleness import AutoStaleness, FixedStaleness
+
+
+@dataclass(frozen=True)
+class ToolLatency:
+    """Seconds per tool call: log-normal with this median and 99th percentile (0: instant)."""
+
+    median_s: float = 0.0
+    p99_s: float = 0.0
+
+    def sample(self, rng: random.Random) -> float:
+        return _lognormal(rng, self.median_s, self.p99_s) if self.median_s > 0 else 0.0
+
+
+def _lognormal(rng: random.Random, median: float, p99: float) -> float:
+    if p99 <= median:
+        return median
+    return rng.lognormvariate(math.log(median), math.log(p99 / median) / Z99)
+
+
+@dataclass
+class Workload:
+    """What one run asks of the system (the simulation's input besides the costs)."""
+
+    batch_size: int = 16
+    n_samples: int = 8
+    max_staleness: int | str = 2  # or "auto"
+    staleness_limit: int = 8
+    prompt_tokens: int = 24
+    lengths: Lengths = field(default_factory=lambda: fixed(32))
+    max_slots: int = 64
+    engines: int = 1
+    max_concurrent: int = 0
+    interrupt: str = "recompute"  # recompute | abort | drain
+    steps: int = 20
+    eval_every: int = 0
+    save_every: int = 0
+    recompute: bool = False  # the proximal policy is recomputed (ppo_n_minibatches > 1)
+    epochs: int = 1
+    calls_per_episode: int = 1  # agent workflows: LLM calls per episode, tools between them
+    tool: ToolLatency = field(default_factory=ToolLatency)
+    tool_result_tokens: int = 16
+    reward_workers: int = 1
+    seed: int = 0
+
+
+@dataclass
+class Prediction:
+    steps: int
+    total_s: float  # from the first admission to the last step's end (no step-0 evaluation), as elapsed_s
+    step_time_s: float  # median of steps 2..N (the first waits for the first batch)
+    mean_step_time_s: float
+    gen_busy_frac: float  # engines' generating time over the wall time (mean over engines)
+    trainer_wait_frac: float
+    staleness_mean: float
+    staleness_hist: dict[int, int]  # staleness -> trained tokens
+    tokens_per_s: float  # generated tokens per wall second
+    trained_tokens_per_s: float
+    eta: list[int]  # η in force at each step
+    step_times: list[float]
+
+    def to_dict(self) -> dict:
+        return {"steps": self.steps, "total_s": self.total_s, "step_time_s": self.step_time_s,
+                "mean_step_time_s": self.mean_step_time_s, "gen_busy_frac": self.gen_busy_frac,
+                "trainer_wait_frac": self.trainer_wait_frac, "staleness_mean": self.staleness_mean,
+                "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+                "tokens_per_s": self.tokens_per_s, "trained_tokens_per_s": self.trained_tokens_per_s,
+                "eta": self.eta}
+
+
+# ---- the pieces --------------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Seq:
+    request: "_Request"
+    remaining: int  # tokens still to generate
+    context: int  # prompt + tokens so far
+    generated: int = 0
+    versions: collections.Counter = field(default_factory=collections.Counter)
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: int
+    seqs: list[_Seq]
+    done: callable
+    open: int = 0
+
+
+@dataclass(eq=False)
+class _Group:
+    ticket: object
+    samples: list[_Seq] = field(default_factory=list)
+    episodes_left: int = 0
+
+
+class _Engine:
+    def __init__(self, sim: "Simulation", index: int):
+        self.sim, self.index = sim, index
+        self.waiting: collections.deque[_Request] = collections.deque()
+        self.active: list[_Seq] = []
+        self.busy = False
+        self.version = 0
+        self.pending: int | None = None
+        self.busy_s = self.tokens = 0.0
+
+    @property
+    def load(self) -> int:
+        return len(self.active) + sum(len(r.seqs) for r in self.waiting)
+
+    def submit(self, request: _Request) -> None:
+        """Queue a request; the engine looks at its queue once the admissions of this moment are done (as the
+        real one does at its next token boundary)."""
+        self.waiting.append(request)
+        self.sim.at(self.sim.t, self.kick)
+
+    def kick(self) -> None:
+        if self.busy or not (self.waiting or self.active or self.pending is not None):
+            return
+        sim, costs = self.sim, self.sim.costs
+        cost, held = 0.0, 0.0
+        if self.pending is not None:  # new weights at this token boundary
+            self.version, self.pending = self.pending, None
+            held = costs.pause_s
+            if self.active and sim.w.interrupt == "recompute":
+                cost += costs.prefill_s(sum(s.context for s in self.active))
+            elif self.active and sim.w.interrupt == "abort":  # resubmitted: prompt + tokens so far, prefilled again
+                cost += costs.prefill_s(sum(s.context for s in self.active))
+        free = self.sim.w.max_slots - len(self.active)
+        admitted = 0
+        while self.waiting and len(self.waiting[0].seqs) <= free:
+            request = self.waiting.popleft()
+            free -= len(request.seqs)
+            admitted += request.prompt
+            self.active.extend(request.seqs)
+        cost += costs.prefill_s(admitted)
+        steps = 0
+        if self.active:
+            steps = min(min(s.remaining for s in self.active), sim.chunk)
+            cost += costs.decode_steps_s(steps, len(self.active), sum(s.context for s in self.active))
+        self.busy = True
+        self.busy_s += cost
+        sim.at(sim.t + held + cost, lambda: self._step_done(steps))
+
+    def _step_done(self, steps: int) -> None:
+        self.busy = False
+        finished = []
+        for s in self.active:
+            s.remaining -= steps
+            s.context += steps
+            s.generated += steps
+            s.versions[self.version] += steps
+            if s.remaining <= 0:
+                finished.append(s)
+        self.tokens += steps * len(self.active)
+        if finished:
+            self.active = [s for s in self.active if s.remaining > 0]
+            for s in finished:
+                s.request.open -= 1
+                if s.request.open == 0:
+                    s.request.done()
+        self.kick()
+
+
+class Simulation:
+    def __init__(self, workload: Workload, costs: Costs, chunk: int = 16):
+        self.w, self.costs, self.chunk = workload, costs, chunk
+        self.t = 0.0
+        self.rng = random.Random(workload.seed)
+        self._events: list = []
+        self._seq = itertools.count()
+        policy = (AutoStaleness(workload.staleness_limit) if workload.max_staleness == "auto"
+                  else FixedStaleness(int(workload.max_staleness)))
+        self.policy = policy
+        self.buffer = RolloutBuffer(workload.batch_size, policy, workload.max_concurrent, clock=lambda: self.t)
+        self.engines = [_Engine(self, i) for i in range(workload.engines)]
+        self.reward_free = [0.0] * max(1, workload.reward_workers)
+        self.version = 0
+        self.trainer_busy = False
+        self.idle_since = 0.0
+        self.wait_s = 0.0
+        self.steps: list[dict] = []
+        self.last_record = 0.0
+        self.last_gate = 0.0
+        self.hist: collections.Counter = collections.Counter()
+        self.trained_tokens = 0
+
+    # ---- the event queue -------------------------------------------------------------------------------------
+    def at(self, t: float, fn) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn))
+
+    def run(self) -> Prediction:
+        self._admit()
+        while self._events and len(self.steps) < self.w.steps:
+            t, _, fn = heapq.heappop(self._events)
+            self.t = max(self.t, t)
+            fn()
+        return self._prediction()
+
+    # ---- the rollout side --------------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while (ticket := self.buffer.try_admit()) is not None:
+            group = _Group(ticket)
+            if self.w.calls_per_episode <= 1:
+                self._single_turn(group)
+            else:
+                group.episodes_left = self.w.n_samples
+                for _ in range(self.w.n_samples):
+                    self._call(group, self.w.prompt_tokens, self.w.calls_per_episode)
+
+    def _engine(self) -> _Engine:
+        return min(self.engines, key=lambda e: (e.load, e.index))
+
+    def _single_turn(self, group: _Group) -> None:
+        seqs = []
+        request = _Request(self.w.prompt_tokens, seqs, lambda: self._scored(group))
+        for _ in range(self.w.n_samples):
+            n = self.w.lengths.sample(self.rng)
+            seqs.append(_Seq(request, n, self.w.prompt_tokens))
+        request.open = len(seqs)
+        group.samples = seqs
+        self._engine().submit(request)
+
+    def _call(self, group: _Group, prompt: int, calls_left: int) -> None:
+        """One LLM call of an agent episode; then a tool, then the next call (or the episode ends)."""
+        n = self.w.lengths.sample(self.rng)
+        request = _Request(prompt, [], lambda: None)
+        seq = _Seq(request, n, prompt)
+        request.seqs, request.open = [seq], 1
+        group.samples.append(seq)
+
+        def answered() -> None:
+            if calls_left > 1:
+                wait = self.w.tool.sample(self.rng)
+                self.at(self.t + wait, lambda: self._call(group, prompt + n + self.w.tool_result_tokens,
+                                                          calls_left - 1))
+                return
+            group.episodes_left -= 1
+            if group.episodes_left == 0:
+                self._scored(group)
+
+        request.done = answered
+        self._engine().submit(request)
+
+    def _scored(self, group: _Group) -> None:
+        """Each sample's reward on the first free reward worker; the group is finished with the last."""
+        end = self.t
+        for _ in group.samples:
+            if self.costs.reward_s <= 0:
+                break
+            i = min(range(len(self.reward_free)), key=self.reward_free.__getitem__)
+            start = max(self.t, self.reward_free[i])
+            self.reward_free[i] = start + self.costs.reward_s
+            end = max(end, self.reward_free[i])
+        self.at(end, lambda: self._finish(group))
+
+    def _finish(self, group: _Group) -> None:
+        self.buffer.finish(group.ticket, group)
+        self._admit()
+        self._train()
+
+    # ---- the trainer ---------------------------------------------------------------------------------------------
+    def _train(self) -> None:
+        if self.trainer_busy or len(self.steps) >= self.w.steps:
+            return
+        batch = self.buffer.try_take()
+        if batch is None:
+            return
+        self.wait_s += self.t - self.idle_since
+        self.trainer_busy = True
+        samples = [s for g in batch for s in g.samples]
+        tokens = sum(s.context for s in samples)  # prompt + response of every sample (agent: every call)
+        for s in samples:
+            for v, n in s.versions.items():
+                self.hist[self.version - v] += n
+        self.trained_tokens += tokens
+        train = self.costs.train_s(tokens * self.w.epochs, self.w.recompute or self.w.epochs > 1)
+        self.at(self.t + train, self._synced_later)
+
+    def _synced_later(self) -> None:
+        self.at(self.t + self.costs.sync_s, self._published)
+
+    def _published(self) -> None:
+        self.version += 1
+        for e in self.engines:
+            e.pending = self.version
+            e.kick()
+        self.buffer.set_version(self.version)
+        gate = self.buffer.gate_closed_s()
+        record = {"step": self.version, "step_time_s": self.t - self.last_record, "trainer_wait_s": self.wait_s,
+                  "gate_closed_s": gate - self.last_gate, "max_staleness": self.buffer.max_staleness}
+        self.steps.append(record)
+        self.policy.observe(record)
+        self.last_record, self.last_gate, self.wait_s = self.t, gate, 0.0
+        self._admit()
+        extra = 0.0
+        if self.w.eval_every and self.version % self.w.eval_every == 0:
+            extra += self.costs.eval_s
+        if self.w.save_every and self.version % self.w.save_every == 0:
+            extra += self.costs.save_s
+        self.at(self.t + extra, self._trainer_free)
+
+    def _trainer_free(self) -> None:
+        self.trainer_busy = False
+        self.idle_since = self.t
+        self._train()
+
+    # ---- the result --------------------------------------------------------------------------------------------
+    def _prediction(self) -> Prediction:
+        steps = self.steps
+        wall = sum(r["step_time_s"] for r in steps) or 1e-9
+        times = [r["step_time_s"] for r in steps]
+        later = times[1:] or times
+        tokens = sum(self.hist.values())
+        return Prediction(
+            steps=len(steps), total_s=wall, step_time_s=statistics.median(later) if later else 0.0,
+            mean_step_time_s=sum(later) / len(later) if later else 0.0,
+            gen_busy_frac=min(1.0, sum(e.busy_s for e in self.engines) / len(self.engines) / wall),
+            trainer_wait_frac=sum(r["trainer_wait_s"] for r in steps) / wall,
+            staleness_mean=sum(k * v for k, v in self.hist.items()) / tokens if tokens else 0.0,
+            staleness_hist=dict(self.hist), tokens_per_s=sum(e.tokens for e in self.engines) / wall,
+            trained_tokens_per_s=self.trained_tokens / wall, eta=[r["max_staleness"] for r in steps],
+            step_times=times)
+
+
+def simulate(workload: Workload, costs: Costs, chunk: int = 16) -> Prediction:
+    """Run the simulation of ``workload`` under ``costs`` to its ``steps``."""
+    return Simulation(workload, costs, chunk).run()

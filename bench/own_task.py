@@ -1,0 +1,140 @@
+"""A fresh task of a user's own, end to end: data -> ``asyncrl sft`` from builtin:tiny-sft -> ``asyncrl train``
+with the task's reward -> held-out accuracy over time. Run by hand (minutes), one task per call:
+
+    python bench/own_task.py --task vowels --out outputs/own-vowels
+    python bench/own_task.py --task first --out outputs/own-first --rl actor.lr=2e-4
+
+Two invented tasks with short answers, of different kinds (nothing in asyncrl knows them):
+- ``vowels``: "How many vowels are in the word 'tobarine'?" -> ``4`` (counting letters of a made-up word);
+- ``first``: "Which letter comes first in the alphabet: k, d, r?" -> ``d`` (ordering).
+Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would.
+``--rl`` and ``--sft`` add overrides to the RL and SFT commands. Prints the SFT and RL held-out accuracies
+(greedy, 200 items) and the machine; the run directories keep metrics.jsonl for the curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+VOWELS = "aeiou"
+CONSONANTS = "bcdfghklmnprstvz"
+
+
+def made_up_word(rng: random.Random) -> str:
+    """A pronounceable made-up word of 2 to 4 syllables: 0-2 consonants, 1-2 vowels, sometimes a closing
+    consonant (so its vowels are not simply its syllables)."""
+    parts = []
+    for _ in range(rng.randint(2, 4)):
+        onset = "".join(rng.choice(CONSONANTS) for _ in range(rng.choice((0, 1, 1, 2))))
+        nucleus = "".join(rng.choice(VOWELS) for _ in range(rng.choice((1, 1, 2))))
+        parts.append(onset + nucleus + (rng.choice(CONSONANTS) if rng.random() < 0.3 else ""))
+    return "".join(parts)
+
+
+def vowels_row(rng: random.Random) -> dict:
+    word = made_up_word(rng)
+    vowels = [c for c in word if c in VOWELS]
+    return {"question": f"How many vowels are in the word '{word}'?", "answer": str(len(vowels)),
+            "working": f"The vowels are {', '.join(vowels)}. The answer is {len(vowels)}."}
+
+
+def first_row(rng: random.Random) -> dict:
+    letters = rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(3, 5))
+    order = sorted(letters)
+    return {"question": f"Which letter comes first in the alphabet: {', '.join(letters)}?", "answer": order[0],
+            "working": f"In order: {', '.join(order)}. The answer is {order[0]}."}
+
+
+TASKS = {"vowels": vowels_row, "first": first_row}
+
+
+def reward(prompt: str, completion: str, answer: str, **_) -> float:
+    """1.0 when the completion's answer is right: what follows its last ``answer is``, else its first word
+    (``4``, ``4.``, ``d`` and ``d.`` all count)."""
+    tail = completion.rsplit("answer is", 1)[-1]
+    found = re.findall(r"[A-Za-z0-9]+", tail)
+    return float(bool(found) and found[0].lower() == answer.lower())
+
+
+def make_data(task: str, out: Path, n_train: int = 4000, n_test: int = 200, seed: int = 0, working: bool = False
+              ) -> tuple[Path, Path]:
+    """Rows of ``question`` and ``answer``; with ``working``, also a ``solution`` that writes the steps before the
+    answer (the SFT target)."""
+    rng, make = random.Random(seed), TASKS[task]
+    test, seen = [], set()
+    while len(test) < n_test:
+        r = make(rng)
+        if r["question"] not in seen:
+            seen.add(r["question"])
+            test.append(r)
+    train = []
+    while len(train) < n_train:
+        r = make(rng)
+        if r["question"] not in seen:
+            train.append(r)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train.jsonl", train), ("test.jsonl", test)):
+        rows = [{"question": r["question"], "answer": r["answer"], **({"solution": r["working"]} if working else {})}
+                for r in rows]
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out / "train.jsonl", out / "test.jsonl"
+
+
+def run(cmd: list[str]) -> None:
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def accuracies(path: Path, key: str = "eval_accuracy") -> list[tuple[int, float, float]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(r["step"], r.get("elapsed_s", 0.0), r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", choices=sorted(TASKS), required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rows", type=int, default=4000)
+    p.add_argument("--sft-steps", type=int, default=300)
+    p.add_argument("--rl-seconds", type=int, default=300)
+    p.add_argument("--sft", nargs="*", default=[], help="extra overrides of asyncrl sft")
+    p.add_argument("--rl", nargs="*", default=[], help="extra overrides of asyncrl train")
+    p.add_argument("--skip-sft", action="store_true", help="reuse OUT/sft")
+    p.add_argument("--name", default="run", help="the RL run's name: OUT/rl/NAME")
+    p.add_argument("--working", action="store_true", help="SFT targets write the steps, then 'The answer is X.'")
+    args = p.parse_args(argv)
+    from machine import cpu  # bench/ is on the path of a script run from it (not of the reward's importers)
+
+    print(cpu())
+    train, test = make_data(args.task, args.out / "data", args.rows, working=args.working)
+    asyncrl = [sys.executable, "-m", "asyncrl.cli"]
+    fn = "reward.fn=bench.own_task:reward"
+    if not args.skip_sft:
+        run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={train}", f"valid_dataset.path={test}",
+                       fn, f"steps={args.sft_steps}", "eval_every=50", f"max_new_tokens={32 if args.working else 8}", f"output={args.out / 'sft'}",
+                       *args.sft])
+    run(asyncrl + ["train", f"model.path={args.out / 'sft'}", f"train_dataset.path={train}",
+                   f"valid_dataset.path={test}", fn, f"max_train_time_s={args.rl_seconds}", "total_train_steps=100000",
+                   "evaluator.freq_steps=10", f"output_dir={args.out}", "experiment_name=rl", f"trial_name={args.name}",
+                   "resume=fresh", "progress_bar=false", *args.rl])
+    sft = accuracies(args.out / "sft" / "sft_metrics.jsonl")
+    rl = accuracies(args.out / "rl" / args.name / "metrics.jsonl")
+    print(f"\n{args.task}: SFT held-out accuracy by step: " + ", ".join(f"{s}:{a:.3f}" for s, _, a in sft))
+    print(f"{args.task}: RL held-out accuracy by step (elapsed s): "
+          + ", ".join(f"{s}({t:.0f}):{a:.3f}" for s, t, a in rl))
+    if rl:
+        last = [a for _, _, a in rl[-3:]]
+        print(f"{args.task}: RL start {rl[0][2]:.3f} -> end {rl[-1][2]:.3f} (mean of the last 3: "
+              f"{sum(last) / len(last):.3f}), {rl[-1][0]} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

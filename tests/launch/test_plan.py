@@ -1,0 +1,58 @@
+"""``asyncrl plan`` (asyncrl/launch/plan.py): the configured run predicted from a hardware profile, as one JSON
+object with the documented keys, a sweep as a table with a recommendation (or a list in JSON), a page with the
+curves; a missing or broken profile is one line and exit status 2."""
+
+import json
+
+import pytest
+
+from asyncrl import cli
+from asyncrl.plan.costs import Costs, Profile, load_profile, save_profile
+
+KEYS = {"step_time_s", "gen_busy_frac", "trainer_wait_frac", "staleness_mean", "tokens_per_s"}
+
+
+@pytest.fixture
+def profile(tmp_path):
+    costs = Costs(decode_base_s=0.005, decode_per_seq_s=3e-4, prefill_per_token_s=4e-4, train_base_s=0.5,
+                  train_per_token_s=8e-4, sync_s=0.04, save_s=0.05, eval_s=2.0)
+    return str(save_profile(Profile("hand-made", costs, "by hand"), tmp_path / "profile.yaml"))
+
+
+def test_one_prediction_as_json(profile, capsys):
+    assert cli.main(["plan", "--hardware", profile, "--json", "total_train_steps=40"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert KEYS <= set(out) and out["step_time_s"] > 0 and 0 <= out["gen_busy_frac"] <= 1
+    assert out["time_for_steps_s"] == pytest.approx(40 * out["step_time_s"], rel=0.3)
+
+
+def test_a_sweep_is_a_table_with_a_recommendation_and_a_page(profile, tmp_path, capsys):
+    page = tmp_path / "plan.html"
+    assert cli.main(["plan", "--hardware", profile, "--sweep", "rollout.max_head_offpolicyness=0,1,4",
+                     "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("rollout.max_head_offpolicyness=") == 3 and out.count("<- recommended") == 1
+    assert page.read_text().count("<svg") == 5
+    assert cli.main(["plan", "--hardware", profile, "--json", "--sweep", "rollout.max_head_offpolicyness=0,2",
+                     "--sweep", "gconfig.n_samples=4,8"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 4 and all(KEYS <= set(r) for r in rows)
+    sync = next(r for r in rows if r["rollout.max_head_offpolicyness"] == "0" and r["gconfig.n_samples"] == "8")
+    assert sync["staleness_mean"] == 0
+
+
+def test_without_a_profile_it_says_how_to_get_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["plan"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("asyncrl plan: error: no hardware profile") and "--profile" in err and "\n" not in err
+
+
+def test_a_broken_profile_names_the_key(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("costs:\n  decode_base_s: -1\n")
+    assert cli.main(["plan", "--hardware", str(bad)]) == 2
+    assert "costs.decode_base_s must be a number >= 0" in capsys.readouterr().err
+    bad.write_text("costs:\n  decode_speed: 3\n")
+    with pytest.raises(ValueError, match="unknown cost keys"):
+        load_profile(bad)

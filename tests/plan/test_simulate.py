@@ -1,0 +1,67 @@
+"""The planner's simulation (asyncrl/plan/simulate.py) on cases with a known answer: η = 0 with constant costs
+is the sum of the phases; a generator that is never the bottleneck leaves the trainer no wait; the real gate
+bounds the simulated staleness; an auto η settles; agent episodes wait on their tools."""
+
+import pytest
+
+from asyncrl.plan.costs import Costs, spec_costs, GPUS, MODELS
+from asyncrl.plan.lengths import fixed, long_tail
+from asyncrl.plan.simulate import ToolLatency, Workload, simulate
+
+PHASES = Costs(decode_base_s=0.01, train_base_s=1.0, sync_s=0.1)  # 50 tokens: 0.5 s of generation a step
+
+
+def _workload(**kw) -> Workload:
+    return Workload(**{"batch_size": 4, "n_samples": 4, "lengths": fixed(50), "max_slots": 64, "steps": 12, **kw})
+
+
+def test_synchronous_with_constant_costs_is_the_sum_of_the_phases():
+    p = simulate(_workload(max_staleness=0), PHASES)
+    assert p.step_time_s == pytest.approx(0.5 + 1.0 + 0.1)
+    assert p.trainer_wait_frac == pytest.approx(0.5 / 1.6, rel=0.05) and p.staleness_mean == 0
+    assert p.staleness_hist == {0: 12 * 16 * 50}
+
+
+def test_a_generator_that_is_never_the_bottleneck_leaves_no_wait():
+    """Asynchronous, generation (0.5 s a batch) hides behind training (1.1 s): the trainer waits only for the
+    first batch."""
+    p = simulate(_workload(max_staleness=2, steps=20), PHASES)
+    assert p.step_time_s == pytest.approx(1.1)
+    wait_after_first = p.trainer_wait_frac * p.total_s - 0.5
+    assert wait_after_first == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_slow_generator_makes_the_trainer_wait_whatever_eta():
+    slow = Costs(decode_base_s=0.05, train_base_s=0.5, sync_s=0.0)  # 2.5 s a batch (16 slots), 0.5 s training
+    for eta in (1, 4):
+        p = simulate(_workload(max_staleness=eta, steps=20, max_slots=16), slow)
+        assert p.step_time_s == pytest.approx(2.5, rel=0.02) and p.trainer_wait_frac > 0.7
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 4])
+def test_the_real_gate_bounds_the_simulated_staleness(eta):
+    p = simulate(_workload(max_staleness=eta, lengths=long_tail(20, 200, 400), steps=30, seed=eta), PHASES)
+    assert max(p.staleness_hist) <= eta
+
+
+def test_auto_eta_settles_at_the_smallest_that_keeps_the_trainer_fed():
+    p = simulate(_workload(max_staleness="auto", steps=40), PHASES)
+    assert p.eta[-1] == 1 and max(p.eta) <= 8
+
+
+def test_agent_episodes_wait_on_their_tools():
+    """Three calls with a 1 s tool between them: synchronously each step takes at least two tool waits."""
+    agent = _workload(max_staleness=0, calls_per_episode=3, tool=ToolLatency(1.0, 1.0), steps=6)
+    sync = simulate(agent, PHASES)
+    assert sync.step_time_s >= 2 * 1.0 + 3 * 0.5 + 1.1 - 1e-6
+    async_ = simulate(_workload(max_staleness=4, calls_per_episode=3, tool=ToolLatency(1.0, 1.0), steps=12), PHASES)
+    assert async_.step_time_s < sync.step_time_s * 0.6
+
+
+def test_spec_costs_scale_with_the_hardware():
+    small, big = MODELS["r1-distill-qwen-1.5b"], MODELS["r1-distill-qwen-7b"]
+    h800 = spec_costs(GPUS["h800"], small, engine_gpus=1, train_gpus=32).costs
+    a100 = spec_costs(GPUS["a100"], small, engine_gpus=1, train_gpus=32).costs
+    assert a100.train_per_token_s > 3 * h800.train_per_token_s  # 312 vs 989 TFLOP/s
+    assert spec_costs(GPUS["h800"], big, engine_gpus=1, train_gpus=32).costs.decode_base_s > h800.decode_base_s
+    assert all("TFLOP/s" in n or n for n in spec_costs(GPUS["h200"], small, engine_gpus=1, train_gpus=8).notes)

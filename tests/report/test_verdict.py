@@ -1,0 +1,101 @@
+"""The verdict's rules (asyncrl/report/verdict.py) on records with a known bottleneck: each names it with its
+evidence and change; the bottleneck is the finding with the largest expected gain; learning-health rules;
+SFT memorising; ``asyncrl diagnose`` on a run directory, text and JSON."""
+
+import json
+
+import pytest
+
+from asyncrl.report.diagnose import main as diagnose_main
+from asyncrl.report.verdict import diagnose, diagnose_sft
+
+
+def _steps(n: int = 10, **phases) -> list[dict]:
+    """``n`` one-second steps; ``phases`` are seconds per step (trainer_wait_s=0.3, ...) and other fields."""
+    base = {"step_time_s": 1.0, "trainer_fwd_bwd_s": 0.5, "gen_decode_s": 0.5, "groups_no_signal_frac": 0.1,
+            "entropy": 0.3, "clip_frac": 0.0, "behav_weight_capped_frac": 0.0, "truncated_frac": 0.0,
+            "response_len_max": 40, "response_len_mean": 30, "staleness_mean": 0.5}
+    return [{"step": 0, "eval_accuracy": 0.2}] + [{"step": i, **base, **phases} for i in range(1, n + 1)]
+
+
+def _names(verdict) -> set[str]:
+    return {f.name for f in verdict.findings}
+
+
+@pytest.mark.parametrize("phases, name, change", [
+    (dict(gen_idle_gate_s=0.5, trainer_wait_s=0.02), "trainer-bound", "actor.threads"),
+    (dict(trainer_wait_s=0.4, gen_idle_gate_s=0.2), "generator-bound", "raise η"),
+    (dict(trainer_wait_s=0.4, gen_idle_gate_s=0.0), "generator-bound", "rollout.threads"),
+    (dict(trainer_wait_s=0.4, episode_tool_s=5.0, episode_llm_gen_s=1.0, gen_idle_nowork_s=0.4), "tool-bound",
+     "max_concurrent_rollouts"),
+    (dict(trainer_sync_s=0.3), "sync-bound", "weight_transport"),
+    (dict(trainer_eval_s=0.1, trainer_save_s=0.1), "eval/checkpoint-bound", "evaluator.freq_steps"),
+    (dict(reward_queue_s=0.6, reward_run_s=0.3, trainer_wait_s=0.3, gen_idle_gate_s=0.2), "reward-bound",
+     "reward.workers"),
+    (dict(trainer_wait_s=0.4, response_len_max=300, response_len_mean=30), "long-tail-bound", "max_new_tokens"),
+])
+def test_a_planted_bottleneck_is_named_with_its_change(phases, name, change):
+    verdict = diagnose(_steps(**phases), {"eta": 2, "n_samples": 8, "workers": 1})
+    found = {f.name: f for f in verdict.findings}
+    assert name in found, verdict.lines()
+    assert change in found[name].change and found[name].gain > 0
+    assert any(name in line for line in verdict.lines())
+
+
+def test_the_bottleneck_is_the_finding_with_the_largest_gain():
+    verdict = diagnose(_steps(trainer_wait_s=0.4, gen_idle_gate_s=0.2, trainer_eval_s=0.1, trainer_save_s=0.1))
+    assert {"generator-bound", "eval/checkpoint-bound"} <= _names(verdict)
+    assert verdict.bottleneck.name == "generator-bound"
+    assert verdict.lines()[1].startswith("bottleneck: generator-bound")
+
+
+def test_a_balanced_run_has_no_bottleneck():
+    verdict = diagnose(_steps(trainer_wait_s=0.02, gen_idle_gate_s=0.05))
+    assert verdict.bottleneck is None and "none found" in verdict.lines()[1]
+
+
+def test_the_rules_read_the_last_steps_only():
+    """A warm-up in which the trainer waited does not decide the verdict of a run that no longer waits."""
+    records = _steps(5, trainer_wait_s=0.9) + _steps(25, gen_idle_gate_s=0.5)[1:]
+    assert diagnose(records).bottleneck.name == "trainer-bound"
+
+
+@pytest.mark.parametrize("fields, name", [
+    (dict(groups_no_signal_frac=0.9), "no learning signal"),
+    (dict(entropy=0.001), "entropy collapse"),
+    (dict(clip_frac=0.3), "clipping"),
+    (dict(behav_weight_capped_frac=0.1), "behaviour cap"),
+    (dict(truncated_frac=0.5), "truncation"),
+    (dict(mismatch_abs_mean=0.05), "train/inference mismatch"),
+    (dict(staleness_mean=1.9), "staleness at its bound"),
+])
+def test_learning_health(fields, name):
+    assert name in _names(diagnose(_steps(**fields), {"eta": 2}))
+    assert name not in _names(diagnose(_steps(), {"eta": 2}))
+
+
+def test_an_auto_eta_is_read_per_step():
+    assert "staleness at its bound" in _names(diagnose(_steps(staleness_mean=3.0, max_staleness=3), {"eta": "auto"}))
+
+
+def test_sft_that_memorised_its_data_is_named():
+    records = [{"step": s, "loss": 0.0003, "eval_accuracy": 0.02 if s % 50 == 0 else None} for s in range(1, 301)]
+    records[49]["eval_accuracy"] = 0.06  # the best held-out accuracy, early
+    verdict = diagnose_sft([{k: v for k, v in r.items() if v is not None} for r in records])
+    (finding,) = verdict.findings
+    assert finding.name == "memorising" and "step 50" in finding.change
+    fine = [{"step": s, "loss": 0.4, "eval_accuracy": 0.5} for s in range(1, 50)]
+    assert not diagnose_sft(fine).findings
+
+
+def test_diagnose_command_on_a_run_directory(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _steps(gen_idle_gate_s=0.5)))
+    (tmp_path / "config.yaml").write_text("rollout:\n  max_head_offpolicyness: 2\ngconfig:\n  n_samples: 8\n")
+    assert diagnose_main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "bottleneck: trainer-bound" in out and "now 8" in out
+    assert diagnose_main([str(tmp_path), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["bottleneck"] == "trainer-bound" and verdict["settings"]["eta"] == 2
+    assert diagnose_main([str(tmp_path / "missing")]) == 2
+    assert "no such directory" in capsys.readouterr().err
