@@ -55,13 +55,17 @@ def test_jsonl_and_reward_to_a_trained_policy(tmp_path):
 
     out = summary(run(ASYNCRL, "train", "--config", "examples/your_task/train.yaml", f"model.path={sft}",
                       f"train_dataset.path={data / 'train.jsonl'}", f"valid_dataset.path={data / 'test.jsonl'}",
-                      f"output_dir={tmp_path / 'runs'}", "total_train_steps=40", "evaluator.freq_steps=0",
-                      "rollout.max_head_offpolicyness=0", "saver.freq_steps=40", "progress_bar=false",
+                      f"output_dir={tmp_path / 'runs'}", "total_train_steps=20", "evaluator.freq_steps=0",
+                      "rollout.max_head_offpolicyness=0", "saver.freq_steps=20", "progress_bar=false",
                       "report=false"))
-    assert out["step"] == 40
+    assert out["step"] == 20
     checkpoints = tmp_path / "runs" / "your_task" / "default" / "checkpoints"
     latest = checkpoints / (checkpoints / "latest").read_text().strip()
     after_rl = evaluate(latest, data, tmp_path / "eval2.jsonl")
 
+    # Measured (2 cores, a loaded machine; the commands above with evaluations along the way): SFT's held-out
+    # accuracy 0.0 / 0.23 / 0.31 at steps 50 / 100 / 150; RL from 0.31: 0.35 / 0.38 / 0.40 / 0.40 at steps
+    # 10 / 20 / 30 / 40 (docs/your-task.md's η = 2 run: +0.045 at 10, +0.075 at 20). So 150 SFT steps clear the
+    # +0.15 by twice over and 20 RL steps the +0.03 by about twice; 10 RL steps would not.
     accuracy = [r["eval_accuracy"] for r in (before, after_sft, after_rl)]
     assert accuracy[0] < 0.05 and accuracy[1] > accuracy[0] + 0.15 and accuracy[2] > accuracy[1] + 0.03, accuracy
