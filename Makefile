@@ -20,9 +20,8 @@ $(VENV)/.installed: pyproject.toml
 train: setup
 	$(VENV)/bin/asyncrl train $(ARGS)
 
-# Two pytest-xdist workers, one per core (tests of one xdist_group on one worker); the 20 slowest tests are listed
-# at the end (DEVELOPERS.md: Tests).
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --durations=20
+# Two pytest-xdist workers, one per core; the 20 slowest tests are listed at the end (DEVELOPERS.md: Tests).
+PYTEST := $(PY) -m pytest -q -n 2 --durations=20
 
 test: setup
 	$(PYTEST) $(ARGS)

@@ -34,12 +34,24 @@ def agent_tokenizer():
 
 
 @pytest.fixture(scope="session")
-def two_trainer_ranks():
+def two_trainer_ranks(tmp_path_factory):
     """The updates of two trainer ranks (DDP, FSDP2, LoRA under DDP) for every case the tests compare with one
-    process: trainers_for_tests.two_trainer_ranks, spawned once per session (per worker) instead of per test."""
+    process: trainers_for_tests.two_trainer_ranks, spawned once per run instead of once per test. Under xdist the
+    first worker to ask computes them (the other waits on a lock) and leaves them in the run's shared directory."""
+    import fcntl
+    import pickle
+
     from trainers_for_tests import two_trainer_ranks
 
-    return two_trainer_ranks()
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return two_trainer_ranks()
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, above every worker's popen-gwK/
+    path = shared / "two_trainer_ranks.pickle"
+    with open(shared / "two_trainer_ranks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            path.write_bytes(pickle.dumps(two_trainer_ranks()))
+        return pickle.loads(path.read_bytes())
 
 
 def make_model(vocab: int = 320, seed: int = 0, hidden: int = 64, layers: int = 2, model_type: str = "qwen2"):

@@ -190,7 +190,6 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
     assert "model.lora.rank: '8' -> '0'" in err and "resume=fresh" in err
 
 
-@pytest.mark.xdist_group("two_trainer_ranks")  # one worker spawns the ranks for both files
 def test_two_ddp_ranks_train_the_adapters_as_one_rank_does(two_trainer_ranks):
     """Two DDP ranks (spawned once for the session: the two_trainer_ranks fixture) against one process."""
     from asyncrl.trainer import PolicyTrainer

@@ -10,7 +10,6 @@ from asyncrl.parallel import shard_groups
 from trainers_for_tests import PARALLEL_CASES, ranked_trainer, varied_batch
 
 
-@pytest.mark.xdist_group("two_trainer_ranks")  # one worker spawns the ranks for both files
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 @pytest.mark.parametrize("case", list(PARALLEL_CASES))
 def test_two_ranks_give_the_update_of_one(mode, case, two_trainer_ranks):
