@@ -20,8 +20,10 @@ $(VENV)/.installed: pyproject.toml
 train: setup
 	$(VENV)/bin/asyncrl train $(ARGS)
 
-# Two pytest-xdist workers, one per core; the 20 slowest tests are listed at the end (DEVELOPERS.md: Tests).
-PYTEST := $(PY) -m pytest -q -n 2 --durations=20
+# Two pytest-xdist workers, one per core; a worker that runs out of tests takes some of the other's (worksteal: the
+# slow tests come first, and plain load scheduling would queue them all on the first worker); the 20 slowest tests
+# are listed at the end (DEVELOPERS.md: Tests).
+PYTEST := $(PY) -m pytest -q -n 2 --dist worksteal --durations=20
 
 test: setup
 	$(PYTEST) $(ARGS)
