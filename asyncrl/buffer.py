@@ -69,6 +69,7 @@ class RolloutBuffer:
         self.max_staleness = self.policy.bound()  # η of the current version
         self._gate_closed_s = 0.0  # time admission was refused by the staleness bound (not by max_concurrent)
         self._clock = clock  # what measures it (the planner's simulation passes its own)
+        self.taking = False  # the trainer is blocked in take()
         self._closed_since: float | None = None
         self.version = 0
         self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
@@ -184,22 +185,28 @@ class RolloutBuffer:
         seconds without a batch."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            while True:
-                if self._error is not None:
-                    raise self._error
-                batch = self._pick()
-                if batch is not None:
-                    groups = [self._ready.pop(seq)[1] for seq in batch]
-                    return groups
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(
-                        f"no batch of {self.batch_size} groups within {timeout}s (rollout.batch_timeout_s): "
-                        f"ready={len(self._ready)} "
-                        f"running={self.running} accepted={self.accepted} rejected={self.rejected} "
-                        f"version={self.version}"
-                    )
-                self._cv.wait(timeout=0.5 if left is None else min(left, 0.5))
+            self.taking = True  # read by cluster.cpu_split=auto: the trainer is waiting
+            try:
+                return self._take(deadline, timeout)
+            finally:
+                self.taking = False
+
+    def _take(self, deadline: float | None, timeout: float | None) -> list[TrajectoryGroup]:
+        """``take``'s wait (holding the lock, released while waiting)."""
+        while True:
+            if self._error is not None:
+                raise self._error
+            batch = self._pick()
+            if batch is not None:
+                return [self._ready.pop(seq)[1] for seq in batch]
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(
+                    f"no batch of {self.batch_size} groups within {timeout}s (rollout.batch_timeout_s): "
+                    f"ready={len(self._ready)} running={self.running} accepted={self.accepted} "
+                    f"rejected={self.rejected} version={self.version}"
+                )
+            self._cv.wait(timeout=0.5 if left is None else min(left, 0.5))
 
     def stats(self) -> dict:
         with self._cv:

@@ -153,6 +153,11 @@ class TrainConfig:
         self.watchdog.validate()
         self.cluster.validate()
         self.saver.validate()
+        if self.cluster.cpu_split == "auto" and (self.rollout.placement.kind != "local" or self.actor.world_size > 1
+                                                 or self.cluster.resolved_device() != "cpu"):
+            raise ConfigError("cluster.cpu_split=auto shares this process's CPU cores between the trainer and the "
+                              "built-in engine: it needs rollout.backend=local, one trainer rank and the CPU "
+                              f"(got rollout.backend={self.rollout.backend}, actor.backend={self.actor.backend})")
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got '{self.launcher}'")
         self.stats_logger.validate()

@@ -107,6 +107,7 @@ def allocate(rollout: str, actor: str, device: str, n_devices: int) -> Allocatio
     return Allocation(device, a, r, trainer, servers)
 
 DEVICES = ("auto", "cpu", "cuda")
+CPU_SPLITS = ("fixed", "auto")
 LAUNCHERS = ("local", "ray")
 
 
@@ -120,10 +121,16 @@ class ClusterConfig:
     local Ray with this machine's cores."""
     master_port: int = 0
     """The rendezvous port of the trainer ranks (0 = a free one)."""
+    cpu_split: str = "fixed"
+    """fixed: the trainer uses actor.threads and the built-in engine rollout.threads | auto: they share this
+    process's cores, each using all of them while the other waits and half while both work (rollout.backend
+    local on the CPU, one trainer rank)."""
 
     def validate(self) -> None:
         if self.device not in DEVICES:
             raise ConfigError(f"cluster.device must be one of {list(DEVICES)}, got '{self.device}'")
+        if self.cpu_split not in CPU_SPLITS:
+            raise ConfigError(f"cluster.cpu_split must be one of {list(CPU_SPLITS)}, got '{self.cpu_split}'")
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"cluster.master_port must lie in 0..65535, got {self.master_port}")
 

@@ -21,15 +21,16 @@ from asyncrl.engine.local import LocalEngine
 
 def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dtype, max_len: int, seed: int,
                  stop_token_ids: tuple[int, ...], server_devices: tuple[tuple[int, ...], ...] = (),
-                 device: str = "cpu", version: int = 0):
+                 device: str = "cpu", version: int = 0, threads=None):
     """The rollout engine for ``cfg.backend`` (not started), serving ``model`` as weight ``version`` (a resumed
     run's: every token it generates is stamped with it). ``model`` is the trainer's live model (for in-process
     engines, which run on ``device``); ``model_path`` the resolved checkpoint directory it was loaded from (servers
-    load it); ``server_devices`` the GPU ids of each server (none on the CPU)."""
+    load it); ``server_devices`` the GPU ids of each server (none on the CPU). ``threads`` (the built-in engine only)
+    replaces ``cfg.threads``: a number, or a callable asked before each step (``asyncrl.cores.CoreShare``)."""
     backend = cfg.placement
     if backend.kind == "local":
         return LocalEngine(model, max_slots=cfg.max_slots, max_len=max_len, dtype=dtype, seed=seed,
-                           interrupt_mode=cfg.interrupt_mode, stop_token_ids=stop_token_ids, threads=cfg.threads,
+                           interrupt_mode=cfg.interrupt_mode, stop_token_ids=stop_token_ids, threads=threads or cfg.threads,
                            native_kernels=cfg.native_kernels, device=device, version=version)
     from asyncrl.engine.remote import RemoteEngine
 

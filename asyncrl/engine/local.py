@@ -32,6 +32,7 @@ import contextlib
 import threading
 import time
 from concurrent.futures import Future
+from typing import Callable
 
 import torch
 
@@ -57,7 +58,7 @@ class LocalEngine:
         stop_token_ids: tuple[int, ...] = (),
         version: int = 0,
         recompute_chunk: int = 16,
-        threads: int | None = None,
+        threads: "int | Callable[[], int] | None" = None,
         tokenizer=None,
         native_kernels: bool = True,
         device: torch.device | str | None = None,
@@ -70,7 +71,8 @@ class LocalEngine:
         self.interrupt_mode = interrupt_mode
         self.default_stop = tuple(stop_token_ids)
         self.recompute_chunk = recompute_chunk
-        self.threads = threads  # torch threads of the engine thread
+        self.threads = threads  # torch threads of the engine thread (a callable: asked before each step)
+        self._torch_threads = 0
         self.tokenizer = tokenizer  # only needed for stop strings
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -250,9 +252,19 @@ class LocalEngine:
         """The engine's CUDA stream as the current one (nothing elsewhere)."""
         return contextlib.nullcontext() if self._stream is None else torch.cuda.stream(self._stream)
 
+    @property
+    def idle(self) -> bool:
+        """Whether the engine's loop is waiting for work (or paused) now."""
+        return self._waiting_since is not None
+
+    def _set_threads(self) -> None:
+        n = self.threads() if callable(self.threads) else self.threads
+        if n and n != self._torch_threads:
+            torch.set_num_threads(n)
+            self._torch_threads = n
+
     def _loop(self) -> None:
-        if self.threads:
-            torch.set_num_threads(self.threads)
+        self._set_threads()
         with self._on_stream():
             self._run_loop()
 
@@ -292,6 +304,7 @@ class LocalEngine:
                 if abort:
                     self._abort_running()
                 if pending is None and not abort:
+                    self._set_threads()
                     self.step(admit=not draining)
             except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the engine
                 self._fail_all(e)

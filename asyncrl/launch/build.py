@@ -27,6 +27,7 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
                                 weights_dir)
 from asyncrl.controller import LoopPlan, Parts
+from asyncrl.cores import CoreShare, process_cores
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
@@ -155,10 +156,11 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
                                default_max_prompt_tokens=room)
     reward = build_reward_service(cfg.reward, data.reward_fn)
     stack.callback(reward.close)
+    share, sharing = _core_share(cfg)
     engine = _start(stack, cfg.rollout.backend, lambda: build_engine(
         cfg.rollout, model, model_path=model_path, dtype=shape.dtype, max_len=shape.max_len, seed=cfg.seed,
         stop_token_ids=shape.stop_token_ids, server_devices=allocation.server_devices, device=device,
-        version=start.version))
+        version=start.version, threads=share and share.engine_threads))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
         stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels,
@@ -167,7 +169,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     trainer = build_trainer(cfg.actor, policy, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=shape.autocast_dtype, max_new_tokens=cfg.gconfig.max_new_tokens,
                             top_p=cfg.gconfig.top_p, top_k=cfg.gconfig.top_k, dp=dp, device=device,
-                            init_path=init_path)
+                            init_path=init_path, threads=share and share.trainer_threads)
     counts = trainable_summary(policy)
     log.info("policy: %s trainable parameters of %s (%.2f%%)%s", f"{counts['trainable']:,}", f"{counts['total']:,}",
              100 * counts["fraction"], f", LoRA rank {cfg.model.lora.rank}" if cfg.model.lora.enabled else "")
@@ -192,6 +194,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     policy = (AutoStaleness(cfg.rollout.max_staleness_limit) if cfg.rollout.max_head_offpolicyness == "auto"
               else FixedStaleness(max_staleness))
     buffer = RolloutBuffer(batch_size, policy, cfg.rollout.max_concurrent_rollouts)
+    sharing.update(buffer=buffer, engine=engine)
     # a resumed run: the groups that were ready, then the items that were in flight, then the stream goes on
     buffer.restore(start.version, start.ready, start.accepted, start.rejected, start.drawn - len(start.inflight))
     items = itertools.chain(start.inflight, itertools.islice(data.train, start.drawn, None))
@@ -223,6 +226,16 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
                           w.max_nonfinite_steps, LiveVerdict(verdict_settings(cfg), w.verdict_steps)),
     )
+
+
+def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
+    """With cluster.cpu_split=auto, the cores shared by the trainer and the engine (and the dict the buffer and
+    the engine are put in once built, for it to read)."""
+    parts: dict = {}
+    if cfg.cluster.cpu_split != "auto":
+        return None, parts
+    return CoreShare(process_cores(), trainer_waiting=lambda: "buffer" in parts and parts["buffer"].taking,
+                     engine_idle=lambda: "engine" in parts and parts["engine"].idle), parts
 
 
 def verdict_settings(cfg: TrainConfig) -> dict:

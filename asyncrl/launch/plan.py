@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "them to FILE (default outputs/plan/profile.yaml)")
     p.add_argument("--hardware", metavar="FILE", help="a hardware profile written by --profile (or edited by hand)")
     p.add_argument("--from-run", metavar="DIR", help="fit the costs and lengths from a run directory's metrics")
+    p.add_argument("--calls-per-episode", type=float, default=None, metavar="N",
+                   help="agent workflows: LLM calls per episode (default: what --from-run measured, else 1); tool "
+                        "latency comes from agent.options tool_latency_s / tool_latency_p99_s")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for a sweep)")
     p.add_argument("--html", metavar="FILE", help="write a page with the sweep's curves")
 
@@ -52,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = configlib.load(TrainConfig, args.config, args.overrides)
         sweep = _sweep_values(args.sweep)
         fitted = _fitted(cfg, args)
+        if args.calls_per_episode is not None:
+            fitted = dataclasses.replace(fitted, calls_per_episode=args.calls_per_episode)
         results = []
         for point in sweep:
             point_cfg = configlib.load(TrainConfig, args.config, args.overrides + [f"{k}={v}" for k, v in point])
@@ -140,7 +145,7 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
         max_concurrent=cfg.rollout.max_concurrent_rollouts, interrupt=cfg.rollout.interrupt_mode,
         steps=min(cfg.total_train_steps, SIMULATED_STEPS), eval_every=cfg.evaluator.freq_steps,
         save_every=cfg.saver.freq_steps, recompute=cfg.actor.ppo_n_minibatches > 1, epochs=cfg.actor.ppo_epochs,
-        calls_per_episode=max(1, round(fitted.calls_per_episode)) if agent else 1,
+        calls_per_episode=max(1.0, fitted.calls_per_episode) if agent else 1,
         tool=ToolLatency(float(options.get("tool_latency_s", fitted.tool_s)),
                          float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))
         if agent else ToolLatency(),

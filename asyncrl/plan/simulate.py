@@ -27,6 +27,8 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.plan.costs import Costs
 from asyncrl.plan.lengths import Z99, Lengths, fixed
@@ -69,7 +71,7 @@ class Workload:
     save_every: int = 0
     recompute: bool = False  # the proximal policy is recomputed (ppo_n_minibatches > 1)
     epochs: int = 1
-    calls_per_episode: int = 1  # agent workflows: LLM calls per episode, tools between them
+    calls_per_episode: float = 1  # agent workflows: mean LLM calls per episode (tools between them)
     tool: ToolLatency = field(default_factory=ToolLatency)
     tool_result_tokens: int = 16
     reward_workers: int = 1
@@ -82,6 +84,7 @@ class Prediction:
     total_s: float  # from the first admission to the last step's end (no step-0 evaluation), as elapsed_s
     step_time_s: float  # median of steps 2..N (the first waits for the first batch)
     mean_step_time_s: float
+    steady_step_time_s: float  # mean of the last half of the steps (after the pipeline filled)
     gen_busy_frac: float  # engines' generating time over the wall time (mean over engines)
     trainer_wait_frac: float
     staleness_mean: float
@@ -93,7 +96,8 @@ class Prediction:
 
     def to_dict(self) -> dict:
         return {"steps": self.steps, "total_s": self.total_s, "step_time_s": self.step_time_s,
-                "mean_step_time_s": self.mean_step_time_s, "gen_busy_frac": self.gen_busy_frac,
+                "mean_step_time_s": self.mean_step_time_s, "steady_step_time_s": self.steady_step_time_s,
+                "gen_busy_frac": self.gen_busy_frac,
                 "trainer_wait_frac": self.trainer_wait_frac, "staleness_mean": self.staleness_mean,
                 "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
                 "tokens_per_s": self.tokens_per_s, "trained_tokens_per_s": self.trained_tokens_per_s,
@@ -104,10 +108,13 @@ class Prediction:
 @dataclass(eq=False)
 class _Seq:
     request: "_Request"
-    remaining: int  # tokens still to generate
-    context: int  # prompt + tokens so far
-    generated: int = 0
-    versions: collections.Counter = field(default_factory=collections.Counter)
+    length: int  # tokens it will generate
+    prompt: int
+    versions: collections.Counter = field(default_factory=collections.Counter)  # version -> tokens
+
+    @property
+    def context(self) -> int:
+        return self.prompt + self.length
 
 
 @dataclass(eq=False)
@@ -126,70 +133,89 @@ class _Group:
 
 
 class _Engine:
+    """One engine's running sequences as arrays (tokens left, context, tokens generated in the current version)
+    beside the sequence objects, so that a chunk of decode steps costs a few array operations."""
+
     def __init__(self, sim: "Simulation", index: int):
         self.sim, self.index = sim, index
         self.waiting: collections.deque[_Request] = collections.deque()
-        self.active: list[_Seq] = []
+        self.seqs = np.empty(0, dtype=object)  # the running _Seq objects
+        self.rem = np.zeros(0, dtype=np.int64)
+        self.ctx = np.zeros(0, dtype=np.int64)
+        self.gen = np.zeros(0, dtype=np.int64)  # generated under the current version
         self.busy = False
         self.version = 0
         self.pending: int | None = None
         self.busy_s = self.tokens = 0.0
-
-    @property
-    def load(self) -> int:
-        return len(self.active) + sum(len(r.seqs) for r in self.waiting)
+        self.load = 0  # sequences running or waiting (routing reads it)
 
     def submit(self, request: _Request) -> None:
         """Queue a request; the engine looks at its queue once the admissions of this moment are done (as the
         real one does at its next token boundary)."""
         self.waiting.append(request)
+        self.load += len(request.seqs)
         self.sim.at(self.sim.t, self.kick)
 
+    def _close_version(self) -> None:
+        """Credit the tokens generated under the current version to it (before the version changes)."""
+        for s, n in zip(self.seqs.tolist(), self.gen.tolist()):
+            if n:
+                s.versions[self.version] += n
+        self.gen[:] = 0
+
     def kick(self) -> None:
-        if self.busy or not (self.waiting or self.active or self.pending is not None):
+        if self.busy or not (self.waiting or len(self.seqs) or self.pending is not None):
             return
         sim, costs = self.sim, self.sim.costs
         cost, held = 0.0, 0.0
         if self.pending is not None:  # new weights at this token boundary
+            self._close_version()
             self.version, self.pending = self.pending, None
             held = costs.pause_s
-            if self.active and sim.w.interrupt == "recompute":
-                cost += costs.prefill_s(sum(s.context for s in self.active))
-            elif self.active and sim.w.interrupt == "abort":  # resubmitted: prompt + tokens so far, prefilled again
-                cost += costs.prefill_s(sum(s.context for s in self.active))
-        free = self.sim.w.max_slots - len(self.active)
-        admitted = 0
+            if len(self.seqs) and sim.w.interrupt in ("recompute", "abort"):  # re-prefilled (or resubmitted) under them
+                cost += costs.prefill_s(int(self.ctx.sum()))
+        free = sim.w.max_slots - len(self.seqs)
+        admitted, new = 0, []
         while self.waiting and len(self.waiting[0].seqs) <= free:
             request = self.waiting.popleft()
             free -= len(request.seqs)
             admitted += request.prompt
-            self.active.extend(request.seqs)
+            new.extend(request.seqs)
+        if new:
+            objects = np.empty(len(new), dtype=object)
+            objects[:] = new
+            self.seqs = np.concatenate([self.seqs, objects])
+            self.rem = np.concatenate([self.rem, [s.length for s in new]])
+            self.ctx = np.concatenate([self.ctx, [s.prompt for s in new]])
+            self.gen = np.concatenate([self.gen, np.zeros(len(new), dtype=np.int64)])
         cost += costs.prefill_s(admitted)
         steps = 0
-        if self.active:
-            steps = min(min(s.remaining for s in self.active), sim.chunk)
-            cost += costs.decode_steps_s(steps, len(self.active), sum(s.context for s in self.active))
+        if len(self.seqs):
+            steps = int(min(self.rem.min(), sim.chunk))
+            cost += costs.decode_steps_s(steps, len(self.seqs), int(self.ctx.sum()))
         self.busy = True
         self.busy_s += cost
         sim.at(sim.t + held + cost, lambda: self._step_done(steps))
 
     def _step_done(self, steps: int) -> None:
         self.busy = False
-        finished = []
-        for s in self.active:
-            s.remaining -= steps
-            s.context += steps
-            s.generated += steps
-            s.versions[self.version] += steps
-            if s.remaining <= 0:
-                finished.append(s)
-        self.tokens += steps * len(self.active)
-        if finished:
-            self.active = [s for s in self.active if s.remaining > 0]
-            for s in finished:
-                s.request.open -= 1
-                if s.request.open == 0:
-                    s.request.done()
+        if steps:
+            self.rem -= steps
+            self.ctx += steps
+            self.gen += steps
+            self.tokens += steps * len(self.seqs)
+            done = np.nonzero(self.rem <= 0)[0]
+            if len(done):
+                finished = self.seqs[done].tolist()
+                for s, n in zip(finished, self.gen[done].tolist()):
+                    s.versions[self.version] += n
+                keep = self.rem > 0
+                self.seqs, self.rem, self.ctx, self.gen = self.seqs[keep], self.rem[keep], self.ctx[keep], self.gen[keep]
+                self.load -= len(finished)
+                for s in finished:
+                    s.request.open -= 1
+                    if s.request.open == 0:
+                        s.request.done()
         self.kick()
 
 
@@ -236,18 +262,19 @@ class Simulation:
                 self._single_turn(group)
             else:
                 group.episodes_left = self.w.n_samples
-                for _ in range(self.w.n_samples):
-                    self._call(group, self.w.prompt_tokens, self.w.calls_per_episode)
+                mean = self.w.calls_per_episode
+                for _ in range(self.w.n_samples):  # a whole number of calls each, the given mean over episodes
+                    calls = int(mean) + (self.rng.random() < mean - int(mean))
+                    self._call(group, self.w.prompt_tokens, calls)
 
     def _engine(self) -> _Engine:
-        return min(self.engines, key=lambda e: (e.load, e.index))
+        return min(self.engines, key=lambda e: e.load)
 
     def _single_turn(self, group: _Group) -> None:
         seqs = []
         request = _Request(self.w.prompt_tokens, seqs, lambda: self._scored(group))
         for _ in range(self.w.n_samples):
-            n = self.w.lengths.sample(self.rng)
-            seqs.append(_Seq(request, n, self.w.prompt_tokens))
+            seqs.append(_Seq(request, self.w.lengths.sample(self.rng), self.w.prompt_tokens))
         request.open = len(seqs)
         group.samples = seqs
         self._engine().submit(request)
@@ -346,6 +373,7 @@ class Simulation:
         return Prediction(
             steps=len(steps), total_s=wall, step_time_s=statistics.median(later) if later else 0.0,
             mean_step_time_s=sum(later) / len(later) if later else 0.0,
+            steady_step_time_s=statistics.mean(times[len(times) // 2:]) if times else 0.0,
             gen_busy_frac=min(1.0, sum(e.busy_s for e in self.engines) / len(self.engines) / wall),
             trainer_wait_frac=sum(r["trainer_wait_s"] for r in steps) / wall,
             staleness_mean=sum(k * v for k, v in self.hist.items()) / tokens if tokens else 0.0,

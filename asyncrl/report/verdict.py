@@ -11,8 +11,8 @@ Two kinds of findings:
   train/inference mismatch, staleness at its bound; for SFT, memorising (training loss near zero while held-out
   accuracy stays low).
 
-Rules read the last ``WINDOW`` training steps (the run as it ends, or as it is now), so a warm-up phase does
-not decide the verdict.
+Rules read the last ``WINDOW`` training steps (the run as it ends, or as it is now), never the first (which waits
+for the first batch whatever the settings), so a warm-up does not decide the verdict.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def diagnose(records: list[dict], settings: dict | None = None) -> Verdict:
     """The verdict on a run's ``metrics.jsonl`` records (``settings``: ``eta``, ``n_samples``,
     ``max_new_tokens``, ``workers`` as far as known)."""
     settings = dict(settings or {})
-    steps = [r for r in records if r.get("step", 0) > 0][-WINDOW:]
+    steps = [r for r in records if r.get("step", 0) > 0]
+    steps = (steps[1:] if len(steps) > 1 else steps)[-WINDOW:]  # the first step waits for the first batch anyway
     acc = account(steps)
     findings = _bottlenecks(acc, steps, settings) + _health(steps, records, settings)
     return Verdict(findings, acc, settings)

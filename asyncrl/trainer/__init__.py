@@ -24,7 +24,7 @@ __all__ = ["Checkpointable", "NonFiniteWeights", "PolicyTrainer", "Trainer", "bu
 
 def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,
                   max_new_tokens: int | None = None, top_p: float = 1.0, top_k: int = 0, dp=None,
-                  device: str = "cpu", init_path: str | None = None) -> PolicyTrainer:
+                  device: str = "cpu", init_path: str | None = None, threads=None) -> PolicyTrainer:
     """The trainer for an ``ActorConfig``. ``model`` is the policy (a peft model: its LoRA adapters train); a
     separate critic (``actor.critic=separate``) loads from ``model_path``, a frozen reference model
     (``actor.ref_model``) from ``init_path`` (the run's starting checkpoint; default ``model_path``; with LoRA:
@@ -52,7 +52,7 @@ def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_d
         max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
         ppo_epochs=cfg.ppo_epochs,
         pack_sequences=cfg.pack_sequences, temperature=temperature, top_p=top_p, top_k=top_k,
-        autocast_dtype=autocast_dtype, dp=dp, device=device,
+        autocast_dtype=autocast_dtype, dp=dp, device=device, threads=threads,
     )
     if cfg.critic_path and trainer.value_head is not None:
         load_value_head(cfg.critic_path, trainer.value_head)

@@ -19,6 +19,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -93,6 +94,7 @@ class PolicyTrainer:
         autocast_dtype: torch.dtype | None = None,
         dp: DataParallel | None = None,
         device: torch.device | str = "cpu",
+        threads: Callable[[], int] | None = None,
     ):
         if dp is not None and critic != "none":
             raise ValueError("several trainer ranks train the policy only: use actor.critic=none (GRPO-family "
@@ -135,6 +137,7 @@ class PolicyTrainer:
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step
         self.optim_s = 0.0  # time in the optimizer during the current step
+        self.threads, self._torch_threads = threads, 0  # threads(): torch threads for the next micro-batch
         self._mismatch = [0.0, 0]  # |behaviour - proximal log-prob| summed over tokens of the current version
         self._full: dict[str, torch.Tensor] | None = None  # gathered weights of the last step (FSDP)
 
@@ -211,9 +214,16 @@ class PolicyTrainer:
                 self._empty_loss(self.model)
                 continue
             _, ids, rows = item
+            self._set_threads()
             o = fn(ids, rows)
             out[ids, : o.shape[1]] = o.to(out.device)
         return out
+
+    def _set_threads(self) -> None:
+        """With a share of the cores (``threads``), as many torch threads as it gives this thread now."""
+        if self.threads is not None and (n := self.threads()) != self._torch_threads:
+            torch.set_num_threads(n)
+            self._torch_threads = n
 
     def _micro_batches(self, batch: Batch, rows: list[int]) -> list:
         """(positions in ``rows``, global sample ids, packed rows local to them) for each micro-batch, then
@@ -357,6 +367,7 @@ class PolicyTrainer:
                           prox, ref, totals) -> float:
         """Forward and backward of one micro-batch, its statistics added to ``totals``; returns its loss."""
         mb, ids, packed_rows = item
+        self._set_threads()
         out = self._forward(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
         L = out.target_len
         inputs = _MicroBatch(ids, L, self._dev(batch.loss_mask[ids, :L]), self._dev(weights[mb, :L]),

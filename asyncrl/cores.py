@@ -1,0 +1,29 @@
+"""The machine's cores shared by the trainer thread and the built-in engine's thread (``cluster.cpu_split=auto``):
+each side uses all of them while the other waits, and its share while both work. torch's intra-op thread count
+is per thread, so each side sets its own before each piece of work (a decode step, a micro-batch)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class CoreShare:
+    def __init__(self, cores: int, trainer_waiting: Callable[[], bool] = lambda: False,
+                 engine_idle: Callable[[], bool] = lambda: False):
+        self.cores = max(1, cores)
+        self.trainer_waiting, self.engine_idle = trainer_waiting, engine_idle
+
+    def trainer_threads(self) -> int:
+        """All cores while the engine has nothing to do, else the cores the engine does not take."""
+        return self.cores if self.engine_idle() else max(1, self.cores - self.cores // 2)
+
+    def engine_threads(self) -> int:
+        """All cores while the trainer waits for a batch, else half of them."""
+        return self.cores if self.trainer_waiting() else max(1, self.cores // 2)
+
+
+def process_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,88 @@
+"""What staleness costs in accuracy: naive PPO (anchored on the behaviour policy) against the decoupled objective
+(anchored on the recomputed proximal policy, behaviour weight capped), at η = 0, 4, 16 and a much larger value,
+the same number of steps, several seeds (AReaL's Table 2 in direction: naive PPO degrades as η grows, the decoupled
+objective holds). Run by hand, alone (about an hour):
+
+    python bench/staleness_ablation.py
+    python bench/staleness_ablation.py --etas 0,4 --seeds 0 --steps 40     # a quick look
+
+Each run is ``asyncrl train`` on the built-in task from builtin:tiny-sft with a small batch (so that many steps
+fit: ``--batch`` groups of ``--n`` samples) and a raised learning rate (``--lr``: stale samples hurt in
+proportion to how far each step moves the policy). Printed: the held-out accuracy (greedy, 200 problems) at the
+end, mean ± sd over seeds, per loss and η; the mean staleness each run trained at; the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from machine import cpu  # bench/ is on the path of a script run from it
+
+REPO = Path(__file__).resolve().parent.parent
+LOSSES = {"naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"], "decoupled": []}
+
+
+def run(args, loss: str, eta: int, seed: int) -> dict:
+    out = args.out / f"{loss.replace(' ', '_')}-eta{eta}-seed{seed}"
+    record = out / "asyncrl" / "default" / "metrics.jsonl"
+    if not record.exists() or args.fresh:
+        cmd = [sys.executable, "-m", "asyncrl.cli", "train", "progress_bar=false", "report=false", "max_train_time_s=0",
+               "saver.freq_steps=0", f"output_dir={out}", "resume=fresh", f"total_train_steps={args.steps}",
+               f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}", f"actor.lr={args.lr}",
+               f"rollout.max_head_offpolicyness={eta}", f"seed={seed}", f"train_dataset.seed={seed}",
+               f"evaluator.freq_steps={args.steps}", "watchdog.no_signal_steps=0", *LOSSES[loss]]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"{loss} η={eta} seed={seed} failed:\n{done.stderr[-2000:]}")
+    records = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if r["step"] > 0]
+    evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
+    return {"final": evals[-1], "start": evals[0], "staleness": statistics.mean(r["staleness_mean"] for r in steps)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--etas", default="0,4,16,256")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--out", type=Path, default=REPO / "outputs" / "bench-staleness")
+    p.add_argument("--fresh", action="store_true", help="rerun runs that already finished")
+    args = p.parse_args(argv)
+    etas = [int(e) for e in args.etas.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(cpu())
+    print(f"{args.steps} steps of {args.batch} x {args.n} samples, actor.lr={args.lr}, seeds {seeds}")
+    table = {}
+    for eta in etas:
+        for loss in LOSSES:
+            if eta == 0 and loss == "naive PPO":  # on-policy: the two objectives are the same
+                continue
+            results = [run(args, loss, eta, seed) for seed in seeds]
+            table[(loss, eta)] = results
+            acc = [r["final"] for r in results]
+            print(f"{loss:<10} η={eta:<4} accuracy {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
+                  f"(start {results[0]['start']:.3f}; trained at mean staleness "
+                  f"{statistics.mean(r['staleness'] for r in results):.2f})", flush=True)
+    print(f"\n{'η':>5} {'naive PPO':>16} {'decoupled':>16}")
+    for eta in etas:
+        cells = []
+        for loss in LOSSES:
+            results = table.get((loss, eta)) or table.get(("decoupled", eta))
+            acc = [r["final"] for r in results]
+            cells.append(f"{statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f}")
+        print(f"{eta:>5} {cells[0]:>16} {cells[1]:>16}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
