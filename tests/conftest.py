@@ -87,6 +87,11 @@ def tiny_model_dir(tmp_path, tokenizer):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow tests first (stable otherwise): with two workers (make test) the long end-to-end runs start at once and
-    the many short tests fill in around them, instead of a long run starting last and leaving a worker idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first, and first of them those with a longer timeout of their own (the longest runs), otherwise in
+    order: with two workers (make test) the long end-to-end runs start at once and the many short tests fill in
+    around them, instead of a long run starting last and leaving a worker idle."""
+    def key(item):
+        timeout = item.get_closest_marker("timeout")
+        return item.get_closest_marker("slow") is None, -(timeout.args[0] if timeout and timeout.args else 0)
+
+    items.sort(key=key)

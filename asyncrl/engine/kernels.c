@@ -5,7 +5,7 @@
  * Plain C with OpenMP and GCC/clang vector extensions: no intrinsics (the compiler picks the instructions of
  * the CPU it compiles on, -march=native) and no torch headers, so it builds in about a second
  * (asyncrl/engine/native.py). Each kernel computes what the torch path computes, up to float32 rounding;
- * tests/test_native.py checks them against it. Threads: OpenMP, as many as torch uses (the same libgomp).
+ * tests/engine/test_native.py checks them against it. Threads: OpenMP, as many as torch uses (the same libgomp).
  */
 #include <math.h>
 #include <stdint.h>

@@ -17,7 +17,7 @@ REPORT_FILE = "report.html"
 PLOTS_DIR = "plots"
 
 # The script only checks the page's own images: it marks <body> with how many decoded and any script error,
-# so a headless browser (tests/test_report.py) can tell a good page from a broken one.
+# so a headless browser (tests/report/test_page.py) can tell a good page from a broken one.
 CHECK_SCRIPT = """
 window.addEventListener("error", function (e) { document.body.dataset.jsErrors = String(e.message); });
 window.addEventListener("load", function () {
