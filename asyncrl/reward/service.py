@@ -2,9 +2,11 @@
 
 A reward that raises, returns anything but a finite real number (see :func:`asyncrl.reward.base.as_reward`),
 kills its worker or runs past ``timeout_s`` costs one sample: it gets the configured default, is counted
-(``reward_errors`` / ``reward_timeouts``), is logged the first time with the sample id, and training goes on. A timed-out worker (a call past ``timeout_s``, or a
-start-up past ``STARTUP_TIMEOUT_S``) is killed with its whole process group (including any sandbox it
-started) and replaced on the next call (counted in ``reward_worker_restarts``).
+(``reward_errors`` / ``reward_timeouts``), is logged the first time with the sample id, and training goes on. A
+worker that timed out (a call past ``timeout_s``, or a start-up past ``STARTUP_TIMEOUT_S``) or died (its pipe
+closed: ``os._exit``, a segfault, the OOM killer) is killed with everything it started and replaced on the next
+call (counted in ``reward_worker_restarts``). How a worker's processes are contained (a pid namespace per
+worker, or its process tree) is :mod:`asyncrl.reward.isolation`.
 
 ``workers=0`` scores in the calling thread: no processes, but no timeout can be enforced.
 """
@@ -27,6 +29,7 @@ from typing import Callable
 
 from asyncrl.reward.base import call_reward
 from asyncrl.reward.sandbox_cleanup import sweep_abandoned
+from asyncrl.reward.isolation import isolation, kill_descendants
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +46,15 @@ class RewardFailure(RuntimeError):
 
 
 class _Worker:
-    """One worker process and its two pipe ends."""
+    """One worker process and its two pipe ends. ``proc`` is the worker, or in a pid namespace the ``unshare``
+    process in front of it (the worker dies with it)."""
 
     def __init__(self, payload: bytes):
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # import what we can
-        self.proc = subprocess.Popen([sys.executable, "-m", "asyncrl.reward.worker", str(down_r), str(up_w)],
+        self.isolation, prefix = isolation()
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "asyncrl.reward.worker", str(down_r), str(up_w)],
                                      pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, process_group=0, env=env)
         os.close(down_r)
         os.close(up_w)
@@ -66,15 +71,19 @@ class _Worker:
             if not self.inbox.poll(timeout):
                 return "timeout", None
             return self.inbox.recv()
-        except (EOFError, OSError):
-            return "error", f"reward worker died (exit code {self.proc.poll()})"
+        except (EOFError, OSError):  # the pipe closed: the worker is gone, even if it still looks alive
+            try:
+                code = self.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                code = None
+            return "died", f"reward worker died (exit code {code})"
 
     def call(self, item: dict, completion: str, timeout: float) -> tuple[str, object]:
-        """('ok', value) | ('error', text) | ('timeout', None)."""
+        """('ok', value) | ('error', text) | ('died', text) | ('timeout', None)."""
         try:
             self.outbox.send((item, completion))
         except (OSError, ValueError) as e:
-            return "error", f"reward worker unreachable ({e})"
+            return "died", f"reward worker unreachable ({e})"
         return self._reply(timeout)
 
     def alive(self) -> bool:
@@ -96,6 +105,8 @@ class _Worker:
             if self._killed:
                 return
             self._killed = True
+            if self.isolation != "pidns":  # in a namespace the kernel kills them when the worker dies
+                kill_descendants(self.proc.pid)  # before the worker: an orphan would leave its tree
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -171,8 +182,9 @@ class RewardService:
         return value
 
     def _run(self, item: dict, completion: str) -> tuple[str, object]:
-        """('ok', finite float) | ('error', text) | ('timeout', None). In-process and in a worker alike, the
-        value goes through :func:`~asyncrl.reward.base.call_reward`, so one rule decides what is a reward."""
+        """('ok', finite float) | ('error' or 'died', text) | ('timeout', None). In-process and in a worker
+        alike, the value goes through :func:`~asyncrl.reward.base.call_reward`, so one rule decides what is a
+        reward."""
         if self._closed:
             raise RuntimeError("the reward service is closed")
         if self.workers > 0:
@@ -192,7 +204,7 @@ class RewardService:
             if worker is None or not worker.alive():
                 worker = self._start_worker(worker)
             status, value = worker.startup_error or worker.call(item, completion, self.timeout_s)
-            if status != "ok" and not (status == "error" and worker.alive()):
+            if status in ("timeout", "died") or (status == "error" and not worker.alive()):
                 worker.kill()  # timed out (in a call or at start-up) or died: a fresh one starts next time
             return status, value
         finally:

@@ -15,6 +15,10 @@ The worker is a child subreaper: processes that a reward function's children orp
 are reaped after every call, instead of piling up as zombies under a container init that may not reap.
 The sandbox reaps everything it starts itself, but in its rlimits fallback (no pid namespace) a program
 can detach processes. They are killed by uid or tag, and this is where they end up.
+
+Containment: the worker runs where :func:`asyncrl.reward.isolation.isolation` says (a pid namespace of its own
+where the machine allows it); without one, what the reward function started is killed by walking this
+subreaper's process tree when the worker ends (``kill_descendants``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import pickle
 import sys
 from multiprocessing.connection import Connection
 
+from asyncrl.reward.isolation import kill_descendants, reap_orphans
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -33,17 +39,6 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: orphans go to init as usual
         pass
-
-
-def reap_orphans() -> None:
-    """Collect exited children; every child the reward function started itself has been waited for."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def serve(inbox: Connection, outbox: Connection) -> None:
@@ -73,7 +68,11 @@ def serve(inbox: Connection, outbox: Connection) -> None:
 
 def main() -> None:
     become_subreaper()
-    serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
+    try:
+        serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
+    finally:  # nothing the reward function started outlives the worker (in a pid namespace, the kernel does it)
+        kill_descendants(os.getpid())
+        reap_orphans()
 
 
 if __name__ == "__main__":

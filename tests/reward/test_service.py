@@ -49,9 +49,15 @@ def service_factory():
 
 
 def test_scores_in_worker_processes(service_factory):
+    from asyncrl.reward.isolation import isolation
+
     s = service_factory(reward_fns.pid, workers=2)
     pids = {s.score(ITEM, "x") for _ in range(4)}
-    assert os.getpid() not in pids and pids <= set(s.worker_pids())
+    assert os.getpid() not in pids and s.worker_pids()
+    if isolation()[0] == "pidns":  # each worker is pid 1 of its own namespace
+        assert pids == {1.0}
+    else:
+        assert pids <= set(s.worker_pids())
     assert service_factory(reward_fns.exact_answer, workers=2).score(ITEM, "42") == 1.0
 
 
@@ -93,6 +99,44 @@ def test_a_reward_that_kills_its_worker_costs_one_sample(service_factory):
     s = service_factory(reward_fns.kills_its_worker, workers=1, timeout_s=5)
     assert s.score(ITEM, "x") == 0.0 and s.score(ITEM, "y") == 0.0
     assert s.stats()["reward_errors"] == 2
+
+
+def test_a_worker_that_died_is_replaced_before_the_next_call(service_factory, tmp_path):
+    """A reward that calls os._exit once costs that one sample: the worker still looks alive just after its pipe
+    closed, but it is never handed out again, and every later call scores."""
+    flag = tmp_path / "exit-once"
+    flag.write_text("")
+    s = service_factory(BoundReward(reward_fns.exits_once, {"flag": str(flag)}), workers=1, timeout_s=30)
+    scores = [s.score({**ITEM, "id": i}, "x") for i in range(7)]
+    assert scores == [0.0] + [1.0] * 6
+    assert s.stats()["reward_errors"] == 1 and s.stats()["reward_worker_restarts"] == 1
+
+
+@pytest.mark.parametrize("contained", ["pidns", "subreaper"])
+@pytest.mark.parametrize("how", ["close", "timeout"])
+def test_detached_grandchildren_die_with_their_worker(service_factory, monkeypatch, contained, how):
+    """A reward function's children that leave its session and process group (os.setsid) do not outlive the
+    worker: killed with it after a timeout, or when the service closes. In a pid namespace per worker the kernel
+    kills them; without one, the worker's process tree is walked (the worker is their subreaper)."""
+    from asyncrl.reward import isolation, service
+
+    if contained == "pidns" and isolation.isolation()[0] != "pidns":
+        pytest.skip("no pid namespaces on this machine (unshare --pid refused)")
+    if contained == "subreaper":
+        monkeypatch.setattr(service, "isolation", lambda: ("subreaper", []))
+    marker = f"0.{uuid.uuid4().int % 10**12:012d}1"  # `sleep 300 MARKER`: unique to this test
+    fn = BoundReward(reward_fns.detaches_sleepers, {"n": 20, "marker": marker, "hang": how == "timeout"})
+    s = service_factory(fn, workers=1, timeout_s=3.0)
+    assert s.score(ITEM, "x") == (0.0 if how == "timeout" else 1.0)
+    if how == "close":
+        deadline = time.monotonic() + 10
+        while len(_with_marker(marker)) < 20 and time.monotonic() < deadline:  # the last ones may still exec
+            time.sleep(0.05)
+        assert len(_with_marker(marker)) == 20  # they outlive the call
+        s.close()
+    else:
+        assert s.stats()["reward_timeouts"] == 1
+    assert _gone(_with_marker(marker), timeout_s=10) and not _with_marker(marker)
 
 
 def test_non_finite_reward_is_an_error(service_factory):
