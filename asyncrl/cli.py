@@ -33,7 +33,32 @@ def _config_parser(sub, name: str, help_: str):
     return p
 
 
+SUBCOMMANDS = {  # name: (help, the module with its add_arguments(parser) and run(args))
+    "serve": ("serve a model over HTTP (SGLang-style and OpenAI-compatible APIs)", "asyncrl.server.cli"),
+    "report": ("render RUN_DIR/report.html (plots of a run directory)", "asyncrl.report.cli"),
+    "diagnose": ("where a run's time went and what to change (also on a run still running, or an SFT output)",
+                 "asyncrl.report.diagnose"),
+    "plan": ("predict a run before it starts: step time, tokens/s, waits, staleness (--sweep compares settings)",
+             "asyncrl.launch.plan"),
+}
+"""Subcommands whose flags live with their module."""
+
+QUIET_LOGGERS = ("httpx", "httpcore")
+"""Libraries that log every HTTP request at INFO (the agent proxy's clients, remote engines): WARNING and up."""
+
+
+def _command_of(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _module(name: str):
+    import importlib
+
+    return importlib.import_module(name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _Parser(prog="asyncrl", description="Fully asynchronous RL for LLM reasoning.")
     sub = parser.add_subparsers(dest="command", required=True)
     _config_parser(sub, "train", "RL training (GRPO + decoupled PPO, asynchronous)")
@@ -45,21 +70,11 @@ def main(argv: list[str] | None = None) -> int:
                       "valid_dataset.path=test.jsonl n_samples=8 greedy=false k=[1,8]")
     ev.add_argument("--model", help="checkpoint directory, or a LoRA adapter directory (adapter_config.json: its "
                                     "base model with the adapter merged); same as model.path=...")
-    from asyncrl.report.cli import add_arguments as report_arguments
-    from asyncrl.server.cli import add_arguments as serve_arguments
-
-    serve_help = "serve a model over HTTP (SGLang-style and OpenAI-compatible APIs)"
-    serve_arguments(sub.add_parser("serve", help=serve_help, description=serve_help))
-    report_help = "render RUN_DIR/report.html (plots of a run directory)"
-    report_arguments(sub.add_parser("report", help=report_help, description=report_help))
-    from asyncrl.report.diagnose import add_arguments as diagnose_arguments
-
-    diagnose_help = "where a run's time went and what to change (also on a run still running, or an SFT output)"
-    diagnose_arguments(sub.add_parser("diagnose", help=diagnose_help, description=diagnose_help))
-    from asyncrl.launch.plan import add_arguments as plan_arguments
-
-    plan_help = "predict a run before it starts: step time, tokens/s, waits, staleness (--sweep compares settings)"
-    plan_arguments(sub.add_parser("plan", help=plan_help, description=plan_help))
+    command = _command_of(argv)
+    for name, (help_, module) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        if name == command:  # only the command being run imports its module (and so its dependencies)
+            _module(module).add_arguments(p)
     init_help = ("build a byte-level BPE tokenizer (trained on a built-in task's text, or on your own --corpus) and "
                  "a randomly initialised tiny Qwen2 model")
     init = sub.add_parser("init-model", help=init_help, description=init_help)
@@ -82,8 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("--init-from", default="", help="warm start: copy the weights of this checkpoint of the same "
                                                       "shape (e.g. builtin:tiny-sft), token rows by token string")
     args = parser.parse_args(argv)
+    if getattr(args, "help_config", False):
+        print(config_help(args.command))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _quiet_loading()
     from asyncrl.checkpoint import CheckpointError
@@ -104,6 +124,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def config_help(command: str) -> str:
+    """``--help-config``'s text: every key of the command's config, its default and documentation. It depends
+    only on asyncrl's source, so it is kept in asyncrl's cache directory under a digest of the source files: a
+    later call prints it without importing the config tree (and with it torch)."""
+    from asyncrl.cache import source_key, write_atomically, writable_dir
+
+    folder = writable_dir("help-config")
+    cached = folder / f"{command}-{source_key()}.txt" if folder else None
+    if cached is not None and cached.is_file():
+        return cached.read_text()
+    from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
+
+    text = configlib.describe({"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[command])
+    if cached is not None:
+        try:
+            write_atomically(cached, text)
+        except OSError:
+            pass
+    return text
+
+
 def _quiet_loading() -> None:
     """No per-tensor progress bars from transformers when a small checkpoint loads (they clutter the one
     line that a refusal prints)."""
@@ -117,28 +158,11 @@ def _quiet_loading() -> None:
 def _dispatch(args) -> int:
     if args.command == "init-model":
         return _init_model(args)
-    if args.command == "serve":
-        from asyncrl.server.cli import run
-
-        return run(args)
-    if args.command == "report":
-        from asyncrl.report.cli import run
-
-        return run(args)
-    if args.command == "diagnose":
-        from asyncrl.report.diagnose import run
-
-        return run(args)
-    if args.command == "plan":
-        from asyncrl.launch.plan import run
-
-        return run(args)
+    if args.command in SUBCOMMANDS:
+        return _module(SUBCOMMANDS[args.command][1]).run(args)
     from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
 
     cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
-    if args.help_config:
-        print(configlib.describe(cls))
-        return 0
     overrides = list(args.overrides)
     if args.command == "eval" and args.model:
         overrides.insert(0, f"model.path={args.model}")

@@ -60,3 +60,54 @@ def test_start_up_refusals_are_one_line_and_create_nothing(tmp_path, tiny_model_
     _refusal(capsys, ["train", "actor.lr=1e9"], "above 1")
     _refusal(capsys, ["train", "gconfig.temperature=.nan"], "finite")
     _refusal(capsys, ["eval", "--model", str(empty)], "has no config.json")
+
+
+HELP_TWICE = """
+import sys
+from asyncrl.cli import main
+main(["train", "--help-config"])
+print("TORCH_IMPORTED", "torch" in sys.modules)
+"""
+
+
+def test_help_config_is_kept_in_the_cache_and_later_calls_skip_torch(tmp_path):
+    """--help-config's text is made once per source (importing the config tree, and torch, takes seconds) and
+    printed from asyncrl's cache directory afterwards, identical."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", HELP_TWICE], env=env, capture_output=True, text=True, timeout=120)
+            for _ in range(2)]
+    first, second = (r.stdout.rsplit("TORCH_IMPORTED", 1) for r in runs)
+    assert "rollout.max_head_offpolicyness" in first[0] and first[0] == second[0]
+    assert first[1].strip() == "True" and second[1].strip() == "False"
+    assert len(list((tmp_path / "asyncrl" / "help-config").glob("train-*.txt"))) == 1
+
+
+def test_help_config_without_a_writable_cache_still_prints(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a cache 'directory' under a file cannot be made
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    assert main(["sft", "--help-config"]) == 0
+    assert "train_dataset" in capsys.readouterr().out
+
+
+def test_http_clients_log_no_line_per_request(tmp_path, capsys):
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.NOTSET)
+    main(["init-model", "--out", str(tmp_path / "m"), *SHAPE])
+    assert all(logging.getLogger(name).getEffectiveLevel() == logging.WARNING for name in cli.QUIET_LOGGERS)
+
+
+def test_only_the_command_being_run_imports_its_module():
+    import subprocess
+    import sys
+
+    code = ("import sys; from asyncrl.cli import main\ntry: main(['report', '--help'])\nexcept SystemExit: pass\n"
+            "print(sorted(m for m in ('asyncrl.server.cli', 'asyncrl.launch.plan', 'asyncrl.report.cli') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "RUN_DIR" in out and out.strip().splitlines()[-1] == "['asyncrl.report.cli']"

@@ -24,7 +24,7 @@ workflow agent
 evaluate rollout checkpoint metrics timeline watchdog
 trainer engine reward data models lora critic logprobs plan report
 publish
-algo packing parallel buffer staleness cores types configlib plugins placement
+algo packing parallel buffer staleness cores types configlib plugins placement cache
 """
 """One line per layer, the top first; a name is a top-level module or package of asyncrl."""
 
