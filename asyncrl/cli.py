@@ -86,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                            "with tools: examples/sft_agent.yaml)")
     text.add_argument("--corpus", default="", metavar="FILE",
                       help="train the tokenizer on your own text instead of a task's: a .txt file (one document "
-                           "per line) or a .jsonl/.json file of rows (their text fields: question, prompt, "
-                           "solution, response, answer, ...; and the contents of chat 'messages'), plus the chat "
-                           "template's words")
+                           "per line) or a .jsonl/.json file of rows (every string field of a row, and the contents "
+                           "of chat 'messages'; --fields picks the columns), plus the chat template's words")
+    init.add_argument("--fields", default="", metavar="A,B",
+                      help="the columns of a .jsonl/.json --corpus to read (default: every string field but 'id')")
     init.add_argument("--vocab-size", type=int, default=None,
                       help="most BPE tokens (default 1024; 512 for --task lookup); a small corpus may give fewer")
     init.add_argument("--hidden-size", type=int, default=256, help="model width")
@@ -201,10 +202,13 @@ def _init_model(args) -> int:
     from asyncrl.models import build_tiny_model
 
     _check_shape(args)
+    if args.fields and not args.corpus:
+        raise ConfigError("--fields picks the columns of a --corpus file of rows; there is no --corpus")
     if args.corpus:
         from asyncrl.data.tokenizer import build_tokenizer, read_corpus, with_template_words
 
-        documents = read_corpus(args.corpus, "--corpus")
+        fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+        documents = read_corpus(args.corpus, "--corpus", fields or None)
         tokenizer = build_tokenizer(with_template_words(documents), vocab_size=args.vocab_size or 1024)
     elif args.task == "lookup":  # at 512 tokens a made-up name is an onset and a rhyme: few tokens to copy
         from asyncrl.data.lookup import LookupTask, build_agent_tokenizer

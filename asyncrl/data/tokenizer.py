@@ -23,8 +23,8 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TEMPLATE_WORDS = ["user", "assistant", "system", "You are a helpful assistant."]
 """The text the chat template writes around messages besides its special tokens (the role names), and the
 usual system prompt: trained on so that a rendered chat costs a token per role, not one per byte."""
-TEXT_FIELDS = ("text", "question", "problem", "prompt", "solution", "response", "completion", "answer")
-"""String fields of a JSON row taken as corpus text (with the contents of a chat row's ``messages``)."""
+SKIPPED_FIELDS = ("id",)
+"""Columns of a JSON row that are not text to learn (read when named with ``fields``)."""
 CORPUS_SUFFIXES = (".txt", ".jsonl", ".json", ".ndjson")
 
 
@@ -66,10 +66,11 @@ def with_template_words(documents: list[str]) -> list[str]:
     return list(documents) + list(TEMPLATE_WORDS) * max(1, len(documents))
 
 
-def read_corpus(path: str, key: str = "--corpus") -> list[str]:
+def read_corpus(path: str, key: str = "--corpus", fields: list[str] | None = None) -> list[str]:
     """The documents of a corpus file: a ``.txt`` file (one document per line, blank lines skipped) or a
-    ``.jsonl`` / ``.json`` file of rows whose string fields (:data:`TEXT_FIELDS`) and chat ``messages``
-    contents are text. A ConfigError in one line names ``key`` and the file (and line) that is wrong."""
+    ``.jsonl`` / ``.json`` file of rows whose text is every string field (a list of strings too) and the
+    contents of chat ``messages`` (:func:`row_texts`), or only the columns ``fields``. A ConfigError in one line
+    names ``key`` and the file (and line) that is wrong."""
     file = Path(path).expanduser()
     if not file.is_file():
         what = "is a directory" if file.is_dir() else "does not exist"
@@ -78,7 +79,9 @@ def read_corpus(path: str, key: str = "--corpus") -> list[str]:
     if file.suffix not in CORPUS_SUFFIXES:
         raise ConfigError(f"{key}: cannot read '{path}': expected a .txt file (one document per line) or a "
                           ".jsonl / .json file of rows")
-    documents = _text_lines(file, key) if file.suffix == ".txt" else _row_texts(file, key)
+    if fields and file.suffix == ".txt":
+        raise ConfigError(f"--fields picks columns of .jsonl / .json rows; '{path}' is a text file")
+    documents = _text_lines(file, key) if file.suffix == ".txt" else _row_texts(file, key, fields)
     if not documents:
         raise ConfigError(f"{key}: '{path}' holds no text")
     return documents
@@ -101,35 +104,46 @@ def _text_lines(file: Path, key: str) -> list[str]:
     return documents
 
 
-def _row_texts(file: Path, key: str) -> list[str]:
+def _row_texts(file: Path, key: str, fields: list[str] | None) -> list[str]:
     from asyncrl.data.sources import RowError, read_rows
 
-    documents = []
+    documents, seen = [], set()
     for row in read_rows(file, "train", key):
         if isinstance(row, RowError):
             raise ConfigError(f"{key}: {row}")
+        if fields and isinstance(row.data, dict):
+            seen |= set(fields) & set(row.data)
         try:
-            texts = row_texts(row.data)
+            texts = row_texts(row.data, fields)
         except ValueError as e:
             raise ConfigError(f"{key}: {row.where}: {e}") from None
         documents += [t for t in texts if t.strip()]
+    missing = sorted(set(fields or ()) - seen)
+    if missing:
+        raise ConfigError(f"--fields: no row of '{file}' has the column(s) {missing}")
     return documents
 
 
-def row_texts(data) -> list[str]:
-    """The text of one corpus row: a string, or an object's :data:`TEXT_FIELDS` and ``messages`` contents;
-    ValueError for a row that has none."""
+def row_texts(data, fields: list[str] | None = None) -> list[str]:
+    """The text of one corpus row: a string, or an object's string fields (each string of a list field too;
+    not :data:`SKIPPED_FIELDS`) and its chat ``messages`` contents, or only its columns ``fields`` (a row
+    without them gives none); ValueError for a row that has no text at all."""
     if isinstance(data, str):
         return [data]
     if not isinstance(data, dict):
         raise ValueError(f"a row must be a JSON object or a string, got {type(data).__name__}")
-    texts = [data[name] for name in TEXT_FIELDS if isinstance(data.get(name), str)]
-    messages = data.get("messages")
-    if messages is not None:
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise ValueError("'messages' must be a list of {role, content} objects")
-        texts += [m["content"] for m in messages if isinstance(m.get("content"), str)]
-    if not texts:
-        raise ValueError(f"no text: expected a string field among {', '.join(TEXT_FIELDS)} or chat 'messages' "
-                         f"(fields: {sorted(data)[:10]})")
+    names = list(fields) if fields else [k for k in data if k not in SKIPPED_FIELDS]
+    texts = []
+    for name in names:
+        value = data.get(name)
+        if name in ("messages", "conversations") and isinstance(value, list):
+            if not all(isinstance(m, dict) for m in value):
+                raise ValueError(f"'{name}' must be a list of {{role, content}} objects")
+            texts += [m["content"] for m in value if isinstance(m.get("content"), str)]
+        elif isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, list):
+            texts += [v for v in value if isinstance(v, str)]
+    if not texts and not fields:
+        raise ValueError(f"no text: no string field and no chat 'messages' (fields: {sorted(data)[:10]})")
     return texts

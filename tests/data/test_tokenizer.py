@@ -94,3 +94,26 @@ def test_bad_corpus_is_one_line(tmp_path, capsys, name, content, where):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--corpus" in err and where in err, err
     assert not (tmp_path / "m").exists()
+
+
+def test_every_string_column_is_corpus_text_and_fields_picks_some(tmp_path, capsys):
+    """A column of any name is text (a user's 'worked' column was left out when only a fixed list was read);
+    --fields reads just the named columns and names one that no row has."""
+    from asyncrl.data.tokenizer import row_texts
+
+    row = {"id": "r1", "question": "Count the vowels of 'tobarine'.", "worked": "o, a, i, e: four",
+           "tags": ["vowels", 3], "n": 4}
+    assert row_texts(row) == ["Count the vowels of 'tobarine'.", "o, a, i, e: four", "vowels"]
+    assert row_texts(row, ["worked"]) == ["o, a, i, e: four"]
+    corpus = tmp_path / "rows.jsonl"
+    corpus.write_text("".join(json.dumps({"q": d, "worked": d.upper()}) + "\n" for d in _documents(60)))
+    assert _build(capsys, corpus, tmp_path / "all")["documents"] == 120
+    assert main(["init-model", "--corpus", str(corpus), "--fields", "worked", "--out", str(tmp_path / "w"),
+                 *SHAPE]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["documents"] == 60
+    assert main(["init-model", "--corpus", str(corpus), "--fields", "worked,wroked", "--out", str(tmp_path / "x"),
+                 *SHAPE]) == 2
+    err = capsys.readouterr().err
+    assert "wroked" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+    assert main(["init-model", "--fields", "q", "--out", str(tmp_path / "y"), *SHAPE]) == 2
+    assert "--corpus" in capsys.readouterr().err
