@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_loading()
     from asyncrl.checkpoint import CheckpointError
     from asyncrl.launch.signals import StopRequested
+    from asyncrl.publish import WeightSyncError
     from asyncrl.rollout import RolloutFailures
     from asyncrl.watchdog import TrainingHalted
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:
         print(f"asyncrl {args.command}: {e}; the run can go on: run the same command again", file=sys.stderr)
         return e.exit_code
-    except (TrainingHalted, RolloutFailures, CheckpointError) as e:
+    except (TrainingHalted, RolloutFailures, CheckpointError, WeightSyncError) as e:
         print(f"asyncrl {args.command}: stopped: {e}", file=sys.stderr)
         return 1
 

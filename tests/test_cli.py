@@ -111,3 +111,16 @@ def test_only_the_command_being_run_imports_its_module():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert "RUN_DIR" in out and out.strip().splitlines()[-1] == "['asyncrl.report.cli']"
+
+
+def test_a_weight_sync_failure_is_one_line_and_exit_1(monkeypatch, capsys):
+    """Every engine server gone, or a server holding another run's weights: one line, no traceback."""
+    from asyncrl.publish import WeightSyncError
+
+    def fail(args):
+        raise WeightSyncError("server http://127.0.0.1:9 serves weight version 2, from another run")
+
+    monkeypatch.setattr(cli, "_dispatch", fail)
+    assert main(["train"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "asyncrl train: stopped: server http://127.0.0.1:9 serves weight version 2, from another run"

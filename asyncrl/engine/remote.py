@@ -156,10 +156,24 @@ class RemoteEngine:
         self._sync = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s))
         for s in self._servers:
             wait_healthy(s.url, self.startup_timeout_s)
+            self._check_not_ahead(s.url)
         self._call_all(self.live_addrs(), self.api.set_version(self._version), self.startup_timeout_s,
                        f"setting version {self._version}")
         self._started_at = time.monotonic()
         return self
+
+    def _check_not_ahead(self, url: str) -> None:
+        """Refuse a server that serves a later weight version than this run starts at: it holds another run's
+        policy, and versions never decrease, so this run could neither sample its own policy nor update it."""
+        try:
+            served = int(self._sync.get(f"{url}/get_model_info").json()["weight_version"])
+        except Exception:  # a server that does not say (SGLang, vLLM): the first weight update tells
+            return
+        if served > self._version:
+            raise WeightSyncError(
+                f"server {url} serves weight version {served}, from another run (this run starts at version "
+                f"{self._version}): start a fresh server for this run (asyncrl serve ...), or resume the run that "
+                "used it")
 
     def stop(self) -> None:
         self._gate.open()

@@ -311,3 +311,17 @@ def test_a_run_with_two_servers_survives_losing_one(tmp_path, tiny_model_dir, mo
         last = run(parts)
         retired = [s for s in parts.engine._servers if s.retired]
     assert last["version"] == 6 and len(retired) == 1, (last.get("version"), retired)
+
+
+def test_a_server_left_at_another_runs_version_is_refused_naming_it(models):
+    """A second run attached to a server that the first run left at version 3 would sample the first run's policy
+    and then fail its first update (versions never decrease): it is refused at start, naming the server."""
+    servers = _Servers(models[0], 1, version=3)
+    try:
+        with pytest.raises(WeightSyncError, match=f"server {servers.urls[0]} serves weight version 3.*fresh server"):
+            RemoteEngine(servers.urls, version=0).start()
+        for version in (3, 5):  # the run that used it, resumed; or one further along
+            engine = RemoteEngine(servers.urls, version=version).start()
+            engine.stop()
+    finally:
+        servers.close()
