@@ -3,7 +3,8 @@ garbage stops with the reason instead of going on quietly.
 
 - no learning signal: every advantage of every batch was 0 for N steps (e.g. every sample of a group got
   the same reward under a group baseline) — warned once, with what to do;
-- reward failures: every reward call of a step failed for N steps — the run stops (or warns every step);
+- reward failures: every reward call of a step failed for N steps, or every call of the run so far (a broken
+  reward function: at once, with its first error) — the run stops (or warns every step);
 - non-finite updates: N steps in a row whose loss or gradient was not finite (the trainer skipped them) — the
   run stops; the weights are still those of the last good step.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from asyncrl.configlib import ConfigError
 from asyncrl.report.verdict import WINDOW, diagnose
@@ -28,7 +30,7 @@ class WatchdogConfig:
     every sample of every group got the same reward); 0 = never."""
     reward_failure_steps: int = 5
     """Act when every reward call failed (raised, returned a non-number or timed out) in this many steps
-    in a row; 0 = never."""
+    in a row, or at the first step when no call of the run has succeeded yet; 0 = never."""
     reward_failure_action: str = "stop"
     """What reward_failure_steps does: stop (the run ends with the reason) | warn (a warning every step)."""
     max_nonfinite_steps: int = 3
@@ -79,13 +81,15 @@ class LiveVerdict:
 
 class Watchdog:
     def __init__(self, no_signal_steps: int = 10, reward_failure_steps: int = 5, stop_on_reward_failures: bool = True,
-                 max_nonfinite_steps: int = 3, live: LiveVerdict | None = None):
+                 max_nonfinite_steps: int = 3, live: LiveVerdict | None = None,
+                 first_reward_failure: Callable[[], str] | None = None):
         self.no_signal_steps, self.reward_failure_steps = no_signal_steps, reward_failure_steps
         self.stop_on_reward_failures, self.max_nonfinite_steps = stop_on_reward_failures, max_nonfinite_steps
         self.no_signal = self.reward_failing = self.nonfinite = 0  # steps in a row
         self._warned_no_signal = False
         self._calls = self._failures = 0  # cumulative reward counters at the previous step
         self.live = live
+        self.first_reward_failure = first_reward_failure  # what the first failed reward call said
 
     def check(self, record: dict) -> None:
         """Look at one step's record; warn, or raise ``TrainingHalted``."""
@@ -116,12 +120,17 @@ class Watchdog:
         if step_calls <= 0:
             return
         self.reward_failing = self.reward_failing + 1 if step_failures >= step_calls else 0
-        if not self.reward_failure_steps or self.reward_failing < self.reward_failure_steps:
+        never_scored = failures >= calls  # not one call of the run has succeeded: a broken reward, not bad luck
+        needed = 1 if never_scored else self.reward_failure_steps
+        if not self.reward_failure_steps or self.reward_failing < needed:
             return
-        message = (f"every reward call failed in the last {self.reward_failing} steps (reward_errors "
-                   f"{record.get('reward_errors', 0)}, reward_timeouts {record.get('reward_timeouts', 0)}): "
-                   "the run trains on reward.default alone. Check reward.fn (the first failure is logged above) "
-                   "and reward.timeout_s")
+        first = self.first_reward_failure() if self.first_reward_failure else ""
+        what = f"every reward call of the run failed ({calls} calls)" if never_scored else (
+            f"every reward call failed in the last {self.reward_failing} steps")
+        message = (f"{what} (reward_errors {record.get('reward_errors', 0)}, reward_timeouts "
+                   f"{record.get('reward_timeouts', 0)}): the run trains on reward.default alone. "
+                   + (f"The first failure: {first}. " if first else "The first failure is logged above. ")
+                   + "Check reward.fn and reward.timeout_s")
         if self.stop_on_reward_failures:
             raise TrainingHalted(message + " (watchdog.reward_failure_action=warn keeps going)", version)
         log.warning(message)

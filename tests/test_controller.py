@@ -46,7 +46,7 @@ def test_async_run_end_to_end(tmp_path, tiny_model_dir, eta):
 @pytest.mark.slow
 def test_failing_reward_is_counted_and_training_continues(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward", "total_train_steps=2",
-               "evaluator.freq_steps=0")
+               "evaluator.freq_steps=0", "watchdog.reward_failure_steps=0")  # the watchdog would stop it
     last = train(cfg)
     assert last["version"] == 2 and last["reward_errors"] > 0 and last["reward_mean"] == 0.0
 

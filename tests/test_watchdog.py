@@ -47,9 +47,10 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_finite_checkpo
 @pytest.mark.slow
 def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward", "watchdog.reward_failure_steps=2")
-    with pytest.raises(TrainingHalted, match="every reward call failed in the last 2 steps"):
-        train(cfg)
-    assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step2").is_dir()  # something to resume from
+    with pytest.raises(TrainingHalted, match="every reward call of the run failed .*The first failure: reward "
+                                             "function failed .*this reward always fails.* on item "):
+        train(cfg)  # at the first step: no call ever succeeded, so the reward function is broken
+    assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step1").is_dir()  # something to resume from
 
 
 @pytest.mark.slow
@@ -58,7 +59,7 @@ def test_a_reward_that_always_fails_can_warn_instead(tmp_path, tiny_model_dir, c
                "watchdog.reward_failure_steps=2", "watchdog.reward_failure_action=warn")
     with caplog.at_level(logging.WARNING, logger="asyncrl.watchdog"):
         assert train(cfg)["version"] == 4
-    assert sum("every reward call failed" in r.message for r in caplog.records) == 3  # steps 2, 3 and 4
+    assert sum("every reward call" in r.message for r in caplog.records) == 4  # steps 1 (the first batch) to 4
 
 
 @pytest.mark.slow
@@ -72,8 +73,20 @@ def test_no_learning_signal_is_said_once(tmp_path, tiny_model_dir, caplog):
 
 def test_watchdog_counts_steps_in_a_row():
     w = Watchdog(no_signal_steps=0, reward_failure_steps=2, max_nonfinite_steps=0)
-    w.check({"version": 1, "reward_calls": 4, "reward_errors": 4})
-    w.check({"version": 2, "reward_calls": 8, "reward_errors": 7})  # one call succeeded: the count restarts
-    w.check({"version": 3, "reward_calls": 12, "reward_errors": 11})
-    with pytest.raises(TrainingHalted):
-        w.check({"version": 4, "reward_calls": 16, "reward_errors": 13, "reward_timeouts": 2})
+    w.check({"version": 1, "reward_calls": 4, "reward_errors": 3})
+    w.check({"version": 2, "reward_calls": 8, "reward_errors": 7})  # every call of this step failed: 1 in a row
+    w.check({"version": 3, "reward_calls": 12, "reward_errors": 10})  # one call succeeded: the count restarts
+    w.check({"version": 4, "reward_calls": 16, "reward_errors": 14})
+    with pytest.raises(TrainingHalted, match="in the last 2 steps"):
+        w.check({"version": 5, "reward_calls": 20, "reward_errors": 16, "reward_timeouts": 2})
+
+
+def test_a_reward_that_never_succeeded_stops_at_the_first_step_with_its_error():
+    """A reward function that fails on every call of the first batch is broken (a wrong argument name, say),
+    not unlucky: the run stops at once and says what the first call raised."""
+    first = "reward function failed (TypeError: score() missing 1 required positional argument: 'n_vowels') on item 7"
+    w = Watchdog(no_signal_steps=0, reward_failure_steps=5, max_nonfinite_steps=0, first_reward_failure=lambda: first)
+    with pytest.raises(TrainingHalted, match=r"every reward call of the run failed \(16 calls\).*'n_vowels'"):
+        w.check({"version": 1, "reward_calls": 16, "reward_errors": 16})
+    off = Watchdog(no_signal_steps=0, reward_failure_steps=0, max_nonfinite_steps=0)  # 0 = never
+    off.check({"version": 1, "reward_calls": 16, "reward_errors": 16})

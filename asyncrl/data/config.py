@@ -83,7 +83,8 @@ class TrainDatasetConfig:
     default reward: math-verify for gsm8k/math/qa/chat, the sandboxed code reward for code."""
     fields: dict = field(default_factory=dict)
     """Field mapping {item field: column}, e.g. {question: problem, answer: final_answer}. Unmapped fields
-    are looked for under their usual names (question/problem/prompt, answer, solution, tests/input_output)."""
+    are looked for under their usual names (question/problem/prompt, answer, solution, tests/input_output). A
+    mapped column reaches the reward function under both names (answer= and final_answer=)."""
     prompt_template: str = ""
     """Python format string over the item's fields that builds the user turn, e.g.
     '{question} Put the final answer in \\boxed{{}}.'; empty = the question as is. Fields: a file row's

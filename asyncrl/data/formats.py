@@ -79,26 +79,31 @@ def detect_type(record: dict, mapping: dict) -> str:
 
 
 def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
-    """The item for one row; raises ValueError with a message that names the problem (not the row)."""
+    """The item for one row; raises ValueError with a message that names the problem (not the row). A column
+    mapped to an item field (``mapping``: {answer: n_vowels}) reaches the reward under both names."""
     if not isinstance(record, dict):
         raise ValueError(f"a row must be a JSON object, got {type(record).__name__}")
+    missing = {name: col for name, col in mapping.items() if col not in record}
+    if missing:
+        name, col = next(iter(missing.items()))
+        raise ValueError(f"fields.{name} names the column '{col}', which the row does not have (columns: "
+                         f"{sorted(record)[:12]})")
     if row_type == "chat":
-        item, used = _chat(record, mapping)
+        item = _chat(record, mapping)
     else:
         col, question = field_value(record, "question", mapping)
         if not isinstance(question, str) or not question.strip():
             where = f"column '{col}'" if col else f"any of the columns {list(ALIASES['question'])}"
             raise ValueError(f"no question text in {where} (fields: {sorted(record)}); map it with "
                              "train_dataset.fields.question=COLUMN")
-        item, used = NORMALIZERS[row_type](record, mapping)
+        item = NORMALIZERS[row_type](record, mapping)
         item["question"] = question
-        used.add(col)
     if template:
         item["question"] = apply_template(template, {**record, **item})
         if row_type == "chat":
             item["messages"] = _with_last_question(item["messages"], item["question"])
-    for key, value in record.items():
-        if key not in used and key not in item:
+    for key, value in record.items():  # every column under its own name too: a mapped one under both
+        if key not in item:
             item["source_id" if key == "id" else key] = value
     return item
 
@@ -159,7 +164,7 @@ def apply_template(template: str, fields: dict) -> str:
         raise ValueError(f"train_dataset.prompt_template cannot be formatted ({type(e).__name__}: {e})") from None
 
 
-def _gsm8k(record: dict, mapping: dict) -> tuple[dict, set]:
+def _gsm8k(record: dict, mapping: dict) -> dict:
     col, answer = field_value(record, "answer", mapping)
     if not isinstance(answer, str) or "####" not in answer:
         raise ValueError(f"GSM8K answer (column '{col}') has no '#### <final answer>' line")
@@ -169,10 +174,10 @@ def _gsm8k(record: dict, mapping: dict) -> tuple[dict, set]:
         raise ValueError(f"GSM8K answer (column '{col}') has nothing after '####'")
     steps = CALC_RE.sub("", work).strip()
     solution = (steps + "\n" if steps else "") + f"The answer is {final}."
-    return {"answer": final, "solution": solution}, {col}
+    return {"answer": final, "solution": solution}
 
 
-def _math(record: dict, mapping: dict) -> tuple[dict, set]:
+def _math(record: dict, mapping: dict) -> dict:
     sol_col, solution = field_value(record, "solution", mapping)
     ans_col, answer = field_value(record, "answer", mapping)
     if answer in (None, "") and isinstance(solution, str):
@@ -182,10 +187,10 @@ def _math(record: dict, mapping: dict) -> tuple[dict, set]:
     item = {"answer": str(answer)}
     if isinstance(solution, str):
         item["solution"] = solution
-    return item, {sol_col, ans_col}
+    return item
 
 
-def _qa(record: dict, mapping: dict) -> tuple[dict, set]:
+def _qa(record: dict, mapping: dict) -> dict:
     ans_col, answer = field_value(record, "answer", mapping)
     sol_col, solution = field_value(record, "solution", mapping)
     has_solution = isinstance(solution, str) and bool(solution.strip())
@@ -195,10 +200,10 @@ def _qa(record: dict, mapping: dict) -> tuple[dict, set]:
     item = {} if answer in (None, "") else {"answer": str(answer)}
     if has_solution:
         item["solution"] = solution
-    return item, {ans_col, sol_col}
+    return item
 
 
-def _code(record: dict, mapping: dict) -> tuple[dict, set]:
+def _code(record: dict, mapping: dict) -> dict:
     tests_col, tests = field_value(record, "tests", mapping)
     fn_col, fn_name = field_value(record, "fn_name", mapping)
     if tests is None:
@@ -218,7 +223,7 @@ def _code(record: dict, mapping: dict) -> tuple[dict, set]:
     solution = _first_solution(solution)
     if solution:
         item["solution"] = solution
-    return item, {tests_col, fn_col, sol_col}
+    return item
 
 
 def _first_solution(solution: Any) -> str | None:
@@ -233,7 +238,7 @@ def _first_solution(solution: Any) -> str | None:
     return solution if isinstance(solution, str) and solution.strip() else None
 
 
-def _chat(record: dict, mapping: dict) -> tuple[dict, set]:
+def _chat(record: dict, mapping: dict) -> dict:
     col, raw = field_value(record, "messages", mapping)
     if raw is None:
         raise ValueError(f"no conversation: no 'messages' list in column '{col or ALIASES['messages'][0]}' "
@@ -256,7 +261,7 @@ def _chat(record: dict, mapping: dict) -> tuple[dict, set]:
     ans_col, answer = field_value(record, "answer", mapping)
     if answer not in (None, ""):
         item["answer"] = str(answer)
-    return item, {col, ans_col}
+    return item
 
 
 def chat_messages(raw: Any, col: str = "messages") -> list[dict]:

@@ -224,7 +224,8 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         meter=StepMeter(timeline.account, [rollout.stats, reward.stats, buffer.stats, data.stats,
                                        *([workflow.stats] if isinstance(workflow, Counted) else [])]),
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
-                          w.max_nonfinite_steps, LiveVerdict(verdict_settings(cfg), w.verdict_steps)),
+                          w.max_nonfinite_steps, LiveVerdict(verdict_settings(cfg), w.verdict_steps),
+                          first_reward_failure=lambda: reward.first_failure),
     )
 
 

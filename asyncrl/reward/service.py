@@ -121,6 +121,14 @@ class _Worker:
             conn.close()
 
 
+def item_label(item: dict) -> str:
+    """How a message names an item: its id (a file row's own id), else the start of its question."""
+    for key in ("id", "source_id"):
+        if item.get(key) is not None:
+            return str(item[key])
+    return repr(str(item.get("question", ""))[:60])
+
+
 class RewardService:
     """Scores completions with a reward function; a failure costs one sample (the default reward), is
     counted, and is logged once. ``score`` is thread-safe; ``ascore`` awaits it from the rollout loop."""
@@ -133,6 +141,7 @@ class RewardService:
         self._local = threading.local()  # this thread's wait for a worker in its current call
         self._lock = threading.Lock()
         self._logged: set[str] = set()
+        self.first_failure = ""  # what the first failed call said, for the watchdog's message
         self._closed = False
         self._payload = _payload(fn) if workers > 0 else None
         if workers > 0 and self._payload is None:
@@ -235,8 +244,9 @@ class RewardService:
             self._logged.add(kind)
         if first:
             what = f"timed out after {self.timeout_s}s" if kind == "timeout" else f"failed ({detail})"
+            self.first_failure = self.first_failure or f"reward function {what} on item {item_label(item)}"
             log.warning("reward function %s on item %s; using %s (counted in reward_%ss, logged once)",
-                        what, item.get("id"), self.default, kind)
+                        what, item_label(item), self.default, kind)
 
     # ---- reporting and shutdown ----------------------------------------------------------------------
     def _waited_in_calls(self) -> float:

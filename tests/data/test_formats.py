@@ -88,3 +88,17 @@ def test_prompt_template_applies_to_the_builtin_task():
     assert call_reward(data.reward_fn, it, f"The answer is {it['answer']}.") == 1.0
     with pytest.raises(ConfigError, match=r"train_dataset.prompt_template.*'problem'"):
         dataset_from_config(small, TrainDatasetConfig(prompt_template="{problem}"), ValidDatasetConfig(size=5))
+
+
+def test_a_mapped_column_reaches_the_reward_under_both_names():
+    """fields={answer: n_vowels}: a reward written for the file (score(prompt, completion, n_vowels)) and one written
+    for asyncrl (answer=) both get it; a mapped column that the row lacks is named."""
+    from asyncrl.data.formats import to_item
+    from asyncrl.reward.base import call_reward
+
+    row = {"word": "tobarine", "q": "How many vowels in 'tobarine'?", "n_vowels": "4"}
+    item = to_item(row, "qa", {"question": "q", "answer": "n_vowels"}, "")
+    assert item["answer"] == item["n_vowels"] == "4" and item["question"] == row["q"] and item["word"] == "tobarine"
+    assert call_reward(lambda prompt, completion, n_vowels, **_: float(completion == n_vowels), item, "4") == 1.0
+    with pytest.raises(ValueError, match="fields.answer names the column 'n_vowls', which the row does not have"):
+        to_item(row, "qa", {"question": "q", "answer": "n_vowls"}, "")
