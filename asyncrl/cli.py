@@ -43,6 +43,11 @@ SUBCOMMANDS = {  # name: (help, the module with its add_arguments(parser) and ru
 }
 """Subcommands whose flags live with their module."""
 
+SUMMARY_KEYS = ("run_dir", "checkpoint", "complete", "step", "version", "elapsed_s", "reward_mean", "eval_accuracy",
+                "staleness_max")
+"""What `asyncrl train` prints last, as one JSON line for scripts (the lines before it say the same for people;
+metrics.jsonl has every key of every step)."""
+
 QUIET_LOGGERS = ("httpx", "httpcore")
 """Libraries that log every HTTP request at INFO (the agent proxy's clients, remote engines): WARNING and up."""
 
@@ -68,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                       "data's own verifier); prints pass@k, mean@n and eval_accuracy (= pass@1) as one JSON line and "
                       "writes every item's answers and rewards to `output` (JSONL). E.g. asyncrl eval --model DIR "
                       "valid_dataset.path=test.jsonl n_samples=8 greedy=false k=[1,8]")
-    ev.add_argument("--model", help="checkpoint directory, or a LoRA adapter directory (adapter_config.json: its "
-                                    "base model with the adapter merged); same as model.path=...")
+    ev.add_argument("--model", help="checkpoint directory, a run directory (RUN_DIR or RUN_DIR/checkpoints/latest: its "
+                                    "latest checkpoint), a hub name in the local cache, or a LoRA adapter directory "
+                                    "(adapter_config.json: its base model with the adapter merged); same as "
+                                    "model.path=...")
     command = _command_of(argv)
     for name, (help_, module) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asyncrl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except StopRequested as e:
-        print(f"asyncrl {args.command}: {e}; the run can go on: run the same command again", file=sys.stderr)
+        print(f"asyncrl {args.command}: {e.advice()}", file=sys.stderr)
         return e.exit_code
     except (TrainingHalted, RolloutFailures, CheckpointError, WeightSyncError) as e:
         print(f"asyncrl {args.command}: stopped: {e}", file=sys.stderr)
@@ -182,7 +189,8 @@ def _dispatch(args) -> int:
 
         record = run_eval(cfg)
     if record:  # trainer ranks other than 0 return nothing to show
-        print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (list, dict))}))
+        keys = SUMMARY_KEYS if args.command == "train" else record
+        print(json.dumps({k: record[k] for k in keys if k in record and not isinstance(record[k], (list, dict))}))
     return 0
 
 

@@ -91,7 +91,8 @@ class TrainConfig:
     max_train_time_s: float = 600.0
     """Stop after this much wall time in seconds (0 = no limit), then evaluate and save."""
     progress_bar: bool = True
-    """Show a progress bar on the terminal."""
+    """Show a progress bar when the output is a terminal (never when it goes to a file or a pipe: one log line per
+    step there)."""
     report: bool = True
     """Write RUN_DIR/report.html at the end of the run (plots; needs the 'report' extra, else a warning)."""
     resume: str = "auto"

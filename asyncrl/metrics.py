@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,10 @@ CONSOLE_KEYS = [
     ("gen_tokens_per_s", "gen {:.0f} tok/s"), ("train_tokens_per_s", "train {:.0f} tok/s"),
     ("step_time_s", "step {:.2f}s"),
 ]
+CONSOLE_LEGEND = ("each step prints: step | reward = mean reward of the batch | eval_acc = held-out accuracy (when "
+                  "evaluated) | stale max, mean = versions between the weights that generated the trained tokens and "
+                  "the weights trained | gen, train tok/s = tokens generated, trained per second | step = wall time "
+                  "of the step (metrics.jsonl has every key)")
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -164,11 +169,14 @@ def time_account(dt: float, delta: Callable[[str], float], train: dict) -> dict:
 
 # ---- sinks -----------------------------------------------------------------------------------------------
 class Console:
-    """A progress bar with one line per step, or one log line per step."""
+    """A progress bar with one line per step (on a terminal), or one log line per step (``progress_bar`` off, or
+    output to a file or pipe, where a bar's carriage returns would garble the log). What the fields are is said
+    once, at the start."""
 
-    def __init__(self, progress_bar: bool, total_steps: int):
+    def __init__(self, progress_bar: bool, total_steps: int, terminal: bool | None = None):
         self._bar = None
-        if progress_bar:
+        log.info(CONSOLE_LEGEND)
+        if progress_bar and (sys.stderr.isatty() if terminal is None else terminal):
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)

@@ -17,7 +17,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def resolve_model_path(path: str) -> str:
-    """Map ``builtin:NAME`` to the checkpoint shipped inside the package; other paths pass through."""
+    """The checkpoint directory ``path`` names: ``builtin:NAME`` (shipped inside the package), a run directory
+    or its ``checkpoints/latest`` (the latest checkpoint of an ``asyncrl train`` run), a Hugging Face hub name
+    already in the local cache (``Qwen/Qwen2.5-0.5B-Instruct``; never downloaded); other paths pass through."""
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX) :]
         local = BUILTIN_DIR / name
@@ -25,12 +27,45 @@ def resolve_model_path(path: str) -> str:
             shipped = sorted(p.name for p in BUILTIN_DIR.iterdir() if (p / "config.json").exists())
             raise FileNotFoundError(f"no built-in model '{name}' (shipped: {shipped})")
         return str(local)
+    run_checkpoint = latest_of_run(Path(path))
+    if run_checkpoint is not None:
+        return str(run_checkpoint)
     if not Path(path).exists():
+        cached = hub_cache_dir(path)
+        if cached is not None:
+            return cached
         raise FileNotFoundError(
-            f"model path '{path}' does not exist (models are never downloaded; give a local directory "
-            f"or one of the built-in names, e.g. '{BUILTIN_PREFIX}tiny-sft')"
+            f"model path '{path}' does not exist (models are never downloaded; give a local directory, a hub name "
+            f"already in the local Hugging Face cache, or one of the built-in names, e.g. '{BUILTIN_PREFIX}tiny-sft')"
         )
     return path
+
+
+def latest_of_run(path: Path) -> Path | None:
+    """The checkpoint that ``RUN_DIR`` or ``RUN_DIR/checkpoints/latest`` names (``latest`` holds a step directory's
+    name), or None when ``path`` is neither."""
+    pointer = path if path.name == "latest" and path.is_file() else path / "checkpoints" / "latest"
+    if (path / "config.json").exists() or not pointer.is_file():
+        return None
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    step = pointer.parent / name
+    return step if name and "/" not in name and step.is_dir() else None
+
+
+def hub_cache_dir(name: str) -> str | None:
+    """The local snapshot of hub model ``name`` (``org/model``) in the Hugging Face cache, without any download;
+    None when it is not there (or not a hub name)."""
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - not cached, not a valid name, or no huggingface_hub: not a hub model here
+        return None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

@@ -53,3 +53,23 @@ def test_non_finite_metrics_are_written_as_such_and_read_back(tmp_path):
     assert raw == {"step": 1, "loss": "nan", "grad_norm": "inf", "x": "-inf", "ok": 0.5}  # never null
     (record,) = read_metrics(tmp_path)
     assert math.isnan(record["loss"]) and record["grad_norm"] == math.inf and record["x"] == -math.inf
+
+
+def test_the_console_explains_its_fields_once_and_draws_no_bar_into_a_file(caplog, capsys):
+    """Output to a file or a pipe gets one log line per step (a progress bar's carriage returns garble it)."""
+    import logging
+
+    from asyncrl.metrics import Console
+
+    record = {"step": 1, "reward_mean": 0.5, "staleness_max": 1, "staleness_mean": 0.5, "step_time_s": 2.0}
+    with caplog.at_level(logging.INFO, logger="asyncrl.metrics"):
+        console = Console(True, 10, terminal=False)
+        console.show(record)
+        console.close()
+    lines = [r.message for r in caplog.records]
+    assert lines[0].startswith("each step prints: step | reward") and sum("each step" in m for m in lines) == 1
+    assert lines[1] == "1 | reward 0.500 | stale max 1 | mean 0.50 | step 2.00s"
+    assert "\r" not in capsys.readouterr().err
+    bar = Console(True, 10, terminal=True)
+    assert bar._bar is not None
+    bar.close()

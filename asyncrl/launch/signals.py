@@ -16,6 +16,13 @@ class StopRequested(Exception):
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum
+        self.checkpoint: str | None = None  # the checkpoint the run saved (set by the launcher)
+
+    def advice(self) -> str:
+        """What the command line says: the checkpoint saved, and how to go on."""
+        if self.checkpoint:
+            return f"{self}; checkpoint {self.checkpoint} saved: run the same command again to go on from it"
+        return f"{self} before its first checkpoint: the same command again starts the run afresh"
 
     @property
     def exit_code(self) -> int:

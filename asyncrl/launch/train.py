@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 from asyncrl import parallel
+from asyncrl.checkpoint import load_run_state, read_latest
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.controller import run
@@ -23,7 +24,7 @@ from asyncrl.data.config import source_lookup
 from asyncrl.launch.build import assemble, build_rank_trainer
 from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV, serve_rank, spawn_ranks
 from asyncrl.launch.resume import resume_point
-from asyncrl.launch.signals import GracefulStop
+from asyncrl.launch.signals import GracefulStop, StopRequested
 
 log = logging.getLogger(__name__)
 
@@ -37,24 +38,32 @@ def train(cfg: TrainConfig) -> dict:
 
         return ray_launcher.run(cfg)
     resume = _resume_point(cfg)
+    done = _complete(cfg, resume)
+    if done is not None:
+        return done
     dp, ranks = _trainer_ranks(cfg, resume)
     if dp is not None and dp.rank > 0:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: rank 0 stops this one
         serve_rank(build_rank_trainer(cfg, dp, resume), dp)
         return {}
-    run_dir = None
+    run_dir, finished = None, False
     try:
         with GracefulStop() as stop, assemble(cfg, dp, resume) as parts:
             run_dir, stop.buffer = parts.run_dir, parts.buffer
             parts.meter.source_of = source_lookup(cfg.train_dataset)  # a mixture's metrics per source
             try:
-                return run(parts)
+                record = run(parts)
+                finished = True
+                return {**record, "run_dir": str(run_dir), "checkpoint": _latest_checkpoint(run_dir)}
             except Exception as e:
                 dead = ranks.failed() if ranks is not None else []
                 if dead:  # the collective that failed is the symptom; the rank's death is the cause
                     raise RuntimeError(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
                                        "its last checkpoint") from e
                 raise
+    except StopRequested as e:
+        e.checkpoint = _latest_checkpoint(run_dir) if run_dir is not None else None
+        raise
     finally:  # after every part is closed: nothing competes with the plots, and the files are complete
         if ranks is not None:
             ranks.close()
@@ -62,6 +71,8 @@ def train(cfg: TrainConfig) -> dict:
             _write_report(run_dir)
         if run_dir is not None:
             _say_verdict(run_dir)
+        if finished:
+            _say_outcome(run_dir)
 
 
 def _resume_point(cfg: TrainConfig) -> Path | None:
@@ -73,6 +84,55 @@ def _resume_point(cfg: TrainConfig) -> Path | None:
     if point is not None:
         log.info("resuming from %s", point)
     return point
+
+
+def _complete(cfg: TrainConfig, resume: Path | None) -> dict | None:
+    """Rerunning a run that has trained all its steps: say so, and how to go on or start over (rather than
+    build everything to train 0 steps)."""
+    if resume is None or RANK_ENV in os.environ or "WORLD_SIZE" in os.environ:
+        return None
+    version = load_run_state(resume).version
+    if version < cfg.total_train_steps:
+        return None
+    run_dir = resume.parent.parent
+    log.info("%s is complete: it trained %d of total_train_steps=%d steps, its checkpoint is %s. To train on, raise "
+             "total_train_steps; to start over, set resume=fresh (the run is moved aside, not deleted) or another "
+             "trial_name", run_dir, version, cfg.total_train_steps, resume)
+    return {"version": version, "complete": True, "run_dir": str(run_dir), "checkpoint": str(resume)}
+
+
+def _latest_checkpoint(run_dir: Path) -> str | None:
+    name = read_latest(run_dir / "checkpoints")
+    return str(run_dir / "checkpoints" / name) if name else None
+
+
+def _say_outcome(run_dir: Path) -> None:
+    """Start -> end in a few lines: steps and time, reward, held-out accuracy, where the checkpoint and the report
+    are."""
+    from asyncrl.report.reader import load_run
+    from asyncrl.report.summary import summarize
+
+    try:
+        run = load_run(run_dir)
+        s = summarize(run)
+    except Exception as e:  # noqa: BLE001 - a run never fails for its summary
+        log.warning("no summary: %s", e)
+        return
+    last = run.steps[-1]["step"] if run.steps else 0
+    log.info("done: step %d, %.0f s of training (median step %.2f s); run directory %s", last, s.wall_s,
+             s.step_time_s, run_dir)
+    if s.reward_first is not None:
+        log.info("reward %.3f -> %.3f (mean of the first and the last 5 steps)", s.reward_first, s.reward_last)
+    if s.final_accuracy is not None:
+        best_step = max(run.evals, key=lambda r: r["eval_accuracy"])["step"]
+        start = f"{s.initial_accuracy:.3f} -> " if s.initial_accuracy is not None else ""
+        log.info("held-out accuracy %s%.3f (best %.3f at step %d)", start, s.final_accuracy, s.best_accuracy,
+                 best_step)
+    checkpoint = _latest_checkpoint(run_dir)
+    if checkpoint:
+        log.info("checkpoint: %s (a Hugging Face directory; asyncrl eval --model %s)", checkpoint, run_dir)
+    if (run_dir / "report.html").is_file():
+        log.info("report: %s (asyncrl diagnose %s: where the time went)", run_dir / "report.html", run_dir)
 
 
 def _trainer_ranks(cfg: TrainConfig, resume: Path | None):

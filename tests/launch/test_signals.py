@@ -33,6 +33,7 @@ def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_m
     assert f"stopped by {signal.Signals(sig).name}" in err
     latest = latest_checkpoint(run)
     assert latest is not None and is_complete(latest)
+    assert f"checkpoint {latest} saved: run the same command again" in err  # the message names it
     time.sleep(1.0)
     assert not [p for p in children if alive(p)], "processes of the run outlived it"
     resumed = subprocess.run(args + ["total_train_steps=" + str(int(latest.name[4:]) + 1)], env=train_env(),
@@ -40,6 +41,7 @@ def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_m
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == int(latest.name[4:]) + 1
+    assert f"checkpoint: {run}/checkpoints/step{steps[-1]}" in resumed.stderr  # the end says where it is
 
 
 @pytest.mark.slow
