@@ -16,12 +16,18 @@ in ``stepN/merged/`` (``weights_dir``). Beside them, what a resumed run needs to
 A checkpoint is written into a temporary directory beside the others, every file fsynced, then renamed to
 ``stepN`` and ``latest`` is replaced last (write + fsync + rename): a kill at any byte leaves the previous
 checkpoint or the new one, never a half one that is loaded. The last ``keep`` checkpoints are kept.
+
+``manifest.json``, written last inside the checkpoint, holds the size of every file and the SHA-256 of
+``run.json``: :func:`verify` finds a checkpoint damaged later (a truncated or deleted file, an edited run
+state), and :func:`newest_valid` picks the newest checkpoint that verifies, whatever ``latest`` says.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -34,7 +40,10 @@ import torch
 
 from asyncrl.trainer.base import Checkpointable
 
+log = logging.getLogger(__name__)
+
 RUN_STATE = "run.json"
+MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.pt"
 ROLLOUTS = "rollouts.pt"
 LATEST = "latest"
@@ -81,15 +90,16 @@ class Checkpointer:
                 _write_json(tmp / RUN_STATE, {k: getattr(state, k) for k in
                                               ("version", "drawn", "accepted", "rejected", "elapsed_s",
                                                                             "timeline_s")})
+            _write_json(tmp / MANIFEST, manifest(tmp))
             _fsync_tree(tmp)
             if final.exists():  # the same version again (e.g. saved at the end of a resumed run)
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.dir)
             _write_json(self.dir / LATEST, None, text=final.name + "\n")
-        except OSError as e:
+        except Exception as e:  # OSError, and the writers' own errors (safetensors' SafetensorError on a full disk)
             shutil.rmtree(tmp, ignore_errors=True)
-            why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            why = "the disk is full" if _disk_full(e) else (getattr(e, "strerror", None) or f"{type(e).__name__}: {e}")
             raise CheckpointError(f"writing the checkpoint of version {version} in {self.dir} failed: {why}; "
                                   f"the previous checkpoint ({read_latest(self.dir) or 'none'}) stays valid") from e
         except BaseException:
@@ -105,6 +115,10 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.dir.glob(".tmp-step*"):  # left by a run killed while saving
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _disk_full(e: BaseException) -> bool:
+    return getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)
 
 
 def training_state(trainer, directory: Path | None = None) -> dict:
@@ -135,11 +149,73 @@ def weights_dir(checkpoint: Path | str) -> str:
 
 
 def read_latest(checkpoints: Path) -> str | None:
+    """The checkpoint name ``latest`` holds, if it names a checkpoint directory of ``checkpoints`` (a garbled,
+    empty or outside-pointing ``latest`` names none)."""
     try:
-        name = (Path(checkpoints) / LATEST).read_text().strip()
-    except OSError:
+        name = (Path(checkpoints) / LATEST).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
         return None
-    return name if name and (Path(checkpoints) / name / RUN_STATE).is_file() else None
+    if not name.startswith("step") or not name[4:].isdigit():
+        return None
+    return name if (Path(checkpoints) / name / RUN_STATE).is_file() else None
+
+
+def manifest(directory: Path) -> dict:
+    """Every file under ``directory`` with its size, and the SHA-256 of its run state."""
+    files = {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    state = directory / RUN_STATE
+    return {"files": files, RUN_STATE: _sha256(state) if state.is_file() else None}
+
+
+def verify(checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from (a missing or truncated file, an edited run state, a version
+    that is not its name's), or None when it verifies. A checkpoint of an older asyncrl without a manifest is
+    checked for its files only."""
+    checkpoint = Path(checkpoint)
+    if not (checkpoint / RUN_STATE).is_file():
+        return f"{RUN_STATE} is missing"
+    try:
+        version = json.loads((checkpoint / RUN_STATE).read_text())["version"]
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        return f"{RUN_STATE} cannot be read ({type(e).__name__})"
+    if checkpoint.name != f"step{version}":
+        return f"{RUN_STATE} says version {version!r}, not {checkpoint.name[4:]}"
+    try:
+        saved = json.loads((checkpoint / MANIFEST).read_text())
+    except FileNotFoundError:
+        missing = [f for f in (TRAINER_STATE, ROLLOUTS) if not (checkpoint / f).is_file()]
+        return f"{', '.join(missing)} missing" if missing else None
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"{MANIFEST} cannot be read ({type(e).__name__})"
+    for name, size in saved.get("files", {}).items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, not the {size} written"
+    if saved.get(RUN_STATE) != _sha256(checkpoint / RUN_STATE):
+        return f"{RUN_STATE} was changed after it was written"
+    return None
+
+
+def newest_valid(checkpoints: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from: the newest ``stepN`` that verifies (``latest`` names it, unless the run
+    was killed between the rename and ``latest``, or ``latest`` was damaged); and a line for each newer one
+    skipped, with why."""
+    steps = sorted((p for p in Path(checkpoints).glob("step*") if p.is_dir() and p.name[4:].isdigit()),
+                   key=lambda p: int(p.name[4:]), reverse=True)
+    skipped = []
+    for step in steps:
+        why = verify(step)
+        if why is None:
+            return step, skipped
+        skipped.append(f"{step.name}: {why}")
+    return None, skipped
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load_run_state(path: Path) -> RunState:

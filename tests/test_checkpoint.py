@@ -10,12 +10,17 @@ import torch
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.build import assemble
-from runs_for_tests import is_complete, latest_checkpoint, prompt_files, train_command
+from runs_for_tests import is_complete, latest_checkpoint, prompt_files, train_command, train_env
+
+
+class SafetensorLikeError(Exception):
+    """What safetensors raises on a full disk: not an OSError."""
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("error", ["oserror", "safetensors"])
 def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(tmp_path, tiny_model_dir,
-                                                                                   monkeypatch, capsys):
+                                                                                   monkeypatch, capsys, error):
     import errno
 
     from asyncrl import cli
@@ -28,7 +33,9 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     def fills_the_disk(self, path, tokenizer=None):
         if self.steps_done == 3:
             (Path(path) / "config.json").write_text("{")  # half written when the disk filled up
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise (OSError(errno.ENOSPC, "No space left on device") if error == "oserror" else
+                   SafetensorLikeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                                       "message: \"No space left on device\" })"))
         return save(self, path, tokenizer)
 
     monkeypatch.setattr(PolicyTrainer, "save", fills_the_disk)
@@ -38,6 +45,35 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     run = tmp_path / "out" / "asyncrl" / "default"
     assert latest_checkpoint(run).name == "step2" and is_complete(latest_checkpoint(run))
     assert not list((run / "checkpoints").glob("step3")) and not list((run / "checkpoints").glob(".tmp-*"))
+    capsys.readouterr()
+    args = train_command(tmp_path / "again", tiny_model_dir, train, valid, 4, "saver.on_error=continue")[3:]
+    assert cli.main(args) == 0  # continue: the step-3 checkpoint is skipped with a warning, step 4 is saved
+    assert latest_checkpoint(tmp_path / "again" / "out" / "asyncrl" / "default").name == "step4"
+
+
+@pytest.mark.slow
+def test_a_real_full_disk_is_one_line(tmp_path, tiny_model_dir):
+    """A small tmpfs as output_dir (room for one checkpoint, not two): one line naming the full disk, exit 1, and
+    the last checkpoint that fitted stays complete. Skipped where mounting is not allowed."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    model_bytes = sum(f.stat().st_size for f in Path(tiny_model_dir).iterdir() if f.is_file())
+    size = 5 * model_bytes  # one checkpoint (weights + twice as much optimizer state) fits, a second beside it not
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        train, valid = prompt_files(tmp_path, 40)
+        args = train_command(tmp_path, tiny_model_dir, train, valid, 8, f"output_dir={disk}", "saver.freq_steps=1")
+        done = subprocess.run(args, capture_output=True, text=True, timeout=600, env=train_env())
+        err = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and "the disk is full" in err[-1] and "Traceback" not in done.stderr, err[-5:]
+        latest = latest_checkpoint(disk / "asyncrl" / "default")
+        assert latest is not None and is_complete(latest)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
 
 
 def _cfg(tmp_path, model_path, *extra):
@@ -59,3 +95,95 @@ def test_a_checkpoint_of_non_finite_weights_is_refused(tmp_path, tiny_model_dir)
         with pytest.raises(NonFiniteWeights, match="NaN or inf"):
             parts.checkpoints.save(1)
     assert not (tmp_path / "asyncrl" / "default" / "checkpoints" / "step1").exists()
+
+
+def _fake_checkpoints(checkpoints: Path, versions=(2, 3, 4)):
+    """Checkpoint directories shaped like Checkpointer.save's (files of a few bytes), with their manifests."""
+    import json
+
+    from asyncrl.checkpoint import MANIFEST, manifest
+
+    for v in versions:
+        d = checkpoints / f"step{v}"
+        d.mkdir(parents=True)
+        for name, size in (("config.json", 20), ("model.safetensors", 400), ("trainer.pt", 300), ("rollouts.pt", 50)):
+            (d / name).write_bytes(b"x" * size)
+        (d / "run.json").write_text(json.dumps({"version": v, "drawn": 8 * v}))
+        (d / MANIFEST).write_text(json.dumps(manifest(d)))
+    (checkpoints / "latest").write_text(f"step{versions[-1]}\n")
+
+
+DAMAGES = {
+    "model.safetensors truncated": lambda c: (c / "step4" / "model.safetensors").write_bytes(b"x" * 100),
+    "trainer.pt truncated": lambda c: (c / "step4" / "trainer.pt").write_bytes(b""),
+    "rollouts.pt removed": lambda c: (c / "step4" / "rollouts.pt").unlink(),
+    "run.json removed": lambda c: (c / "step4" / "run.json").unlink(),
+    "run.json version edited": lambda c: (c / "step4" / "run.json").write_text('{"version": 4, "drawn": 99}'),
+    "run.json says another version": lambda c: (c / "step4" / "run.json").write_text('{"version": 7, "drawn": 32}'),
+    "manifest garbled": lambda c: (c / "step4" / "manifest.json").write_bytes(b"\x00\xff"),
+}
+POINTERS = {"latest garbled": b"\x00\xff", "latest empty": b"", "latest names step99": b"step99\n",
+            "latest points outside": b"../../../elsewhere\n"}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage):
+    from asyncrl.checkpoint import newest_valid
+
+    checkpoints = tmp_path / "checkpoints"
+    _fake_checkpoints(checkpoints)
+    assert newest_valid(checkpoints) == (checkpoints / "step4", [])
+    DAMAGES[damage](checkpoints)
+    point, skipped = newest_valid(checkpoints)
+    assert point == checkpoints / "step3" and len(skipped) == 1 and skipped[0].startswith("step4: "), skipped
+
+
+@pytest.mark.parametrize("pointer", list(POINTERS))
+def test_a_damaged_latest_pointer_still_resumes_from_the_newest_checkpoint(tmp_path, pointer):
+    from asyncrl.checkpoint import newest_valid, read_latest
+
+    checkpoints = tmp_path / "checkpoints"
+    _fake_checkpoints(checkpoints)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "run.json").write_text('{"version": 9}')
+    (checkpoints / "latest").write_bytes(POINTERS[pointer])
+    assert read_latest(checkpoints) is None  # never followed out of the run, never a traceback
+    assert newest_valid(checkpoints) == (checkpoints / "step4", [])
+
+
+def test_resume_says_which_checkpoints_it_skipped_and_why(tmp_path, caplog):
+    import logging
+
+    from asyncrl.launch.resume import resume_point
+
+    cfg = configlib.load(TrainConfig, None, [f"output_dir={tmp_path}"])
+    run = tmp_path / "asyncrl" / "default"
+    _fake_checkpoints(run / "checkpoints")
+    configlib.dump(cfg, run / "config.yaml")
+    DAMAGES["model.safetensors truncated"](run / "checkpoints")
+    (run / "checkpoints" / "step3" / "trainer.pt").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert resume_point(cfg) == run / "checkpoints" / "step2"
+    said = [r.message for r in caplog.records]
+    assert any("step4: model.safetensors has 100 bytes, not the 400 written" in m for m in said)
+    assert any("step3: trainer.pt is missing" in m for m in said)
+
+
+@pytest.mark.slow
+def test_a_run_resumes_from_the_checkpoint_before_a_truncated_one(tmp_path, tiny_model_dir):
+    import json
+    import subprocess
+
+    train, valid = prompt_files(tmp_path, 40)
+    args = train_command(tmp_path, tiny_model_dir, train, valid, 4)
+    assert subprocess.run(args, capture_output=True, timeout=600, env=train_env()).returncode == 0
+    run = tmp_path / "out" / "asyncrl" / "default"
+    path = run / "checkpoints" / "step4" / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    done = subprocess.run(args[:-len(args)] + [a if not a.startswith("total_train_steps=") else "total_train_steps=6"
+                                               for a in args], capture_output=True, text=True, timeout=600,
+                          env=train_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "not resuming from step4: model.safetensors has" in done.stderr and "step3" in done.stderr
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)) and steps[-1] == 6 and 4 in steps  # step 4 trained again, once in the log

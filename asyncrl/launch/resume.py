@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from asyncrl import configlib
-from asyncrl.checkpoint import read_latest
+from asyncrl.checkpoint import newest_valid
 from asyncrl.configlib import ConfigError
 
 log = logging.getLogger(__name__)
@@ -48,23 +48,27 @@ def resume_point(cfg) -> Path | None:
     run_dir = run_dir_of(cfg)
     if cfg.resume not in RESUME_MODES:
         raise ConfigError(f"resume must be one of {list(RESUME_MODES)}, got '{cfg.resume}'")
-    latest = read_latest(run_dir / "checkpoints")
-    if cfg.resume == "fresh" or latest is None:
+    point, skipped = newest_valid(run_dir / "checkpoints")
+    if cfg.resume == "fresh" or point is None:
         return None
+    for line in skipped:
+        log.warning("not resuming from %s; an earlier checkpoint is used", line)
     differences = _differences(run_dir / "config.yaml", configlib.to_dict(cfg))
     if differences:
         shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in differences[:8])
         raise ConfigError(f"{run_dir} holds a run with another configuration ({shown}"
                           f"{'; ...' if len(differences) > 8 else ''}): resume it with the same keys, or set "
                           "resume=fresh to start over (the old run is moved aside, not deleted)")
-    return run_dir / "checkpoints" / latest
+    return point
 
 
 def start_fresh(run_dir: Path) -> None:
     """Move the files of an earlier run out of ``run_dir`` (to ``<name>.replaced-<time>``) before a new one."""
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return
-    why = "it holds no checkpoint to resume from" if read_latest(run_dir / "checkpoints") is None else "resume=fresh"
+    point, skipped = newest_valid(run_dir / "checkpoints")
+    why = "resume=fresh" if point is not None else "it holds no checkpoint to resume from" + (
+        f": {'; '.join(skipped)}" if skipped else "")
     aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     shutil.move(str(run_dir), str(aside))
     log.warning("starting %s afresh (%s); the previous run is kept in %s", run_dir, why, aside)
