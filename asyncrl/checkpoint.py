@@ -97,9 +97,11 @@ class Checkpointer:
             os.rename(tmp, final)
             _fsync_dir(self.dir)
             _write_json(self.dir / LATEST, None, text=final.name + "\n")
-        except Exception as e:  # OSError, and the writers' own errors (safetensors' SafetensorError on a full disk)
+        except Exception as e:  # OSError, and the writers' own errors (safetensors' SafetensorError, torch.save's
+            # RuntimeError on a full disk)
+            why = "the disk is full" if _disk_full(e, tmp) else (getattr(e, "strerror", None) or
+                                                                  f"{type(e).__name__}: {e}")
             shutil.rmtree(tmp, ignore_errors=True)
-            why = "the disk is full" if _disk_full(e) else (getattr(e, "strerror", None) or f"{type(e).__name__}: {e}")
             raise CheckpointError(f"writing the checkpoint of version {version} in {self.dir} failed: {why}; "
                                   f"the previous checkpoint ({read_latest(self.dir) or 'none'}) stays valid") from e
         except BaseException:
@@ -117,8 +119,15 @@ class Checkpointer:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _disk_full(e: BaseException) -> bool:
-    return getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)
+def _disk_full(e: BaseException, directory: Path) -> bool:
+    """Whether a failed write ran out of disk: its errno or message says so, or (torch.save says only "file write
+    failed") less than 4 MiB is free beside the half-written checkpoint."""
+    if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
+        return True
+    try:
+        return shutil.disk_usage(directory).free < 4 << 20
+    except OSError:
+        return False
 
 
 def training_state(trainer, directory: Path | None = None) -> dict:
