@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from asyncrl.agent.workflow import AgentConfig
 from asyncrl.trainer.config import ActorConfig
 from asyncrl.configlib import ConfigError
+from asyncrl.types import MIN_TEMPERATURE
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
 from asyncrl.placement import LAUNCHERS, ClusterConfig
@@ -20,6 +21,9 @@ from asyncrl.metrics import StatsLoggerConfig
 from asyncrl.reward.config import RewardConfig
 from asyncrl.watchdog import WatchdogConfig
 from asyncrl.workflow.config import WorkflowConfig
+
+MAX_BATCH_SAMPLES = 1 << 20
+"""The most samples (train_dataset.batch_size x gconfig.n_samples) a step may have: a batch is held in memory."""
 
 
 @dataclass
@@ -138,8 +142,14 @@ class TrainConfig:
                          "total_train_steps", "rollout.max_slots", "rollout.threads", "valid_dataset.size"])
         _non_negative(self, ["rollout.max_concurrent_rollouts",
                              "max_train_time_s", "evaluator.freq_steps", "saver.freq_steps", "gconfig.top_k"])
-        if self.gconfig.temperature <= 0:
-            raise ConfigError("gconfig.temperature must be > 0 (training log-probs are divided by it)")
+        if not self.gconfig.temperature >= MIN_TEMPERATURE:
+            raise ConfigError(f"gconfig.temperature must be >= {MIN_TEMPERATURE} (training log-probs are divided by "
+                              f"it; lower is greedy in effect: use evaluator.greedy for greedy answers), got "
+                              f"{self.gconfig.temperature}")
+        samples = self.train_dataset.batch_size * self.gconfig.n_samples
+        if samples > MAX_BATCH_SAMPLES:
+            raise ConfigError(f"train_dataset.batch_size x gconfig.n_samples = {samples} samples a step cannot be held "
+                              f"in memory (at most {MAX_BATCH_SAMPLES}; AReaL's largest recipes use 512 x 16)")
         if not 0 < self.gconfig.top_p <= 1:
             raise ConfigError(f"gconfig.top_p must be in (0, 1], got {self.gconfig.top_p}")
         self.rollout.validate()

@@ -112,12 +112,40 @@ def _read_yaml(path: str) -> tuple[dict, dict[str, int]]:
     text = _read_text(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_expansion(node, path)
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{_yaml_where(path, e)}: not valid YAML: {_yaml_problem(e)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply (a YAML alias that contains itself?)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
     return data, _key_lines(node, path)
+
+
+MAX_YAML_NODES = 100_000
+"""The most values a config file may expand to: YAML aliases can make a few hundred bytes stand for billions."""
+
+
+def _check_expansion(node, path: str) -> None:
+    """Refuse a document whose aliases expand past ``MAX_YAML_NODES`` values, or refer to themselves."""
+    count, stack, on_path = 0, [(node, False)], set()
+    while stack:
+        n, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(n))
+            continue
+        if id(n) in on_path:
+            raise ConfigError(f"{path}:{n.start_mark.line + 1}: a YAML alias that contains itself")
+        count += 1
+        if count > MAX_YAML_NODES:
+            raise ConfigError(f"{path}: expands to more than {MAX_YAML_NODES} values (YAML aliases repeating "
+                              "aliases?); a config file is a few hundred keys")
+        if isinstance(n, (yaml.SequenceNode, yaml.MappingNode)):
+            on_path.add(id(n))
+            stack.append((n, True))
+            children = n.value if isinstance(n, yaml.SequenceNode) else [c for kv in n.value for c in kv]
+            stack.extend((c, False) for c in children)
 
 
 def _read_text(path: str) -> str:
@@ -246,6 +274,9 @@ def _coerce(value, typ, key: str, where):
             return value
     elif typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if not -(2**63) <= value < 2**63:
+                raise ConfigError(f"{where(key)}: '{key}' must be a 64-bit integer (below 2**63 in size), got "
+                                  f"{str(value)[:30]}{'...' if len(str(value)) > 30 else ''}")
             return value
     elif typ is float:
         number = _as_float(value)

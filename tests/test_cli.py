@@ -124,3 +124,24 @@ def test_a_weight_sync_failure_is_one_line_and_exit_1(monkeypatch, capsys):
     assert main(["train"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "asyncrl train: stopped: server http://127.0.0.1:9 serves weight version 2, from another run"
+
+
+def test_hostile_configs_and_reward_modules_are_one_line(tmp_path, capsys, monkeypatch):
+    """What used to be tracebacks (or a 45 s wait): an int past 64 bits, a YAML alias that contains itself, a
+    'billion laughs' file, a temperature below what sampling takes, a reward module with a syntax error or one
+    that raises at import, and a batch that cannot be held in memory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop.yaml").write_text("a: &a [*a]\n")
+    laughs = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+    (tmp_path / "laughs.yaml").write_text(laughs)
+    (tmp_path / "broken_reward.py").write_text("def score(prompt, completion, **_):\n    return 1 +\n")
+    (tmp_path / "raising_reward.py").write_text("raise RuntimeError('no API key')\n")
+    _refusal(capsys, ["train", "seed=99999999999999999999999999"], "'seed' must be a 64-bit integer")
+    _refusal(capsys, ["train", "--config", "loop.yaml"], "loop.yaml")
+    _refusal(capsys, ["train", "--config", "laughs.yaml"], "expands to more than 100000 values")
+    _refusal(capsys, ["train", "gconfig.temperature=5e-5"], "gconfig.temperature must be >= 0.0001")
+    _refusal(capsys, ["train", "reward.fn=broken_reward:score"], "syntax error at")
+    _refusal(capsys, ["train", "reward.fn=raising_reward:score"], "raised RuntimeError: no API key")
+    _refusal(capsys, ["train", "train_dataset.batch_size=99999999999999999999"], "64-bit integer")
+    _refusal(capsys, ["train", "train_dataset.batch_size=999999999"], "cannot be held in memory")
