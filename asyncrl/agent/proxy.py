@@ -9,11 +9,13 @@ behaviour log-probs wrong; ``max_tokens`` may only lower the run's ``gconfig.max
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ipaddress
 import secrets
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from asyncrl.agent.chat import ChatRenderer, TemplateError, normalize
 from asyncrl.agent.session import Call, Episode, canonical
@@ -64,6 +66,7 @@ class AgentProxy:
         self.tokenizer = renderer.tokenizer
         self.episodes: dict[str, Episode] = {}
         self.calls = self.tool_parse_errors = 0
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-proxy-tokenize")
 
     # ---- keys ----------------------------------------------------------------------------------------------
     def open(self) -> str:
@@ -95,7 +98,10 @@ class AgentProxy:
             episode.handler_s += time.perf_counter() - t0
 
     async def _answer_chat(self, episode: Episode, body: dict) -> dict:
-        messages, tools = _messages(body), _list(body, "tools")
+        _check_common(body)
+        messages, tools = _messages(body), _tools(body)
+        _check_chars(len(canonical(messages)) + len(canonical(tools or [])), "messages and tools")
+        _tool_choice(body, tools)
         fingerprint = canonical(["chat", messages, tools, body.get("tool_choice"), body.get("n"), body.get("stop"),
                                  _max_tokens(body), bool(body.get("logprobs"))])
         earlier = episode.retry_of(fingerprint)
@@ -119,17 +125,23 @@ class AgentProxy:
             episode.handler_s += time.perf_counter() - t0
 
     async def _answer_completion(self, episode: Episode, body: dict) -> dict:
+        _check_common(body)
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             _check_chars(len(prompt), "prompt")
-            ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+            ids = await self._off_loop(lambda: self.tokenizer(prompt, add_special_tokens=False).input_ids)
         elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            vocab = len(self.tokenizer)
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ProxyError(400, f"prompt: token id {bad} is not in the vocabulary (0 to {vocab - 1})")
             ids = list(prompt)
         else:
             raise ProxyError(400, "prompt must be a non-empty string or a list of token ids")
         params = self._params(body)
         choices = []
-        for index, call in enumerate(await self._generate(episode, ids, None, 0, [], "", params, _n(body))):
+        calls = await self._generate(episode, ids, None, 0, [], "", params, _n(body), _max_tokens(body) is not None)
+        for index, call in enumerate(calls):
             choices.append({"index": index, "text": self._decode(call.output_ids, params),
                             "finish_reason": FINISH.get(call.finish_reason, "stop"), "logprobs": None})
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
@@ -137,13 +149,13 @@ class AgentProxy:
 
     # ---- internals -----------------------------------------------------------------------------------------
     async def _chat(self, episode: Episode, body: dict, messages: list[dict], tools: list | None) -> dict:
-        try:
-            prompt_ids, parent, bridge = episode.plan(messages, tools)
+        try:  # templating and tokenising a long conversation takes seconds: never on the event loop
+            prompt_ids, parent, bridge = await self._off_loop(lambda: episode.plan(messages, tools))
         except TemplateError as e:
             raise ProxyError(400, f"messages: {e}") from None
         params = self._params(body)
         calls = await self._generate(episode, prompt_ids, parent, bridge, normalize(messages),
-                                     canonical(tools or []), params, _n(body))
+                                     canonical(tools or []), params, _n(body), _max_tokens(body) is not None)
         choices = []
         for index, call in enumerate(calls):
             text = self._decode(call.output_ids, params)
@@ -163,6 +175,11 @@ class AgentProxy:
         return {"id": calls[0].id, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
                 "choices": choices, "usage": _usage(prompt_ids, choices, episode, calls)}
 
+    async def _off_loop(self, fn):
+        """``fn()`` on the proxy's one tokenising thread (one: a fast tokenizer used by two threads at once can
+        fail), so that the event loop, and the server's other routes, go on meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn)
+
     def _params(self, body: dict) -> SamplingParams:
         stop = body.get("stop")
         stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
@@ -173,11 +190,15 @@ class AgentProxy:
         return dataclasses.replace(self.params, max_new_tokens=max_new, stop=tuple(stops))
 
     async def _generate(self, episode: Episode, prompt_ids: list[int], parent, bridge: int, messages, tools_key,
-                        params: SamplingParams, n: int) -> list[Call]:
+                        params: SamplingParams, n: int, params_asked: bool = True) -> list[Call]:
+        """``n`` calls of ``prompt_ids``; a request that set no ``max_tokens`` (``params_asked`` False) gets at
+        most what is left of the context, as OpenAI's API does, instead of a refusal."""
         if self.engine is None:
             raise ProxyError(503, "the proxy has no engine yet")
+        room = self.max_len - len(prompt_ids)
+        if not params_asked and 0 < room < params.max_new_tokens:  # no max_tokens asked: what the context holds
+            params = dataclasses.replace(params, max_new_tokens=room)
         if len(prompt_ids) + params.max_new_tokens > self.max_len:
-            room = self.max_len - len(prompt_ids)
             raise ProxyError(400, f"messages: the conversation is {len(prompt_ids)} tokens; with max_tokens "
                                   f"{params.max_new_tokens} it exceeds the context of {self.max_len} tokens"
                                   + (f" (ask for max_tokens <= {room})" if room > 0 else ""))
@@ -206,18 +227,72 @@ def _messages(body: dict) -> list[dict]:
         raise ProxyError(400, "messages must be a non-empty list")
     if len(messages) > MAX_MESSAGES:
         raise ProxyError(413, f"messages: {len(messages)} messages, more than {MAX_MESSAGES}")
-    chars = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
             raise ProxyError(400, f"messages[{i}] must be an object with role system, user, assistant or tool")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise ProxyError(400, f"messages[{i}].content must be a string, a list of parts or null")
-        chars += len(canonical(content)) if content is not None else 0
-        if m.get("tool_calls") is not None and not isinstance(m["tool_calls"], list):
-            raise ProxyError(400, f"messages[{i}].tool_calls must be a list")
-    _check_chars(chars, "messages")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ProxyError(400, f"messages[{i}].content[{j}] must be a text part {{type: text, text: string}}")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise ProxyError(400, f"messages[{i}].tool_calls must be a list")
+            for j, call in enumerate(calls):
+                function = call.get("function") if isinstance(call, dict) else None
+                if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
+                        or not isinstance(function.get("arguments", ""), (str, dict))):
+                    raise ProxyError(400, f"messages[{i}].tool_calls[{j}] must be an object with a function "
+                                          "{name: string, arguments: string}")
     return messages
+
+
+def _tools(body: dict) -> list | None:
+    tools = _list(body, "tools")
+    for i, tool in enumerate(tools or ()):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict)
+                or not isinstance(function.get("name"), str) or not function["name"]
+                or not isinstance(function.get("description", ""), str)
+                or not isinstance(function.get("parameters", {}), dict)):
+            raise ProxyError(400, f"tools[{i}] must be {{type: function, function: {{name: string, description?: "
+                                  "string, parameters?: object}}")
+    return tools
+
+
+def _tool_choice(body: dict, tools: list | None) -> None:
+    """``tool_choice`` as OpenAI takes it: none | auto | required (with tools) | {type: function, function:
+    {name}} naming one of the tools."""
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("none", "auto"):
+        return
+    if choice == "required":
+        if not tools:
+            raise ProxyError(400, "tool_choice: 'required' needs tools")
+        return
+    names = [t["function"]["name"] for t in tools or ()]
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name in names:
+            return
+        raise ProxyError(400, f"tool_choice names the function {str(name)[:60]!r}, which is not among the tools "
+                              f"{names[:10]}")
+    raise ProxyError(400, "tool_choice must be 'none', 'auto', 'required' or {type: function, function: {name}}")
+
+
+def _check_common(body: dict) -> None:
+    """What every endpoint refuses: streaming (the proxy answers whole responses) and text that is not valid
+    Unicode (a lone surrogate such as \\ud800, which JSON can carry and no tokenizer can encode)."""
+    if body.get("stream"):
+        raise ProxyError(400, "stream: streaming is not supported by the asyncrl proxy; set stream=false (the "
+                              "answer comes whole, recorded token for token)")
+    try:
+        canonical(body).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ProxyError(400, f"the request holds text that is not valid Unicode ({e.reason} at character "
+                              f"{e.start})") from None
 
 
 def _check_chars(n: int, field: str) -> None:

@@ -78,3 +78,116 @@ def test_standalone_proxy_in_asyncrl_serve(tiny_model_dir):
         assert gone.status_code == 401
     finally:
         server.close()
+
+
+BAD_BODIES = [  # (body, status, what the message names)
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "messages[0].content[0]"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [1, 2]}]}, 400, "messages[0].tool_calls[0]"),
+    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": "f"}]}]}, 400,
+     "messages[0].tool_calls[0]"),
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "not valid Unicode"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": 123}, 400, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "bogus"}, 400, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "'required' needs tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "not among the tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": 3}}]},
+     400, "tools[0]"),
+    ({"messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f", "description": "7 " * 600_000}}]}, 413,
+     "messages and tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "stream"),
+]
+
+
+def _proxy_server(tokenizer, replies):
+    pytest.importorskip("fastapi")
+    from asyncrl.server.agent import build_app
+    from asyncrl.server.app import ServerThread
+
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
+                       engine=ScriptedEngine(tokenizer, replies))
+    return proxy, ServerThread(build_app(proxy))
+
+
+def test_malformed_agent_requests_are_400s_naming_the_field(tokenizer):
+    """Bodies that were 500s (a reset connection, uncounted) or silently accepted: each a 400 (413 when too
+    large) naming the field, and the proxy answers a good request afterwards."""
+    import httpx
+
+    proxy, server = _proxy_server(tokenizer, ["fine"] * 4)
+    try:
+        key = proxy.open()
+        headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"}
+        import json as _json
+
+        for body, status, named in BAD_BODIES:
+            r = httpx.post(server.url + "/v1/chat/completions", content=_json.dumps(body).encode(), headers=headers,
+                           timeout=60)
+            assert r.status_code == status and named in r.json()["error"]["message"], (body, r.text[:300])
+        for prompt, named in (([1, 99999], "token id 99999"), ([-3], "token id -3")):
+            r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt}, headers=headers)
+            assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
+        ok = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                        headers=headers)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "fine"
+    finally:
+        server.close()
+
+
+def test_no_max_tokens_gets_what_the_context_holds(tokenizer):
+    """A chat without max_tokens whose prompt leaves less room than the proxy's default is answered within the
+    context (as OpenAI's API does), not refused; one that asks for more than fits is refused naming the room."""
+    import httpx
+
+    proxy, server = _proxy_server(tokenizer, ["fine"] * 4)
+    import dataclasses
+
+    proxy.max_len = 64  # the default max tokens (the run's: 100) is more than the whole context
+    proxy.params = dataclasses.replace(proxy.params, max_new_tokens=100)
+    try:
+        headers = {"Authorization": f"Bearer {proxy.open()}"}
+        msg = [{"role": "user", "content": "hi"}]
+        ok = httpx.post(server.url + "/v1/chat/completions", json={"messages": msg}, headers=headers)
+        assert ok.status_code == 200, ok.text
+        asked = httpx.post(server.url + "/v1/chat/completions", json={"messages": msg, "max_tokens": 60},
+                           headers=headers)
+        assert asked.status_code == 400 and "ask for max_tokens <=" in asked.text
+    finally:
+        server.close()
+
+
+def test_the_largest_accepted_request_does_not_stall_the_loop(tokenizer):
+    """A conversation just under the character limit is templated and tokenised off the event loop: the proxy's
+    other routes keep answering meanwhile."""
+    import threading
+    import time
+
+    import httpx
+
+    from asyncrl.agent.proxy import MAX_TEXT_CHARS
+    from servers_for_tests import HEALTH_BOUND_S
+
+    proxy, server = _proxy_server(tokenizer, ["fine"] * 4)
+    try:
+        headers = {"Authorization": f"Bearer {proxy.open()}"}
+        times, done = [], threading.Event()
+
+        def poll():
+            with httpx.Client(timeout=30) as client:
+                while not done.is_set():
+                    t0 = time.monotonic()
+                    client.get(server.url + "/v1/models", headers=headers)
+                    times.append(time.monotonic() - t0)
+                    time.sleep(0.05)
+
+        watcher = threading.Thread(target=poll, daemon=True)
+        watcher.start()
+        big = {"messages": [{"role": "user", "content": "7 " * (MAX_TEXT_CHARS // 2 - 100)}], "max_tokens": 4}
+        r = httpx.post(server.url + "/v1/chat/completions", json=big, headers=headers, timeout=120)
+        done.set()
+        watcher.join(timeout=30)
+        assert r.status_code == 400 and "exceeds the context" in r.text  # tokenised in full, then refused
+        assert times and max(times) < HEALTH_BOUND_S, times
+    finally:
+        server.close()
