@@ -56,8 +56,21 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def dump(cfg, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+SECRET_KEYS = ("admin_key", "api_key")
+"""Config fields whose value is a secret: never written to a file (a dump records a set one as ``***``)."""
+
+
+def dump(cfg, path: str | Path, mask_secrets: bool = True) -> None:
+    """``cfg`` as YAML at ``path``; secrets (``SECRET_KEYS``) as ``***`` unless ``mask_secrets`` is off (a
+    configuration handed to the run's own processes)."""
+    data = to_dict(cfg)
+    Path(path).write_text(yaml.safe_dump(_masked(data) if mask_secrets else data, sort_keys=False))
+
+
+def _masked(data):
+    if isinstance(data, dict):
+        return {k: "***" if k in SECRET_KEYS and data[k] else _masked(data[k]) for k, v in data.items()}
+    return data
 
 
 def all_keys(cls, prefix: str = "") -> list[str]:

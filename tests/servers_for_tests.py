@@ -15,12 +15,17 @@ MAX_LEN = 64
 
 
 @contextlib.contextmanager
-def serving(model, tokenizer, **state_kw):
+def serving(model, tokenizer, admin_key: str | None = None, **state_kw):
     """A server of ``model`` (max_len 64, 4 slots) on a thread of this process: (url, state)."""
     engine = LocalEngine(model, max_slots=4, max_len=MAX_LEN, stop_token_ids=(tokenizer.eos_token_id,),
                          tokenizer=tokenizer).start()
     state = ServerState(engine, tokenizer, "tiny", "-", **state_kw)
-    http = ServerThread(build_app(state))
+    app = build_app(state)
+    if admin_key:  # as asyncrl serve --admin-key wraps it
+        from asyncrl.server.middleware import AdminOnly
+
+        app = AdminOnly(app, admin_key, open_prefixes=("/health", "/agent/"))
+    http = ServerThread(app)
     try:
         yield http.url, state
     finally:

@@ -190,3 +190,14 @@ def test_dump_round_trips(tmp_path):
     configlib.dump(cfg, tmp_path / "out.yaml")
     again = configlib.load(TrainConfig, str(tmp_path / "out.yaml"))
     assert again == cfg
+
+
+def test_secrets_are_never_written_to_a_config_file(tmp_path):
+    """agent.admin_key (and any *api_key) is dumped as *** (the run directory's config.yaml); the run's own
+    processes get it unmasked."""
+    cfg = configlib.load(TrainConfig, None, ["agent.admin_key=s3cret"])
+    configlib.dump(cfg, tmp_path / "config.yaml")
+    text = (tmp_path / "config.yaml").read_text()
+    assert "s3cret" not in text and "admin_key: '***'" in text
+    configlib.dump(cfg, tmp_path / "ranks.yaml", mask_secrets=False)
+    assert "s3cret" in (tmp_path / "ranks.yaml").read_text()

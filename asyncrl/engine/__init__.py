@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -37,7 +38,8 @@ def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dty
     common = dict(api=cfg.resolved_api, interrupt_mode=cfg.interrupt_mode, request_timeout_s=cfg.request_timeout_s,
                   startup_timeout_s=cfg.server_startup_timeout_s, version=version)
     if backend.kind == "remote":
-        return RemoteEngine(list(cfg.server_addrs), **common)
+        key = os.environ.get(cfg.server_key_env) if cfg.server_key_env else None
+        return RemoteEngine(list(cfg.server_addrs), **common, api_key=key)
     devices = list(server_devices) or [()] * backend.dp
 
     def launch():

@@ -51,6 +51,9 @@ class RolloutConfig:
     """A weight update not delivered within this time stops the run with the version it was delivering."""
     server_addrs: list[str] = field(default_factory=list)
     """host:port (or URL) of each inference server, for backend 'remote'."""
+    server_key_env: str = ""
+    """The environment variable holding the admin key of servers started with --admin-key (backend 'remote'; the
+    key itself is never in the config)."""
     server_api: str = "sglang"
     """HTTP dialect of remote servers: 'sglang' (SGLang's native API, which asyncrl serve also speaks) or
     'vllm' (vLLM >= 0.32 started with the flags in docs/engine.md). Servers asyncrl starts use their own."""

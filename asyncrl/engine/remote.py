@@ -101,7 +101,7 @@ class RemoteEngine:
     def __init__(self, addrs: list[str] = (), *, api: str = "sglang", interrupt_mode: str = "abort",
                  request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0, max_attempts: int = 3,
                  dead_cooldown_s: float = 5.0, startup_timeout_s: float = 120.0, version: int = 0,
-                 launch: Callable[[], list] | None = None):
+                 launch: Callable[[], list] | None = None, api_key: str | None = None):
         if api not in APIS:
             raise ValueError(f"server api must be one of {sorted(APIS)}, got '{api}'")
         if interrupt_mode not in ("recompute", "abort"):
@@ -117,6 +117,7 @@ class RemoteEngine:
         self.startup_timeout_s = startup_timeout_s
         self._servers = [_Server(_url(a)) for a in addrs]
         self._launch, self._procs = launch, []
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # servers with --admin-key
         self._version = version
         self._gate = _Gate()
         self._failed_update: str | None = None
@@ -153,7 +154,8 @@ class RemoteEngine:
             self._servers = [_Server(p.url) for p in self._procs]
             for p in self._procs:
                 p.wait_healthy()
-        self._sync = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s))
+        self._sync = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
+                                  headers=self._headers)
         for s in self._servers:
             wait_healthy(s.url, self.startup_timeout_s)
             self._check_not_ahead(s.url)
@@ -424,7 +426,7 @@ class RemoteEngine:
         client = self._clients.get(loop)
         if client is None:
             client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
-                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                                       headers=self._headers, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
             self._clients[loop] = client
         return client
 

@@ -152,7 +152,7 @@ def spawn_ranks(cfg, world: int, port: int, resume=None) -> LocalRanks:
 
     fd, path = tempfile.mkstemp(prefix="asyncrl-rank-config-", suffix=".yaml")
     os.close(fd)
-    configlib.dump(replace(cfg, progress_bar=False), path)
+    configlib.dump(replace(cfg, progress_bar=False), path, mask_secrets=False)  # the ranks are this run
     env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            RESUME_ENV: str(resume or "")}
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",

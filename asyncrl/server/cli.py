@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     agent.add_argument("--agent-proxy", action="store_true",
                        help="also serve the recording OpenAI-compatible agent proxy under /agent/v1, with sessions "
                             "opened and ended by the admin (POST /agent/rl/sessions, /agent/rl/sessions/KEY/end)")
-    agent.add_argument("--admin-key", default=None, help="the key of the proxy's session routes (required for it)")
+    agent.add_argument("--admin-key", default=None, help="the key of the proxy's session routes (required for it); "
+                            "with it, the engine's routes need it too (Authorization: Bearer KEY), /health aside")
     agent.add_argument("--tool-parser", default="hermes", help="hermes | llama3_json | none")
     agent.add_argument("--agent-temperature", type=float, default=1.0,
                        help="the proxy's sampling temperature (requests' own are ignored: the recorded log-probs "
@@ -130,7 +131,7 @@ def refuse(message: str) -> int:
 
 
 def _agent_proxy(state, args: argparse.Namespace):
-    """The agent proxy over this server's engine, with a tokenizer of its own (it tokenises on the event loop
+    """The agent proxy over this server's engine, with a tokenizer of its own (it tokenises on a thread of its own
     while the server's routes tokenise on worker threads)."""
     import copy
 
@@ -162,6 +163,10 @@ def _serve(state, sock: socket.socket, args: argparse.Namespace) -> int:
     app = build_app(state)
     if args.agent_proxy:
         app.mount("/agent", _agent_proxy(state, args))
+    if args.admin_key:  # the engine's routes need it too (the proxy's check their episode keys)
+        from asyncrl.server.middleware import AdminOnly
+
+        app = AdminOnly(app, args.admin_key, open_prefixes=("/health", "/agent/"))
     server = Server(uvicorn_config(app, args.log_level), state.engine)
     # uvicorn re-raises the signal it caught once it has shut down; with this handler (not the default action,
     # which would end the process by the signal) that only asks for the exit already done

@@ -1,4 +1,5 @@
-"""Two ASGI middlewares of ``asyncrl serve``: the request size limit, and 500s that keep the connection open.
+"""The ASGI middlewares of ``asyncrl serve``: the request size limit, 500s that keep the connection open, and the
+admin key on the engine's routes.
 
 Plain ASGI (no framework base class), so they work the same on every Starlette/FastAPI version.
 """
@@ -14,6 +15,28 @@ from starlette.responses import JSONResponse
 from asyncrl.server.render import error_body
 
 log = logging.getLogger(__name__)
+
+
+class AdminOnly:
+    """With an admin key, every route but ``open_prefixes`` (``/health``; the agent proxy's, which checks its own
+    keys) answers 401 without ``Authorization: Bearer KEY``: on a server with ``--admin-key`` nobody else may
+    generate, pause the engine or load weights."""
+
+    def __init__(self, app, key: str, open_prefixes: tuple[str, ...] = ("/health",)):
+        self.app, self.key, self.open_prefixes = app, key, open_prefixes
+
+    async def __call__(self, scope, receive, send) -> None:
+        import secrets
+
+        if scope["type"] != "http" or scope["path"].startswith(self.open_prefixes):
+            return await self.app(scope, receive, send)
+        auth = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
+        given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if secrets.compare_digest(given.encode(), self.key.encode()):
+            return await self.app(scope, receive, send)
+        response = JSONResponse(error_body("this server has an admin key: send it as Authorization: Bearer KEY"),
+                                status_code=401)
+        await response(scope, receive, send)
 
 
 class BodyLimit:

@@ -59,3 +59,22 @@ def test_errors_keep_the_connection_and_a_5xx_does_not_retire_the_server(server,
         assert len(c.output_ids) == 3
     finally:
         engine.stop()
+
+
+def test_with_an_admin_key_the_engine_routes_need_it(model, tokenizer):
+    """A server with --admin-key: generating, pausing and loading weights need the key (/health does not), and
+    the remote client sends it when given one (rollout.server_key_env)."""
+    with serving(model, tokenizer, admin_key="adm") as (url, _):
+        body = {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}
+        for path in ("/generate", "/pause_generation", "/update_weights_from_disk", "/v1/chat/completions"):
+            r = httpx.post(url + path, json=body)
+            assert r.status_code == 401 and "admin key" in r.text, (path, r.text)
+        assert httpx.get(url + "/health").status_code == 200
+        assert httpx.post(url + "/generate", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.post(url + "/generate", json=body, headers={"Authorization": "Bearer adm"}).status_code == 200
+        engine = RemoteEngine([url], api_key="adm").start()
+        try:
+            out = asyncio.run(engine.generate([5, 6], SamplingParams(max_new_tokens=2)))
+            assert len(out[0].output_ids) == 2
+        finally:
+            engine.stop()
