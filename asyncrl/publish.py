@@ -373,8 +373,10 @@ class DistReceiver:
     installs its group only if no ``destroy`` (or newer join) came meanwhile, and buckets are received under a
     lock of their own, so ``destroy`` always returns at once."""
 
-    def __init__(self, apply, timeout_s: float = 60.0):
-        self.apply = apply
+    def __init__(self, apply, timeout_s: float = 60.0, shapes: dict[str, tuple[int, ...]] | None = None):
+        """``shapes``: the name and shape of every tensor the served model takes; a bucket naming another tensor,
+        or one of another shape, is refused before anything is allocated for it."""
+        self.apply, self.shapes = apply, shapes
         self._timeout_s = timeout_s
         self._lock = threading.Lock()  # the group fields below; held only briefly
         self._group = None
@@ -414,6 +416,8 @@ class DistReceiver:
         if not (len(names) == len(dtypes) == len(shapes)):
             raise ValueError("names, dtypes and shapes must have the same length")
         metas = [TensorMeta(n, d, tuple(int(x) for x in s)) for n, d, s in zip(names, dtypes, shapes)]
+        for m in metas:
+            self._check(m)
         version = None if weight_version is None else int(weight_version)
         with self._receiving:
             group, epoch = self._current(group_name)
@@ -437,6 +441,20 @@ class DistReceiver:
             self.apply(staged, version)
         return version
 
+    def _check(self, m: TensorMeta) -> None:
+        """ValueError for a tensor the served model does not take: an unknown name, another shape, a dtype that
+        is not a floating-point one."""
+        dtype = dtype_of(m.dtype)
+        if not dtype.is_floating_point:
+            raise ValueError(f"tensor '{m.name}': dtype {m.dtype} is not a floating-point dtype")
+        if self.shapes is None:
+            return
+        if m.name not in self.shapes:
+            raise ValueError(f"tensor '{m.name[:100]}' is not a weight of the served model")
+        if m.shape != self.shapes[m.name]:
+            raise ValueError(f"tensor '{m.name}' has shape {list(m.shape)[:8]}, the served model's has "
+                             f"{list(self.shapes[m.name])}")
+
     def _current(self, group_name: str | None):
         """The joined group and the epoch it belongs to; ValueError if there is none, or another one."""
         with self._lock:
@@ -455,6 +473,7 @@ class DistReceiver:
             self._joining = None
             if group_name in (None, self._name):
                 self._group, self._name = None, None
+                self._buffers = {}  # the receive buffers go with the group (a model's worth of memory)
 
 
 TRANSPORTS = ("inprocess", "disk", "dist")

@@ -173,3 +173,22 @@ def test_temporary_weight_dirs_go_with_their_run_and_stale_ones_are_swept(tmp_pa
     assert stale in sweep_stale_weight_dirs() and not stale.exists() and mine.exists()  # a live run's stays
     pub.close()
     assert not mine.exists()
+
+
+def test_the_receiver_refuses_tensors_the_served_model_does_not_take():
+    """Unknown names with huge shapes once allocated buffers that stayed (256 MB for four calls); a 2**62 shape
+    or a qint8 dtype was a 500. Each is refused, naming the tensor, before anything is allocated."""
+    import pytest
+
+    from asyncrl.publish import DistReceiver
+
+    receiver = DistReceiver(lambda state, version: None, shapes={"lm_head.weight": (8, 4)})
+    for name, dtype, shape, named in (("junk0", "float32", [16 << 20], "not a weight of the served model"),
+                                      ("lm_head.weight", "float32", [2**62], "has shape"),
+                                      ("lm_head.weight", "qint8", [8, 4], "not a floating-point dtype"),
+                                      ("lm_head.weight", "bogus", [8, 4], "unknown dtype")):
+        with pytest.raises(ValueError, match=named):
+            receiver.receive([name], [dtype], [shape], None, 1)
+    assert receiver._buffers == {}
+    with pytest.raises(ValueError, match="no weight update group"):  # a good tensor gets as far as the group
+        receiver.receive(["lm_head.weight"], ["float32"], [[8, 4]], None, 1)

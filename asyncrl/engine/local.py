@@ -67,6 +67,7 @@ class LocalEngine:
             raise ValueError(f"interrupt_mode must be one of {INTERRUPT_MODES}, got '{interrupt_mode}'")
         self.device = resolve_device(device)
         self.decoder = Decoder(model, max_slots, max_len, dtype, native_kernels, device=self.device)
+        self.weight_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}  # what updates hold
         self.max_slots, self.max_len = max_slots, max_len
         self.interrupt_mode = interrupt_mode
         self.default_stop = tuple(stop_token_ids)

@@ -79,7 +79,8 @@ class ServerState:
         from asyncrl.publish import DistReceiver
 
         self.eos = tuple(self.engine.default_stop)
-        self.receiver = DistReceiver(self._apply_state_dict, timeout_s=self.update_timeout_s)
+        self.receiver = DistReceiver(self._apply_state_dict, timeout_s=self.update_timeout_s,
+                                     shapes=self.engine.weight_shapes)
         self.update_lock = threading.Lock()
 
     @property
