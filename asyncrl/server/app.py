@@ -19,10 +19,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from asyncrl.server import render
 from asyncrl.server.net import bind
-from asyncrl.server.limits import MAX_JSON_CONTAINERS, SHUTDOWN_GRACE_S
+from asyncrl.server.limits import HEADER_TIMEOUT_S, MAX_JSON_CONTAINERS, SHUTDOWN_GRACE_S
 from asyncrl.server.middleware import BodyLimit, InternalErrors
 from asyncrl.server.schemas import (BadRequest, ChatRequest, CompletionRequest, DestroyGroup, GenerateRequest,
                                     InitGroup, PauseRequest, UpdateFromDisk, UpdateFromDistributed, sampling_params,
@@ -233,8 +234,47 @@ def _openai_routes(app: FastAPI, state: ServerState) -> None:
 
 # ---- running the app --------------------------------------------------------------------------------------
 def uvicorn_config(app, log_level: str = "warning") -> uvicorn.Config:
-    """How every ``asyncrl serve`` runs: requests still running at shutdown get ``SHUTDOWN_GRACE_S``."""
-    return uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    """How every ``asyncrl serve`` runs: requests still running at shutdown get ``SHUTDOWN_GRACE_S``; a request
+    whose headers take longer than ``HEADER_TIMEOUT_S`` loses its connection (``HeaderTimeout``)."""
+    return uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                          http=HeaderTimeout)
+
+
+class HeaderTimeout(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's line and headers: from the connection (or
+    the end of the previous response) until a request starts. uvicorn itself waits for ever."""
+
+    timeout_s = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        if self.cycle is not before and self._deadline is not None:  # a request started: its headers are in
+            self._deadline.cancel()
+            self._deadline = None
+
+    def connection_lost(self, exc) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()
+        self._deadline = self.loop.call_later(self.timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 class Server(uvicorn.Server):

@@ -56,3 +56,10 @@ SHUTDOWN_GRACE_S = 3.0
 KV_MEMORY_FRACTION = 0.5
 """At start-up, a KV cache above this fraction of physical memory is refused: the weights, the tokenizer and
 the requests need the rest."""
+
+HEADER_TIMEOUT_S = 10.0
+"""A connection whose request line and headers are not complete within this many seconds is closed (slow-header
+connections otherwise hold a slot for ever)."""
+
+BODY_STALL_S = 30.0
+"""A request body that sends nothing for this many seconds gets a 408 and its connection closed."""

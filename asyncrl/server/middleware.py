@@ -12,6 +12,7 @@ from typing import Callable
 
 from starlette.responses import JSONResponse
 
+from asyncrl.server.limits import BODY_STALL_S
 from asyncrl.server.render import error_body
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ class BodyLimit:
     ``max_containers`` JSON arrays and objects (413 too: they are what makes parsing slow). After a 413, uvicorn
     discards whatever the client still sends, so the connection stays usable."""
 
-    def __init__(self, app, max_bytes: int, max_containers: int):
-        self.app, self.max_bytes, self.max_containers = app, max_bytes, max_containers
+    def __init__(self, app, max_bytes: int, max_containers: int, stall_s: float = BODY_STALL_S):
+        self.app, self.max_bytes, self.max_containers, self.stall_s = app, max_bytes, max_containers, stall_s
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -57,7 +58,12 @@ class BodyLimit:
             return await self._refuse(scope, receive, send, f"{declared} bytes")
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=self.stall_s)
+            except asyncio.TimeoutError:
+                response = JSONResponse(error_body(f"the request body sent nothing for {self.stall_s:g} s"),
+                                        status_code=408, headers={"connection": "close"})
+                return await response(scope, receive, send)
             if message["type"] != "http.request":  # the client went away mid-body
                 return
             chunks.append(message.get("body", b""))

@@ -78,3 +78,36 @@ def test_with_an_admin_key_the_engine_routes_need_it(model, tokenizer):
             assert len(out[0].output_ids) == 2
         finally:
             engine.stop()
+
+
+def test_slow_headers_and_stalled_bodies_lose_their_connection(model, tokenizer, monkeypatch):
+    """A client that never finishes its headers, or stops sending its body, no longer holds a connection for ever
+    (10 such connections were held 45 s): the headers get HEADER_TIMEOUT_S, a silent body BODY_STALL_S (408)."""
+    import socket
+    import time
+
+    from asyncrl.server.app import HeaderTimeout
+    from asyncrl.server.middleware import BodyLimit
+
+    monkeypatch.setattr(HeaderTimeout, "timeout_s", 1.0)
+    monkeypatch.setattr(BodyLimit.__init__, "__defaults__", (1.0,))
+    with serving(model, tokenizer) as (url, _):
+        host, port = url.removeprefix("http://").split(":")
+        slow = socket.create_connection((host, int(port)))
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: the headers never end
+        stalled = socket.create_connection((host, int(port)))
+        stalled.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 100\r\n\r\n{\"input_ids\": [")
+        t0 = time.monotonic()
+        for s in (slow, stalled):
+            s.settimeout(20)
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            s.close()
+            if s is stalled:
+                assert b" 408 " in data.split(b"\r\n")[0], data[:200]
+            else:
+                assert data == b""  # closed without an answer
+        assert time.monotonic() - t0 < 10
+        assert httpx.get(url + "/health").status_code == 200  # the server is fine
