@@ -44,6 +44,9 @@ class StatsLoggerConfig:
     """Also log to Weights & Biases (needs the `wandb` package; set WANDB_MODE=offline without network)."""
     wandb_project: str = "asyncrl"
     """W&B project name; the run is named experiment_name/trial_name."""
+    samples_per_step: int = 4
+    """Prompts and completions of each step's batch written to RUN_DIR/samples.jsonl (the best and the worst of
+    a group, with reward, versions and staleness) and shown in report.html; 0 = none."""
 
     def validate(self) -> None:
         import importlib.util
@@ -53,6 +56,8 @@ class StatsLoggerConfig:
         for key, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
             if getattr(self, key) and importlib.util.find_spec(module) is None:
                 raise ConfigError(f"stats_logger.{key}=true needs the '{module}' package (pip install {module})")
+        if self.samples_per_step < 0:
+            raise ConfigError(f"stats_logger.samples_per_step must be >= 0, got {self.samples_per_step}")
 
 
 # ---- the per-step record ---------------------------------------------------------------------------------
@@ -100,8 +105,12 @@ class StepMeter:
     ``reward_mean/NAME`` too (:func:`source_stats`)."""
 
     def __init__(self, account: Callable[[], dict], counters: list[Callable[[], dict]],
-                 source_of: Callable[[object], str | None] | None = None):
+                 source_of: Callable[[object], str | None] | None = None,
+                 decode: Callable[[list[int]], str] | None = None, samples_per_step: int = 4):
+        """``decode`` (token ids -> text) turns on the record's ``samples``: ``samples_per_step`` of the batch's
+        prompts and completions (:func:`sample_rows`), which the logger writes to samples.jsonl."""
         self.account, self.counters, self.source_of = account, counters, source_of
+        self.decode, self.samples_per_step = decode, samples_per_step
         self.last_save = 0.0  # elapsed time of the last checkpoint
         self.start()
 
@@ -141,6 +150,8 @@ class StepMeter:
             record[k] = v - self.last_counters.get(k, 0.0) if k in ACCOUNTED else v
         record.update(train)
         record["trained_items"] = [item for g in groups for item in [g.item_id] * len(g.trajectories)]
+        if self.decode is not None and self.samples_per_step:
+            record["samples"] = sample_rows(groups, version - 1, self.decode, self.samples_per_step)
         self.last, self.last_account, self.last_counters = now, acc, counters
         return record
 
@@ -165,6 +176,23 @@ def time_account(dt: float, delta: Callable[[str], float], train: dict) -> dict:
            "paused": delta("paused_s"), "idle_gate": gate, "idle_nowork": max(0.0, idle - gate)}
     gen["other"] = max(0.0, dt - sum(gen.values()))
     return {**{key("trainer", k): v for k, v in trainer.items()}, **{key("gen", k): v for k, v in gen.items()}}
+
+
+def sample_rows(groups: list, trained_version: int, decode: Callable[[list[int]], str], k: int = 4) -> list[dict]:
+    """``k`` samples of a batch to read, as a TRL or verl user looks at first: the best and the worst of the
+    first groups, each with its prompt, completion, reward, finish reason, the versions that generated it and
+    its staleness when trained at ``trained_version``."""
+    rows = []
+    for g in groups:
+        ranked = sorted(g.trajectories, key=lambda t: t.reward, reverse=True)
+        for t in (ranked[:1] + ranked[-1:]) if len(ranked) > 1 else ranked:
+            if len(rows) == k:
+                return rows
+            versions = [v for v in t.versions if v >= 0] or [trained_version]
+            rows.append({"item": g.item_id, "prompt": decode(t.prompt_ids), "completion": t.text or decode(t.output_ids),
+                         "reward": t.reward, "finish_reason": t.finish_reason, "version_min": min(versions),
+                         "version_max": max(versions), "staleness": trained_version - min(versions)})
+    return rows
 
 
 # ---- sinks -----------------------------------------------------------------------------------------------
@@ -206,6 +234,7 @@ class MetricsLogger:
         self.console = console
         self._file = self.path.open("a")
         self._ledger = (Path(run_dir) / "ledger.jsonl").open("a")
+        self._samples = (Path(run_dir) / "samples.jsonl").open("a", encoding="utf-8")
         self.last_step: int | None = None  # the step of the last record written
         self._tb = self._wandb = None
         if tensorboard:
@@ -226,6 +255,11 @@ class MetricsLogger:
         """One step's record to every sink; its ``trained_items`` (the prompt id of every trained sample) go to
         ``ledger.jsonl`` instead, with the step and version they were trained at."""
         record = dict(record)
+        samples = record.pop("samples", None)
+        if samples:
+            self._samples.write("".join(json.dumps({"step": record["step"], **row}, ensure_ascii=False) + "\n"
+                                        for row in samples))
+            self._samples.flush()
         items = record.pop("trained_items", None)
         if items is not None:
             self._ledger.write(json.dumps({"step": record["step"], "version": record["version"] - 1,
@@ -251,6 +285,7 @@ class MetricsLogger:
             return
         self._file.close()
         self._ledger.close()
+        self._samples.close()
         if self.console is not None:
             self.console.close()
         if self._tb is not None:

@@ -73,3 +73,28 @@ def test_the_console_explains_its_fields_once_and_draws_no_bar_into_a_file(caplo
     bar = Console(True, 10, terminal=True)
     assert bar._bar is not None
     bar.close()
+
+
+def test_a_few_samples_of_each_step_go_to_samples_jsonl_not_metrics(tmp_path):
+    """What a TRL or verl user looks at first: the best and the worst completion of the first groups, with
+    reward, the versions that generated them and their staleness; metrics.jsonl stays numbers."""
+    import json
+
+    from asyncrl.metrics import MetricsLogger, sample_rows
+    from asyncrl.types import Trajectory, TrajectoryGroup
+
+    def traj(reward, versions, text=""):
+        return Trajectory([1, 2], [3, 4], [0.0, 0.0], versions, reward, text=text)
+
+    groups = [TrajectoryGroup([traj(0.0, [3, 4]), traj(1.0, [4, 5], "right"), traj(0.5, [5, 5])], item_id="a"),
+              TrajectoryGroup([traj(1.0, [5, 5])], item_id="b")]
+    rows = sample_rows(groups, 5, lambda ids: " ".join(map(str, ids)), k=3)
+    assert [(r["item"], r["reward"], r["staleness"]) for r in rows] == [("a", 1.0, 1), ("a", 0.0, 2), ("b", 1.0, 0)]
+    assert rows[0]["completion"] == "right" and rows[1]["completion"] == "3 4" and rows[0]["prompt"] == "1 2"
+    assert (rows[0]["version_min"], rows[0]["version_max"]) == (4, 5)
+    logger = MetricsLogger(tmp_path)
+    logger.log({"step": 6, "version": 6, "reward_mean": 0.5, "samples": rows})
+    logger.close()
+    assert "samples" not in json.loads((tmp_path / "metrics.jsonl").read_text())
+    written = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(written) == 3 and all(r["step"] == 6 for r in written)

@@ -2,6 +2,7 @@
 budgets appended, placeholders filled in). A command added to README.md without a runner here fails the
 test, so the README and this test cannot drift apart."""
 
+import json
 import os
 import re
 import shutil
@@ -91,6 +92,8 @@ def test_help_config(workdir):
 @pytest.mark.slow
 def test_train_then_report_then_eval(trained_run, workdir):
     assert (trained_run / "metrics.jsonl").exists() and (trained_run / "checkpoints" / "step2").is_dir()
+    samples = [json.loads(line) for line in (trained_run / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"prompt", "completion", "reward", "staleness"} <= set(samples[0])
     _run([_asyncrl(), "report", str(trained_run)], workdir)
     assert (trained_run / "report.html").exists()
     out = _run([_asyncrl(), "eval", "--model", str(trained_run / "checkpoints" / "step2"), "valid_dataset.size=8"],

@@ -102,9 +102,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def truncate_run_files(run_dir: Path, version: int, timeline_s: float) -> None:
-    """Keep the steps up to ``version`` in metrics.jsonl and ledger.jsonl, and the timeline up to
+    """Keep the steps up to ``version`` in metrics.jsonl, ledger.jsonl and samples.jsonl, and the timeline up to
     ``timeline_s``; a line torn by a kill is dropped."""
-    for name in ("metrics.jsonl", "ledger.jsonl"):
+    for name in ("metrics.jsonl", "ledger.jsonl", "samples.jsonl"):
         _keep(run_dir / name, lambda r: r.get("step", 0) <= version)
     _keep(run_dir / "timeline.jsonl", lambda r: r.get("t", r.get("t1", 0.0)) <= timeline_s)
 

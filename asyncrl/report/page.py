@@ -72,10 +72,31 @@ def render_html(run: Run, summary: RunSummary, figures: list[Figure]) -> str:
                   (f'<img class="plot" id="plot-{fig.name}" alt="{html.escape(fig.title)}" '
                    f'src="data:image/png;base64,{data}">'),
                   f'<p class="caption">{html.escape(fig.caption)}</p>']
+    if run.samples:
+        parts += ["<h2>Sample generations</h2>", _samples(run.samples)]
     config = (run.path / "config.yaml").read_text() if (run.path / "config.yaml").is_file() else "(no config.yaml)"
     parts += ["<h2>Configuration</h2>",
               f"<details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>", "</body></html>"]
     return "\n".join(parts)
+
+
+SAMPLE_STEPS = 3
+"""Steps whose samples the report shows: the first, the middle and the last logged."""
+
+
+def _samples(samples: list[dict]) -> str:
+    """A table of the samples of a few steps (samples.jsonl has them all): step, reward, staleness and versions,
+    the prompt and the completion."""
+    steps = sorted({r.get("step", 0) for r in samples})
+    shown = sorted({steps[0], steps[len(steps) // 2], steps[-1]})[:SAMPLE_STEPS]
+    rows = ["<table><tr><th>step</th><th>reward</th><th>stale</th><th>versions</th><th>prompt</th>"
+            "<th>completion</th></tr>"]
+    for r in (r for r in samples if r.get("step") in shown):
+        versions = f"{r.get('version_min')}-{r.get('version_max')}"
+        cells = [r.get("step"), _fmt(r.get("reward")), r.get("staleness"), versions, r.get("prompt", "")[-300:],
+                 f"{r.get('completion', '')} [{r.get('finish_reason', '')}]"]
+        rows.append("<tr>" + "".join(f"<td><pre>{html.escape(str(c))}</pre></td>" for c in cells) + "</tr>")
+    return "".join(rows) + "</table>"
 
 
 def _verdict(run: Run) -> str:

@@ -47,6 +47,7 @@ class Run:
     spans: list[Span] = field(default_factory=list)
     gen: list[GenSample] = field(default_factory=list)
     config: dict = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)  # samples.jsonl: a few prompts and completions per step
 
     @property
     def steps(self) -> list[dict]:
@@ -100,6 +101,8 @@ def load_run(run_dir: str | Path) -> Run:
         _read_timeline(run, path / "timeline.jsonl")
     if (path / "config.yaml").is_file():
         run.config = _read_config(path / "config.yaml")
+    if (path / "samples.jsonl").is_file():
+        run.samples = read_jsonl(path / "samples.jsonl")
     return run
 
 

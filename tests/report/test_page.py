@@ -74,3 +74,19 @@ def test_page_renders_in_headless_chromium(run_dir, tmp_path):
     assert attrs.get("plots-expected") == "4" and attrs.get("plots-loaded") == "4", attrs
     assert "js-errors" not in attrs, attrs["js-errors"]
     assert "Uncaught" not in result.stderr
+
+
+def test_the_report_shows_sample_generations(tmp_path):
+    import json
+
+    from asyncrl.report.page import write_report
+    from reports_for_tests import synthetic_run
+
+    run = synthetic_run(tmp_path)
+    rows = [{"step": s, "item": 1, "prompt": "Compute 2 + 3.", "completion": f"The answer is {s}.", "reward": 1.0,
+             "finish_reason": "stop", "version_min": s - 1, "version_max": s - 1, "staleness": 0}
+            for s in range(1, 25)]
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report(run).read_text()
+    assert "Sample generations" in page and "The answer is 24." in page and "The answer is 1." in page
+    assert "The answer is 7." not in page  # the first, middle and last steps only
