@@ -7,6 +7,7 @@ staleness), ``train_dataset.batch_size`` (B, in prompt groups), ``gconfig.n_samp
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from asyncrl.agent.workflow import AgentConfig
@@ -218,6 +219,8 @@ class SFTConfig:
     """Torch threads."""
     eval_every: int = 0
     """Evaluate held-out accuracy every N steps (0 = only at the end)."""
+    log_every: int = 10
+    """A progress line (step, loss, elapsed time) every this many steps (an evaluation step always has one)."""
     save_every: int = 0
     """Also write a checkpoint to OUTPUT/stepN every N steps (0 = only the final one in OUTPUT)."""
     max_length: int = 0
@@ -229,8 +232,13 @@ class SFTConfig:
     """Most tokens generated per held-out answer in evaluation."""
 
     def validate(self) -> None:
-        _positive(self, ["steps", "batch_size", "lr", "threads", "valid_dataset.size", "max_new_tokens"])
+        _positive(self, ["steps", "batch_size", "lr", "threads", "valid_dataset.size", "max_new_tokens",
+                         "log_every"])
         _non_negative(self, ["eval_every", "save_every", "max_length", "warmup_steps"])
+        if self.warmup_steps >= self.steps:
+            logging.getLogger(__name__).warning(
+                "warmup_steps=%d is not below steps=%d: the learning rate never reaches lr=%g (lower warmup_steps)",
+                self.warmup_steps, self.steps, self.lr)
         self.model.lora.validate()
         self.train_dataset.validate()
         self.reward.validate()

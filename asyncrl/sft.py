@@ -219,6 +219,9 @@ def sft(cfg: SFTConfig) -> dict:
         score.close()
     examples.summary()
     _save(model, tokenizer, out, lora)
+    held_out = f", held-out accuracy {record['eval_accuracy']:.3f}" if "eval_accuracy" in record else ""
+    log.info("sft done: %d steps in %.0f s, loss %.4f%s; the model is in %s", record["step"], record["elapsed_s"],
+             record["loss"], held_out, out)
     return record
 
 
@@ -250,7 +253,7 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
                 model.train()
                 log.info("sft step %d | loss %.4f | eval_acc %.3f | %.0fs", step, loss, record["eval_accuracy"],
                          record["elapsed_s"])
-            elif step % 50 == 0:
+            elif step % cfg.log_every == 0:
                 log.info("sft step %d | loss %.4f | %.0fs", step, loss, record["elapsed_s"])
             metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
             metrics.flush()

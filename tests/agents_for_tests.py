@@ -62,3 +62,11 @@ async def sometimes_fails(client, item):
 
 async def always_fails(client, item):
     raise TimeoutError("the sandbox queue is full")
+
+
+async def needs_base_url(client, item):
+    """An episode that reads the client's base_url (as the Agents SDK example does) before one call."""
+    assert str(client.base_url).startswith("http://127.0.0.1")
+    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=4)
+    return float(bool(reply.choices[0].message.content))

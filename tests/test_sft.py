@@ -312,3 +312,16 @@ def test_asyncrl_sft_command_on_a_jsonl(tmp_path, tiny_model_dir):
     assert [r["step"] for r in rows] == [1, 2, 3] and "eval_accuracy" in rows[1] and "eval_accuracy" in rows[2]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 3
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+
+
+def test_warmup_that_outlasts_the_run_is_warned(caplog):
+    import logging
+
+    from asyncrl import configlib
+    from asyncrl.config import SFTConfig
+
+    with caplog.at_level(logging.WARNING):
+        configlib.load(SFTConfig, None, ["steps=40", "warmup_steps=50"])
+    assert any("warmup_steps=50 is not below steps=40" in r.message for r in caplog.records)
+    with pytest.raises(configlib.ConfigError, match="log_every"):
+        configlib.load(SFTConfig, None, ["log_every=0"])

@@ -77,6 +77,10 @@ class AgentProxy:
     def close(self, key: str) -> Episode:
         return self.episodes.pop(key)
 
+    def shutdown(self) -> None:
+        """Stop the tokenising thread (the proxy is done)."""
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
+
     def episode(self, key: str | None) -> Episode:
         episode = self.episodes.get(key or "")
         if episode is None:

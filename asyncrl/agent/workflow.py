@@ -111,7 +111,7 @@ class AgentWorkflow:
         self.proxy = AgentProxy(ChatRenderer(context.tokenizer, stop_token_id), context.params, max_len,
                                 tool_parser=tool_parser)
         self.use_http = client == "openai" or (client == "auto" and _has_openai())
-        self.server = self.http = None
+        self.server = self.http = self.serve_fn = None
         if self.use_http:
             if serve is None:
                 raise ValueError("agent.client=openai needs the proxy on HTTP, and no server was given (serve=None)")
@@ -129,6 +129,7 @@ class AgentWorkflow:
         self.proxy.renderer = ChatRenderer(copy.deepcopy(tokenizer), stop_token_id)
         self.proxy.tokenizer = self.proxy.renderer.tokenizer
         self.server = serve(self.proxy, host, port, admin_key or None)
+        self.serve_fn = serve  # evaluation serves a proxy of its own the same way
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s + 60),
                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
 
@@ -163,18 +164,21 @@ class AgentWorkflow:
 
     def evaluate(self, engine, items: list[dict], tokenizer, params, success_threshold: float = 1.0) -> dict:
         """One episode per held-out item on ``engine`` with ``params`` (greedy by default), run from the calling
-        thread with ``tokenizer`` (that thread's own) through an in-process client; a failed episode scores 0
+        thread with ``tokenizer`` (that thread's own) through the same kind of client as training's (the
+        ``openai`` client over HTTP to a proxy of its own, or the in-process one); a failed episode scores 0
         and is counted in ``eval_episode_failures``."""
         t0 = time.perf_counter()
         proxy = AgentProxy(ChatRenderer(tokenizer, self.proxy.renderer.stop_token_id), params, self.proxy.max_len,
                            tool_parser=self.tool_parser, engine=engine)
+        server = self.serve_fn(proxy, "127.0.0.1", 0, None) if self.use_http else None
         failures = []
 
-        async def one(item: dict) -> float:
+        async def one(item: dict, http) -> float:
             key = proxy.open()
+            client = InProcessClient(proxy, key) if server is None else _timed_openai()(
+                base_url=server.url + "/v1", api_key=key, http_client=http, max_retries=2, on_call=lambda s: None)
             try:
-                outcome = await asyncio.wait_for(self.episode_fn(InProcessClient(proxy, key), item, **self.options),
-                                                 self.timeout_s)
+                outcome = await asyncio.wait_for(self.episode_fn(client, item, **self.options), self.timeout_s)
                 return float(outcome) if not isinstance(outcome, dict) else float(sum(outcome.values()))
             except Exception as e:  # noqa: BLE001 - counted; evaluation goes on
                 failures.append(e)
@@ -183,9 +187,17 @@ class AgentWorkflow:
                 proxy.close(key)
 
         async def all_items():
-            return await asyncio.gather(*(one(item) for item in items))
+            import httpx
 
-        scores = asyncio.run(all_items())
+            async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s + 60)) as http:
+                return await asyncio.gather(*(one(item, http) for item in items))
+
+        try:
+            scores = asyncio.run(all_items())
+        finally:
+            proxy.shutdown()
+            if server is not None:
+                server.close()
         if failures:
             log.warning("evaluation: %d of %d episodes failed (first: %s: %s)", len(failures), len(items),
                         type(failures[0]).__name__, failures[0])
@@ -230,6 +242,7 @@ class AgentWorkflow:
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        self.proxy.shutdown()
 
 
 @functools.cache

@@ -72,3 +72,20 @@ def test_a_failing_episode_costs_only_itself(tokenizer):
     with pytest.raises(RuntimeError, match="every episode"):
         asyncio.run(AgentWorkflow(agent_context(tokenizer), episode="agents_for_tests:always_fails", client="inprocess")
                     .run({"id": 2}, engine))
+
+
+def test_held_out_evaluation_uses_the_training_client_over_http(tokenizer):
+    """An episode that needs a real client (it reads client.base_url, as the Agents SDK example does) evaluated
+    to 0 through the in-process client; with agent.client=openai evaluation goes over HTTP like training."""
+    pytest.importorskip("openai")
+    pytest.importorskip("fastapi")
+    from asyncrl.server.agent import serve_proxy
+
+    context = agent_context(tokenizer)
+    workflow = AgentWorkflow(context, episode="agents_for_tests:needs_base_url", client="openai", serve=serve_proxy)
+    try:
+        record = workflow.evaluate(ScriptedEngine(tokenizer, ["yes"] * 8), [{"question": "q"}] * 3, tokenizer,
+                                   context.params)
+    finally:
+        workflow.close()
+    assert record["eval_episode_failures"] == 0 and record["eval_accuracy"] == 1.0
