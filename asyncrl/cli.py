@@ -69,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     _config_parser(sub, "train", "RL training (GRPO + decoupled PPO, asynchronous)")
     _config_parser(sub, "sft", "supervised fine-tuning on the task's reference solutions")
     ev = _config_parser(sub, "eval", "held-out pass@k and mean@n of a checkpoint")
-    ev.description = ("held-out scores of a checkpoint: n_samples answers per prompt, scored by reward.fn (or the "
-                      "data's own verifier); prints pass@k, mean@n and eval_accuracy (= pass@1) as one JSON line and "
-                      "writes every item's answers and rewards to `output` (JSONL). E.g. asyncrl eval --model DIR "
-                      "valid_dataset.path=test.jsonl n_samples=8 greedy=false k=[1,8]")
+    ev.description = ("held-out scores of a checkpoint: gconfig.n_samples answers per prompt, scored by reward.fn "
+                      "(or the data's own verifier); prints pass@k, mean@n and eval_accuracy (= pass@1) as one JSON "
+                      "line and writes every item's answers and rewards to `output` (JSONL). E.g. asyncrl eval "
+                      "--model DIR valid_dataset.path=test.jsonl gconfig.n_samples=8 evaluator.greedy=false k=[1,8]. "
+                      "--config also takes the file of an sft or train run (its data, reward and gconfig; --model "
+                      "names the checkpoint to evaluate)")
     ev.add_argument("--model", help="checkpoint directory, a run directory (RUN_DIR or RUN_DIR/checkpoints/latest: its "
                                     "latest checkpoint), a hub name in the local cache, or a LoRA adapter directory "
                                     "(adapter_config.json: its base model with the adapter merged); same as "
@@ -171,11 +173,13 @@ def _dispatch(args) -> int:
         return _module(SUBCOMMANDS[args.command][1]).run(args)
     from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
 
-    cls = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[args.command]
+    classes = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}
+    cls = classes[args.command]
     overrides = list(args.overrides)
     if args.command == "eval" and args.model:
         overrides.insert(0, f"model.path={args.model}")
-    cfg = configlib.load(cls, args.config, overrides)
+    others = tuple(c for c in classes.values() if c is not cls)  # one file (its shared sections) serves all three
+    cfg = configlib.load(cls, args.config, overrides, others)
     if args.command == "train":
         from asyncrl.launch.train import train
 

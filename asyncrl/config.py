@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from asyncrl.agent.workflow import AgentConfig
 from asyncrl.trainer.config import ActorConfig
@@ -187,58 +188,64 @@ class TrainConfig:
 
 @dataclass
 class SFTConfig:
+    """``asyncrl sft``: the same keys as ``asyncrl train`` for the same things (total_train_steps,
+    train_dataset.batch_size, actor.lr, output_dir, gconfig.max_new_tokens, evaluator.freq_steps, ...); of the
+    shared sections, SFT reads what it needs (actor: lr, warmup_steps, weight_decay, threads; gconfig:
+    max_new_tokens; evaluator and saver: freq_steps)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {
+        "steps": "total_train_steps", "batch_size": "train_dataset.batch_size", "lr": "actor.lr",
+        "warmup_steps": "actor.warmup_steps", "weight_decay": "actor.weight_decay", "threads": "actor.threads",
+        "output": "output_dir", "eval_every": "evaluator.freq_steps", "save_every": "saver.freq_steps",
+        "max_new_tokens": "gconfig.max_new_tokens"}
+    """asyncrl sft's earlier key names, still read (with a deprecation line) for one release."""
+
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path="builtin:tiny-init"))
     """The model to fine-tune (model.lora.rank > 0: train LoRA adapters only)."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The built-in task whose reference solutions are the training targets (when train_dataset.path is empty
     or builtin:NAME)."""
-    train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
+    train_dataset: TrainDatasetConfig = field(default_factory=lambda: TrainDatasetConfig(batch_size=64))
     """Training examples, read as `asyncrl train` reads them (path, type, fields, prompt_template, ...):
     prompt + response rows (question/prompt with solution/response/answer) or chat rows (messages: loss on
-    the assistant turns only). batch_size here is ignored: see the top-level batch_size."""
+    the assistant turns only); batch_size = examples per step."""
     valid_dataset: ValidDatasetConfig = field(default_factory=ValidDatasetConfig)
     """Held-out prompts for evaluation during SFT (a file, or held out of the training source)."""
     reward: RewardConfig = field(default_factory=lambda: RewardConfig(workers=0))
     """How held-out answers are scored (reward.fn empty = the data's own verifier): the same reward.fn as RL."""
-    output: str = "outputs/sft"
+    output_dir: str = "outputs/sft"
     """Directory of the resulting HF checkpoint (with model.lora: the adapter, and the merged model in
-    OUTPUT/merged)."""
+    OUTPUT_DIR/merged)."""
     seed: int = 0
     """Seed of the training stream and initialisation."""
-    steps: int = 1000
+    total_train_steps: int = 1000
     """Optimizer steps."""
-    batch_size: int = 64
-    """Examples per step."""
-    lr: float = 2e-3
-    """Peak learning rate (linear warm-up, cosine decay to 10 %)."""
-    warmup_steps: int = 50
-    """Warm-up steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    threads: int = 2
-    """Torch threads."""
-    eval_every: int = 0
-    """Evaluate held-out accuracy every N steps (0 = only at the end)."""
+    actor: ActorConfig = field(default_factory=lambda: ActorConfig(lr=2e-3, warmup_steps=50, threads=2))
+    """The optimizer: actor.lr (peak; linear warm-up, cosine decay to 10 %), actor.warmup_steps,
+    actor.weight_decay (AdamW), actor.threads (torch threads). The RL keys of this section are not used."""
+    gconfig: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=96))
+    """gconfig.max_new_tokens: most tokens generated per held-out answer (greedy) in evaluation."""
+    evaluator: EvaluatorConfig = field(default_factory=lambda: EvaluatorConfig(freq_steps=0))
+    """evaluator.freq_steps: held-out accuracy every N steps (0 = only at the end)."""
+    saver: SaverConfig = field(default_factory=SaverConfig)
+    """saver.freq_steps: also write a checkpoint to OUTPUT_DIR/stepN every N steps (0 = only the final one)."""
     log_every: int = 10
     """A progress line (step, loss, elapsed time) every this many steps (an evaluation step always has one)."""
-    save_every: int = 0
-    """Also write a checkpoint to OUTPUT/stepN every N steps (0 = only the final one in OUTPUT)."""
     max_length: int = 0
     """Longest example in tokens (0 = the model's context); longer examples are skipped and counted."""
     pack: bool = True
     """Pack several examples side by side into one row (attention stays within each example) instead of
     padding each to the longest."""
-    max_new_tokens: int = 96
-    """Most tokens generated per held-out answer in evaluation."""
 
     def validate(self) -> None:
-        _positive(self, ["steps", "batch_size", "lr", "threads", "valid_dataset.size", "max_new_tokens",
-                         "log_every"])
-        _non_negative(self, ["eval_every", "save_every", "max_length", "warmup_steps"])
-        if self.warmup_steps >= self.steps:
+        _positive(self, ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads",
+                         "valid_dataset.size", "gconfig.max_new_tokens", "log_every"])
+        _non_negative(self, ["evaluator.freq_steps", "saver.freq_steps", "max_length", "actor.warmup_steps"])
+        if self.actor.warmup_steps >= self.total_train_steps:
             logging.getLogger(__name__).warning(
-                "warmup_steps=%d is not below steps=%d: the learning rate never reaches lr=%g (lower warmup_steps)",
-                self.warmup_steps, self.steps, self.lr)
+                "actor.warmup_steps=%d is not below total_train_steps=%d: the learning rate never reaches "
+                "actor.lr=%g (lower actor.warmup_steps)", self.actor.warmup_steps, self.total_train_steps,
+                self.actor.lr)
         self.model.lora.validate()
         self.train_dataset.validate()
         self.reward.validate()
@@ -246,6 +253,14 @@ class SFTConfig:
 
 @dataclass
 class EvalConfig:
+    """``asyncrl eval``: the keys of ``asyncrl train`` where they mean the same (gconfig.n_samples,
+    gconfig.max_new_tokens, gconfig.temperature, evaluator.greedy, ...)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {
+        "n_samples": "gconfig.n_samples", "max_new_tokens": "gconfig.max_new_tokens",
+        "temperature": "gconfig.temperature", "top_p": "gconfig.top_p", "greedy": "evaluator.greedy"}
+    """asyncrl eval's earlier key names, still read (with a deprecation line) for one release."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     """The checkpoint to evaluate."""
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -258,18 +273,13 @@ class EvalConfig:
     detected from its fields; its first `size` rows are evaluated)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """How answers are scored (reward.fn empty = the data's own verifier; reward.default for failures)."""
-    n_samples: int = 1
-    """Answers generated per prompt (n): pass@k and mean@k are computed from them."""
+    gconfig: GenerationConfig = field(default_factory=lambda: GenerationConfig(n_samples=1))
+    """gconfig.n_samples answers per prompt (n: pass@k and mean@k are computed from them), gconfig.max_new_tokens
+    per answer, gconfig.temperature and gconfig.top_p when not greedy."""
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    """evaluator.greedy: greedy decoding (else sampling; gconfig.n_samples > 1 needs evaluator.greedy=false)."""
     k: list[int] = field(default_factory=lambda: [1])
-    """The k of pass@k (unbiased estimator over n samples) to report; each must be <= n_samples."""
-    greedy: bool = True
-    """Greedy decoding (else sample at temperature; n_samples > 1 needs greedy=false)."""
-    temperature: float = 1.0
-    """Sampling temperature when not greedy."""
-    top_p: float = 1.0
-    """Nucleus sampling mass when not greedy (1.0 = off)."""
-    max_new_tokens: int = 64
-    """Most tokens generated per answer."""
+    """The k of pass@k (unbiased estimator over n samples) to report; each must be <= gconfig.n_samples."""
     output: str = "outputs/eval/results.jsonl"
     """Per-item results as JSONL (prompt, answers, rewards, pass@k); '' = do not write them."""
     threads: int = 2
@@ -278,7 +288,7 @@ class EvalConfig:
     """Sampling seed."""
 
     def validate(self) -> None:
-        _positive(self, ["max_new_tokens", "threads", "valid_dataset.size", "n_samples"])
+        _positive(self, ["gconfig.max_new_tokens", "threads", "valid_dataset.size", "gconfig.n_samples"])
         self.reward.validate()
         self.model.lora.validate()
         self.train_dataset.validate()

@@ -31,11 +31,14 @@ class ConfigError(ValueError):
     """A configuration problem, reported before anything runs."""
 
 
-def load(cls, path: str | None = None, overrides: list[str] | None = None):
-    """Build ``cls`` from its defaults, then the YAML file ``path``, then ``key.sub=value`` overrides."""
+def load(cls, path: str | None = None, overrides: list[str] | None = None, others: tuple = ()):
+    """Build ``cls`` from its defaults, then the YAML file ``path``, then ``key.sub=value`` overrides. The file
+    may be one of another command's (``others``: their config classes): its top-level keys that only they know
+    are left out, said in one line (a train or sft file evaluated with ``asyncrl eval --config``)."""
     cfg = cls()
     if path:
         data, lines = _read_yaml(path)
+        data = _without_foreign(data, cls, others, path)
         _merge(cfg, data, "", lambda key: f"{path}:{lines[key]}" if key in lines else path, all_keys(cls))
     for item in overrides or []:
         key, sep, raw = item.partition("=")
@@ -50,6 +53,16 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None):
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
+
+
+def _without_foreign(data: dict, cls, others: tuple, path: str) -> dict:
+    own = {f.name for f in dataclasses.fields(cls)} | set(getattr(cls, "RENAMED", {}))
+    known = {name for other in others for name in
+             [f.name for f in dataclasses.fields(other)] + list(getattr(other, "RENAMED", {}))}
+    foreign = [k for k in data if k not in own and k in known]
+    if foreign:
+        log.info("%s: keys of other asyncrl commands left out: %s", path, ", ".join(map(str, foreign)))
+    return {k: v for k, v in data.items() if k not in foreign}
 
 
 def to_dict(cfg) -> dict:

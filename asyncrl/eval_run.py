@@ -39,20 +39,21 @@ MIN_ENGINE_SLOTS = 64
 def check_sampling(n_samples: int, ks: list[int], greedy: bool, temperature: float, top_p: float) -> None:
     """A ConfigError, in one line naming the keys, for settings that cannot give the metrics asked for."""
     if n_samples < 1:
-        raise ConfigError(f"n_samples must be >= 1, got {n_samples}")
+        raise ConfigError(f"gconfig.n_samples must be >= 1, got {n_samples}")
     if greedy and n_samples > 1:
-        raise ConfigError(f"n_samples={n_samples} with greedy=true gives {n_samples} identical answers: set "
-                          "greedy=false to sample them (at temperature), or n_samples=1")
+        raise ConfigError(f"gconfig.n_samples={n_samples} with evaluator.greedy=true gives {n_samples} identical "
+                          "answers: set evaluator.greedy=false to sample them (at gconfig.temperature), or "
+                          "gconfig.n_samples=1")
     if not isinstance(ks, (list, tuple)) or not ks:
         raise ConfigError(f"k must be a list of integers such as [1, 4], got {ks!r}")
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_samples:
-            raise ConfigError(f"k: each k of pass@k must be an integer with 1 <= k <= n_samples ({n_samples}), "
+            raise ConfigError(f"k: each k of pass@k must be an integer with 1 <= k <= gconfig.n_samples ({n_samples}), "
                               f"got {k!r} in {list(ks)}")
     if not greedy and not (math.isfinite(temperature) and temperature > 0):
-        raise ConfigError(f"temperature must be > 0 when sampling (greedy=false), got {temperature}")
+        raise ConfigError(f"gconfig.temperature must be > 0 when sampling (evaluator.greedy=false), got {temperature}")
     if not 0 < top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"gconfig.top_p must be in (0, 1], got {top_p}")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -178,7 +179,7 @@ def run_eval(cfg) -> dict:
     from asyncrl.models import DTYPES, load_checkpoint
     from asyncrl.reward import build_reward_service
 
-    check_sampling(cfg.n_samples, cfg.k, cfg.greedy, cfg.temperature, cfg.top_p)
+    check_sampling(cfg.gconfig.n_samples, cfg.k, cfg.evaluator.greedy, cfg.gconfig.temperature, cfg.gconfig.top_p)
     if cfg.model.dtype not in DTYPES:
         raise ConfigError(f"model.dtype must be one of {list(DTYPES)}, got '{cfg.model.dtype}'")
     if cfg.model.lora.enabled:
@@ -187,14 +188,15 @@ def run_eval(cfg) -> dict:
     tokenizer, model = load_checkpoint(cfg.model.path)
     max_len = min(model.config.max_position_embeddings, 1024)
     items, default_fn = eval_set_from_config(cfg.task, cfg.valid_dataset, cfg.train_dataset, tokenizer=tokenizer,
-                                             default_max_prompt_tokens=max_len - cfg.max_new_tokens)
+                                             default_max_prompt_tokens=max_len - cfg.gconfig.max_new_tokens)
     try:
-        engine = LocalEngine(model, max_slots=max(MIN_ENGINE_SLOTS, cfg.n_samples), max_len=max_len,
+        engine = LocalEngine(model, max_slots=max(MIN_ENGINE_SLOTS, cfg.gconfig.n_samples), max_len=max_len,
                              dtype=DTYPES[cfg.model.dtype], seed=cfg.seed, threads=cfg.threads)
     except ValueError as e:  # a model shape the built-in engine does not run
         raise ConfigError(f"model.path: {e}") from e
-    params = SamplingParams(n=cfg.n_samples, max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy,
-                            temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=(tokenizer.eos_token_id,))
+    g = cfg.gconfig
+    params = SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, greedy=cfg.evaluator.greedy,
+                            temperature=g.temperature, top_p=g.top_p, stop_token_ids=(tokenizer.eos_token_id,))
     reward = build_reward_service(cfg.reward, default_fn)
     t0 = time.perf_counter()
     try:
@@ -208,7 +210,7 @@ def run_eval(cfg) -> dict:
         engine.stop()
         reward.close()
     lengths = [len(c.output_ids) for g in groups for c in g]
-    record = {"model": cfg.model.path, "n": len(items), "n_samples": cfg.n_samples, **summarize(rewards, cfg.k),
+    record = {"model": cfg.model.path, "n": len(items), "n_samples": cfg.gconfig.n_samples, **summarize(rewards, cfg.k),
               "eval_reward_errors": sum(e is not None for row in errors for e in row),
               "eval_len_mean": sum(lengths) / len(lengths), **_by_source(items, rewards),
               "eval_time_s": time.perf_counter() - t0}

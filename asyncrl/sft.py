@@ -183,7 +183,7 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.
 
 # ---- the run -------------------------------------------------------------------------------------------------
 def sft(cfg: SFTConfig) -> dict:
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(cfg.actor.threads)
     torch.manual_seed(cfg.seed)
     model_path = check_model_dir(cfg.model.path)
     tokenizer, model = load_tokenizer(model_path), load_model(model_path)
@@ -199,10 +199,10 @@ def sft(cfg: SFTConfig) -> dict:
     agent = _agent_task(cfg, tokenizer)
     build = (lambda item: (agent.example(item), 0)) if agent else (lambda item: item_example(tokenizer, item))
     examples = _Examples(data.train, build, _max_length(cfg.max_length, context), data.stats, _source_key(cfg))
-    score = (agent.scorer(data.valid, cfg.max_new_tokens, context) if agent else
+    score = (agent.scorer(data.valid, cfg.gconfig.max_new_tokens, context) if agent else
              _Scorer(cfg, tokenizer, data.valid, data.reward_fn, context))
     try:
-        out = Path(cfg.output)  # created once the model and the data are known good
+        out = Path(cfg.output_dir)  # created once the model and the data are known good
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -229,15 +229,16 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
            ) -> dict:
     """The optimizer steps, with evaluations, step checkpoints and a metrics record per step; the last record."""
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=cfg.actor.lr, betas=(0.9, 0.95), weight_decay=cfg.actor.weight_decay)
     model.train()
     t0, record = time.perf_counter(), {}
     with (out / METRICS_FILE).open("w") as metrics:
-        for step in range(1, cfg.steps + 1):
-            lr = cosine_lr(step - 1, cfg.steps, cfg.lr, cfg.warmup_steps)
+        for step in range(1, cfg.total_train_steps + 1):
+            lr = cosine_lr(step - 1, cfg.total_train_steps, cfg.actor.lr, cfg.actor.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            input_ids, attention_mask, mask = sft_batch(examples.take(cfg.batch_size), tokenizer.pad_token_id)
+            batch = examples.take(cfg.train_dataset.batch_size)
+            input_ids, attention_mask, mask = sft_batch(batch, tokenizer.pad_token_id)
             optimizer.zero_grad(set_to_none=True)
             loss = 0.0
             for part in micro_batch_losses(model, input_ids, attention_mask, mask, pack_rows=cfg.pack):
@@ -247,7 +248,7 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
             optimizer.step()
             record = {"step": step, "loss": loss, "tokens": int(mask.sum()), "lr": lr, **examples.counts,
                       **data_stats(), "elapsed_s": time.perf_counter() - t0}
-            if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
+            if step == cfg.total_train_steps or (cfg.evaluator.freq_steps and step % cfg.evaluator.freq_steps == 0):
                 model.eval()
                 record.update(score(engine_model()))
                 model.train()
@@ -257,7 +258,7 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
                 log.info("sft step %d | loss %.4f | %.0fs", step, loss, record["elapsed_s"])
             metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
             metrics.flush()
-            if cfg.save_every and step % cfg.save_every == 0:
+            if cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0:
                 _save(model, tokenizer, out / f"step{step}", engine_model.lora)
     return record
 
@@ -346,8 +347,8 @@ class _Scorer:
         from asyncrl.reward.math_reward import math_reward
 
         self.tokenizer, self.context = tokenizer, context
-        self.items = _eval_items(valid, tokenizer, context - cfg.max_new_tokens)
-        self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, greedy=True,
+        self.items = _eval_items(valid, tokenizer, context - cfg.gconfig.max_new_tokens)
+        self.params = SamplingParams(max_new_tokens=cfg.gconfig.max_new_tokens, greedy=True,
                                      stop_token_ids=(tokenizer.eos_token_id,))
         if not cfg.reward.fn and default_fn is math_reward and any(not it.get("answer") for it in self.items):
             log.warning("some held-out items have no 'answer' for the default verifier, so they score 0 (counted in "

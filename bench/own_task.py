@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     fn = "reward.fn=bench.own_task:reward"
     if not args.skip_sft:
         run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={train}", f"valid_dataset.path={test}",
-                       fn, f"steps={args.sft_steps}", "eval_every=50", f"max_new_tokens={32 if args.working else 8}", f"output={args.out / 'sft'}",
+                       fn, f"total_train_steps={args.sft_steps}", "evaluator.freq_steps=50",
+                       f"gconfig.max_new_tokens={32 if args.working else 8}", f"output_dir={args.out / 'sft'}",
                        *args.sft])
     run(asyncrl + ["train", f"model.path={args.out / 'sft'}", f"train_dataset.path={train}",
                    f"valid_dataset.path={test}", fn, f"max_train_time_s={args.rl_seconds}", "total_train_steps=100000",

@@ -50,7 +50,7 @@ def questions(tmp_path):
 
 
 def _eval(capsys, model, data, *extra) -> tuple[int, dict | None, str]:
-    rc = main(["eval", "--model", model, f"valid_dataset.path={data}", "reward.workers=0", "max_new_tokens=8",
+    rc = main(["eval", "--model", model, f"valid_dataset.path={data}", "reward.workers=0", "gconfig.max_new_tokens=8",
                "threads=1", *extra])
     captured = capsys.readouterr()
     lines = captured.out.strip().splitlines()
@@ -63,7 +63,7 @@ def _read(path) -> list[dict]:
 
 def test_eval_samples_n_per_prompt_and_writes_every_item(tmp_path, tiny_model_dir, questions, capsys):
     out = tmp_path / "new" / "dir" / "results.jsonl"  # the parent directory is created
-    rc, record, err = _eval(capsys, tiny_model_dir, questions, REWARD, "n_samples=4", "greedy=false",
+    rc, record, err = _eval(capsys, tiny_model_dir, questions, REWARD, "gconfig.n_samples=4", "evaluator.greedy=false",
                             "k=[1,2,4]", "seed=3", f"output={out}")
     assert rc == 0, err
     assert record["n"] == 4 and record["n_samples"] == 4 and record["output"] == str(out)
@@ -94,7 +94,7 @@ def test_eval_samples_n_per_prompt_and_writes_every_item(tmp_path, tiny_model_di
 def test_eval_is_reproducible_with_a_seed(tmp_path, tiny_model_dir, questions, capsys):
     runs = {}
     for name, seed in [("a", 5), ("b", 5), ("c", 6)]:
-        rc, record, err = _eval(capsys, tiny_model_dir, questions, REWARD, "n_samples=3", "greedy=false",
+        rc, record, err = _eval(capsys, tiny_model_dir, questions, REWARD, "gconfig.n_samples=3", "evaluator.greedy=false",
                                 "k=[1,3]", f"seed={seed}", f"output={tmp_path / name}.jsonl")
         assert rc == 0, err
         runs[name] = ([it["completions"] for it in _read(tmp_path / f"{name}.jsonl")], record["pass@3"])
@@ -117,15 +117,15 @@ def test_training_file_alone_evaluates_its_held_out_split(tmp_path, tiny_model_d
     path.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
                             for i in range(30)))
     rc = main(["eval", "--model", tiny_model_dir, f"train_dataset.path={path}", "reward.workers=0",
-               "max_new_tokens=4", "threads=1", REWARD, f"output={tmp_path / 'r.jsonl'}"])
+               "gconfig.max_new_tokens=4", "threads=1", REWARD, f"output={tmp_path / 'r.jsonl'}"])
     assert rc == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n"] == 3
     assert len(_read(tmp_path / "r.jsonl")) == 3
 
 
 @pytest.mark.parametrize("extra, named", [
-    (["n_samples=4"], ["n_samples", "greedy"]),                 # greedy is the default
-    (["n_samples=2", "greedy=false", "k=[1,4]"], ["k", "n_samples"]),
+    (["gconfig.n_samples=4"], ["gconfig.n_samples", "evaluator.greedy"]),                 # greedy is the default
+    (["gconfig.n_samples=2", "evaluator.greedy=false", "k=[1,4]"], ["k", "gconfig.n_samples"]),
     (["k=[0]"], ["k"]),
 ])
 def test_eval_refuses_impossible_sampling_in_one_line(tmp_path, questions, capsys, extra, named):
@@ -198,7 +198,7 @@ def test_eval_command_scores_a_file_with_the_configured_reward(tmp_path, tiny_mo
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
                             for i in range(5)))
-    common = ["eval", "--model", tiny_model_dir, "max_new_tokens=4", "threads=1"]
+    common = ["eval", "--model", tiny_model_dir, "gconfig.max_new_tokens=4", "threads=1"]
     assert main(common + [f"valid_dataset.path={path}", "valid_dataset.size=3",
                           "reward.fn=data_fixtures.reward_fns:raising", "reward.default=0.25",
                           "reward.workers=0"]) == 0

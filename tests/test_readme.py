@@ -18,7 +18,7 @@ from conftest import ROOT
 BIN = Path(sys.executable).parent
 TRAIN_BUDGET = ["total_train_steps=2", "max_train_time_s=0", "train_dataset.batch_size=2", "gconfig.n_samples=2",
                 "valid_dataset.size=8", "progress_bar=false", "report=false"]
-SFT_BUDGET = ["steps=2", "batch_size=4", "eval_every=0", "valid_dataset.size=4"]
+SFT_BUDGET = ["total_train_steps=2", "train_dataset.batch_size=4", "evaluator.freq_steps=0", "valid_dataset.size=4"]
 
 
 def readme_commands() -> list[str]:
@@ -155,7 +155,7 @@ def test_agent_checkpoint_recipe(workdir):
     """The commands that reproduce builtin:tiny-agent and train it with RL, with tiny budgets."""
     _run([_asyncrl(), "init-model", "--task", "lookup", "--init-from", "builtin:tiny-sft", "--out",
           "outputs/agent-init"], workdir)
-    _run([_asyncrl(), "sft", "--config", "examples/sft_agent.yaml", *SFT_BUDGET, "save_every=0"], workdir)
+    _run([_asyncrl(), "sft", "--config", "examples/sft_agent.yaml", *SFT_BUDGET, "saver.freq_steps=0"], workdir)
     assert (workdir / "outputs" / "tiny-agent" / "config.json").exists()
     _run([_asyncrl(), "train", "--config", "examples/agent_lookup.yaml", "output_dir=outputs", *TRAIN_BUDGET], workdir)
     assert (workdir / "outputs" / "agent_lookup" / "default" / "metrics.jsonl").exists()

@@ -32,7 +32,7 @@ def summary(stdout: str) -> dict:
 
 def evaluate(model: Path, data: Path, out: Path) -> dict:
     record = summary(run(ASYNCRL, "eval", "--model", str(model), f"valid_dataset.path={data / 'test.jsonl'}",
-                         REWARD, "max_new_tokens=16", f"output={out}"))
+                         REWARD, "gconfig.max_new_tokens=16", f"output={out}"))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == record["n"] == 100
     assert record["eval_accuracy"] == pytest.approx(sum(r["n_correct"] for r in rows) / 100)
@@ -50,7 +50,7 @@ def test_jsonl_and_reward_to_a_trained_policy(tmp_path):
 
     run(ASYNCRL, "sft", "--config", "examples/your_task/sft.yaml", f"model.path={init}",
         f"train_dataset.path={data / 'sft.jsonl'}", f"valid_dataset.path={data / 'test.jsonl'}",
-        "steps=150", "eval_every=0", f"output={sft}")
+        "total_train_steps=150", "evaluator.freq_steps=0", f"output_dir={sft}")
     after_sft = evaluate(sft, data, tmp_path / "eval1.jsonl")
 
     out = summary(run(ASYNCRL, "train", "--config", "examples/your_task/train.yaml", f"model.path={sft}",
