@@ -426,7 +426,8 @@ class RemoteEngine:
         client = self._clients.get(loop)
         if client is None:
             client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
-                                       headers=self._headers, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                                       headers=self._headers,
+                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
             self._clients[loop] = client
         return client
 

@@ -31,9 +31,9 @@ SETTABLE = ("total_train_steps", "max_train_time_s", "progress_bar", "report", "
             "evaluator.", "saver.", "stats_logger.", "watchdog.", "reward.workers", "reward.timeout_s",
             "rollout.request_timeout_s", "rollout.batch_timeout_s", "rollout.weight_sync_timeout_s",
             "rollout.server_startup_timeout_s", "rollout.backend", "rollout.server_addrs", "rollout.server_key_env",
-            "rollout.threads", "rollout.weight_transport", "rollout.weight_dir", "rollout.dist_", "rollout.max_failures_in_a_row",
-            "actor.threads", "actor.backend", "actor.mb_max_tokens", "agent.timeout_s", "agent.client",
-            "agent.proxy_", "agent.admin_key")
+            "rollout.threads", "rollout.weight_transport", "rollout.weight_dir", "rollout.dist_",
+            "rollout.max_failures_in_a_row", "actor.threads", "actor.backend", "actor.mb_max_tokens", "agent.timeout_s",
+            "agent.client", "agent.proxy_", "agent.admin_key")
 """Keys that may change between a run and its resumption: how it is watched, stopped, placed and timed.
 Everything else (model, data, algorithm, sampling, seeds) must match."""
 
