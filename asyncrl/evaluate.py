@@ -14,6 +14,7 @@ import time
 
 from asyncrl.engine.base import Engine
 from asyncrl.reward import RewardFailure, call_reward
+from asyncrl.reward.service import item_label
 from asyncrl.types import SamplingParams, WeightUpdate
 from asyncrl.data.formats import item_prompt_ids
 
@@ -41,7 +42,7 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
             scores.append(e.default if isinstance(e, RewardFailure) else default)
             if errors == 1:
                 log.warning("evaluation: the reward of item %s failed (%s: %s); it scores %s, and further "
-                            "failures are counted in eval_reward_errors", item.get("id"), type(e).__name__, e,
+                            "failures are counted in eval_reward_errors", item_label(item), type(e).__name__, e,
                             scores[-1])
         lengths.append(len(c.output_ids))
     return {

@@ -78,6 +78,11 @@ def detect_type(record: dict, mapping: dict) -> str:
                      "chat rows a 'messages' list of {role, content} turns")
 
 
+REWARD_ARGUMENTS = ("prompt", "completion")
+"""A reward function's positional parameters: columns of these names are not passed again as fields (the prompt
+is the item's question)."""
+
+
 def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
     """The item for one row; raises ValueError with a message that names the problem (not the row). A column
     mapped to an item field (``mapping``: {answer: n_vowels}) reaches the reward under both names."""
@@ -102,8 +107,9 @@ def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
         item["question"] = apply_template(template, {**record, **item})
         if row_type == "chat":
             item["messages"] = _with_last_question(item["messages"], item["question"])
-    for key, value in record.items():  # every column under its own name too: a mapped one under both
-        if key not in item:
+    question_col = None if row_type == "chat" else field_value(record, "question", mapping)[0]
+    for key, value in record.items():  # every other column under its own name: a mapped one under both
+        if key not in item and key != question_col and key not in REWARD_ARGUMENTS:
             item["source_id" if key == "id" else key] = value
     return item
 

@@ -102,3 +102,9 @@ def test_a_mapped_column_reaches_the_reward_under_both_names():
     assert call_reward(lambda prompt, completion, n_vowels, **_: float(completion == n_vowels), item, "4") == 1.0
     with pytest.raises(ValueError, match="fields.answer names the column 'n_vowls', which the row does not have"):
         to_item(row, "qa", {"question": "q", "answer": "n_vowls"}, "")
+    # the question's own column, and columns named like the reward's positional arguments, are not passed again
+    row = {"prompt": "Sort: b a", "answer": "a b", "completion": "ignored"}
+    item = to_item(row, "qa", {}, "")
+    assert "prompt" not in item and "completion" not in item and item["question"] == "Sort: b a"
+    assert call_reward(lambda prompt, completion, answer, **_: float(completion == answer), item, "a b") == 1.0
+    assert "q" not in to_item({"q": "x?", "answer": "1"}, "qa", {"question": "q"}, "")
