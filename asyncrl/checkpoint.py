@@ -27,7 +27,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import logging
 import os
 import random
 import shutil
@@ -39,8 +38,6 @@ import numpy as np
 import torch
 
 from asyncrl.trainer.base import Checkpointable
-
-log = logging.getLogger(__name__)
 
 RUN_STATE = "run.json"
 MANIFEST = "manifest.json"
@@ -169,6 +166,11 @@ def read_latest(checkpoints: Path) -> str | None:
     return name if (Path(checkpoints) / name / RUN_STATE).is_file() else None
 
 
+def run_version(checkpoint: Path) -> int:
+    """The version a checkpoint holds, from its run state alone (the rollouts are not loaded)."""
+    return json.loads((Path(checkpoint) / RUN_STATE).read_text())["version"]
+
+
 def manifest(directory: Path) -> dict:
     """Every file under ``directory`` with its size, and the SHA-256 of its run state."""
     files = {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
@@ -185,7 +187,7 @@ def verify(checkpoint: Path) -> str | None:
     if not (checkpoint / RUN_STATE).is_file():
         return f"{RUN_STATE} is missing"
     try:
-        version = json.loads((checkpoint / RUN_STATE).read_text())["version"]
+        version = run_version(checkpoint)
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         return f"{RUN_STATE} cannot be read ({type(e).__name__})"
     if checkpoint.name != f"step{version}":

@@ -145,15 +145,20 @@ def config_help(command: str) -> str:
     cached = folder / f"{command}-{source_key()}.txt" if folder else None
     if cached is not None and cached.is_file():
         return cached.read_text()
-    from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
-
-    text = configlib.describe({"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}[command])
+    text = configlib.describe(_config_classes()[command])
     if cached is not None:
         try:
             write_atomically(cached, text)
         except OSError:
             pass
     return text
+
+
+def _config_classes() -> dict:
+    """The config class of each command that takes one (imported only when needed: the tree imports torch)."""
+    from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
+
+    return {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}
 
 
 def _quiet_loading() -> None:
@@ -171,9 +176,7 @@ def _dispatch(args) -> int:
         return _init_model(args)
     if args.command in SUBCOMMANDS:
         return _module(SUBCOMMANDS[args.command][1]).run(args)
-    from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
-
-    classes = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}
+    classes = _config_classes()
     cls = classes[args.command]
     overrides = list(args.overrides)
     if args.command == "eval" and args.model:

@@ -82,7 +82,7 @@ def dump(cfg, path: str | Path, mask_secrets: bool = True) -> None:
 
 def _masked(data):
     if isinstance(data, dict):
-        return {k: "***" if k in SECRET_KEYS and data[k] else _masked(data[k]) for k, v in data.items()}
+        return {k: "***" if k in SECRET_KEYS and v else _masked(v) for k, v in data.items()}
     return data
 
 

@@ -190,8 +190,8 @@ def sample_rows(groups: list, trained_version: int, decode: Callable[[list[int]]
                 return rows
             versions = [v for v in t.versions if v >= 0] or [trained_version]
             rows.append({"item": g.item_id, "prompt": decode(t.prompt_ids),
-                         "completion": t.text or decode(t.output_ids), "reward": t.reward, "finish_reason": t.finish_reason, "version_min": min(versions),
-                         "version_max": max(versions), "staleness": trained_version - min(versions)})
+                         "completion": t.text or decode(t.output_ids), "reward": t.reward,
+                         "finish_reason": t.finish_reason, "version_min": min(versions), "version_max": max(versions), "staleness": trained_version - min(versions)})
     return rows
 
 

@@ -52,7 +52,7 @@ def latest_of_run(path: Path) -> Path | None:
     except (OSError, UnicodeDecodeError):
         return None
     step = pointer.parent / name
-    return step if name and "/" not in name and step.is_dir() else None
+    return step if name.startswith("step") and name[4:].isdigit() and step.is_dir() else None
 
 
 def hub_cache_dir(name: str) -> str | None:

@@ -24,7 +24,7 @@ def serving(model, tokenizer, admin_key: str | None = None, **state_kw):
     if admin_key:  # as asyncrl serve --admin-key wraps it
         from asyncrl.server.middleware import AdminOnly
 
-        app = AdminOnly(app, admin_key, open_prefixes=("/health", "/agent/"))
+        app = AdminOnly(app, admin_key)
     http = ServerThread(app)
     try:
         yield http.url, state

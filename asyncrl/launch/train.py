@@ -16,7 +16,7 @@ import signal
 from pathlib import Path
 
 from asyncrl import parallel
-from asyncrl.checkpoint import load_run_state, read_latest
+from asyncrl.checkpoint import read_latest, run_version
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.controller import run
@@ -91,7 +91,7 @@ def _complete(cfg: TrainConfig, resume: Path | None) -> dict | None:
     build everything to train 0 steps)."""
     if resume is None or RANK_ENV in os.environ or "WORLD_SIZE" in os.environ:
         return None
-    version = load_run_state(resume).version
+    version = run_version(resume)
     if version < cfg.total_train_steps:
         return None
     run_dir = resume.parent.parent

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from asyncrl.agent.proxy import AgentProxy, ProxyError, check_bind
 from asyncrl.server.app import ServerThread
-from asyncrl.server.middleware import BodyLimit
+from asyncrl.server.middleware import BodyLimit, bearer
 
 MAX_BODY_BYTES = 4 << 20
 MAX_CONTAINERS = 1 << 16
@@ -88,8 +88,7 @@ def _json(body: dict) -> Response:
 
 
 def _bearer(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    return auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    return bearer(request.headers.get("authorization", ""))
 
 
 def serve_proxy(proxy: AgentProxy, host: str = "127.0.0.1", port: int = 0, admin_key: str | None = None) -> ServerThread:

@@ -166,7 +166,7 @@ def _serve(state, sock: socket.socket, args: argparse.Namespace) -> int:
     if args.admin_key:  # the engine's routes need it too (the proxy's check their episode keys)
         from asyncrl.server.middleware import AdminOnly
 
-        app = AdminOnly(app, args.admin_key, open_prefixes=("/health", "/agent/"))
+        app = AdminOnly(app, args.admin_key)
     server = Server(uvicorn_config(app, args.log_level), state.engine)
     # uvicorn re-raises the signal it caught once it has shut down; with this handler (not the default action,
     # which would end the process by the signal) that only asks for the exit already done

@@ -18,12 +18,17 @@ from asyncrl.server.render import error_body
 log = logging.getLogger(__name__)
 
 
-class AdminOnly:
-    """With an admin key, every route but ``open_prefixes`` (``/health``; the agent proxy's, which checks its own
-    keys) answers 401 without ``Authorization: Bearer KEY``: on a server with ``--admin-key`` nobody else may
-    generate, pause the engine or load weights."""
+def bearer(authorization: str) -> str | None:
+    """The key of an ``Authorization: Bearer KEY`` header, else None."""
+    return authorization[7:].strip() if authorization.lower().startswith("bearer ") else None
 
-    def __init__(self, app, key: str, open_prefixes: tuple[str, ...] = ("/health",)):
+
+class AdminOnly:
+    """With an admin key, every route but ``open_prefixes`` (``/health``; the agent proxy's under ``/agent/``,
+    which checks its own keys) answers 401 without ``Authorization: Bearer KEY``: on a server with
+    ``--admin-key`` nobody else may generate, pause the engine or load weights."""
+
+    def __init__(self, app, key: str, open_prefixes: tuple[str, ...] = ("/health", "/agent/")):
         self.app, self.key, self.open_prefixes = app, key, open_prefixes
 
     async def __call__(self, scope, receive, send) -> None:
@@ -31,8 +36,7 @@ class AdminOnly:
 
         if scope["type"] != "http" or scope["path"].startswith(self.open_prefixes):
             return await self.app(scope, receive, send)
-        auth = dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")
-        given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        given = bearer(dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")) or ""
         if secrets.compare_digest(given.encode(), self.key.encode()):
             return await self.app(scope, receive, send)
         response = JSONResponse(error_body("this server has an admin key: send it as Authorization: Bearer KEY"),

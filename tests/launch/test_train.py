@@ -26,7 +26,7 @@ def test_rerunning_a_complete_run_says_so_and_trains_nothing(tmp_path, caplog, m
     cfg = configlib.load(TrainConfig, None, [f"output_dir={tmp_path}", "total_train_steps=5"])
     checkpoint = tmp_path / "asyncrl" / "default" / "checkpoints" / "step5"
     monkeypatch.setattr(launch_train, "_resume_point", lambda cfg: checkpoint)
-    monkeypatch.setattr(launch_train, "load_run_state", lambda path: type("S", (), {"version": 5})())
+    monkeypatch.setattr(launch_train, "run_version", lambda path: 5)
     monkeypatch.setattr(launch_train, "assemble", None)  # building anything would fail
     with caplog.at_level(logging.INFO, logger="asyncrl.launch.train"):
         record = launch_train.train(cfg)
@@ -34,5 +34,5 @@ def test_rerunning_a_complete_run_says_so_and_trains_nothing(tmp_path, caplog, m
                       "checkpoint": str(checkpoint)}
     assert any("is complete: it trained 5 of total_train_steps=5" in r.message and "resume=fresh" in r.message
                for r in caplog.records)
-    monkeypatch.setattr(launch_train, "load_run_state", lambda path: type("S", (), {"version": 4})())
+    monkeypatch.setattr(launch_train, "run_version", lambda path: 4)
     assert launch_train._complete(cfg, checkpoint) is None  # one step to go: it trains
