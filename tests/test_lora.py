@@ -161,6 +161,7 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
     from asyncrl.launch.build import assemble
     from asyncrl.launch.resume import resume_point
     from asyncrl.launch.train import train
+    from asyncrl.models import load_model
 
     train(_cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "actor.ref_model=init", "actor.kl_ctl=0.01"))
     run_dir = tmp_path / "asyncrl" / "default"
@@ -176,8 +177,17 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
         resumed = get_peft_model_state_dict(trainer.module)
         assert set(resumed) == set(saved) and all(torch.equal(resumed[k], saved[k]) for k in saved)
         assert len(trainer.optimizer.state) == len(saved)  # AdamW's moments of the adapters came back
+        with torch.no_grad():  # the reference is the base, not the policy: adapters moved away from zero (whether
+            # or not 2 steps of 2x2 samples had a reward signal) change the policy, not the reference
+            for name, p in trainer.module.named_parameters():
+                if "lora_B" in name:
+                    p.add_(0.05)
+            ids = torch.tensor([[5, 9, 14, 20, 31]])
+            base = load_model(str(tiny_model_dir)).eval()(input_ids=ids).logits
+            assert torch.allclose(trainer.ref_model(input_ids=ids).logits, base, atol=1e-5)
+            assert not torch.allclose(trainer.module(input_ids=ids).logits, base, atol=1e-3)
         record = run(parts)
-    assert record["version"] == 3 and record["ref_kl"] != 0.0  # the reference is the base, not the policy
+    assert record["version"] == 3 and "ref_kl" in record
     assert [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
     args = ["train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
             "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "valid_dataset.size=4",
