@@ -163,13 +163,15 @@ ACCOUNTED = {key(side, phase) for side in ("episode", "reward") for phase in SID
 def time_account(dt: float, delta: Callable[[str], float], train: dict) -> dict:
     """The trainer's and the generator's phases over a window of ``dt`` seconds: ``delta(name)`` is how much a
     running total of the timeline (``Timeline.account``) grew in it, ``train`` the trainer's statistics of the
-    step in it. The trainer's ``other`` is measured (its bookkeeping spans); the generator's is what its counters
-    did not claim (the engine loop's own overhead). What the trainer's phases leave of ``dt`` is time between
-    spans, which the account checks stays small."""
+    step in it. Each side sums to ``dt``: the trainer's ``other`` is its bookkeeping (the rest of the train span,
+    the log spans) and the time between its spans (small on a quiet machine; under CPU contention, threads
+    waiting for a core or the GIL); the generator's is what its counters did not claim (the engine loop's own
+    overhead)."""
     measured = {k: train.get(f"train_{k}_s", 0.0) for k in ("recompute", "fwd_bwd", "optim")}
     trainer = {"wait": delta("span_wait_s"), **measured, "sync": delta("span_sync_s"), "eval": delta("span_eval_s"),
                "save": delta("span_save_s"),  # other: the rest of the train span (advantages, collation) and logs
                "other": max(0.0, delta("span_train_s") - sum(measured.values())) + delta("span_log_s")}
+    trainer["other"] += max(0.0, dt - sum(trainer.values()))  # between the spans
     idle = delta("idle_s")
     gate = min(max(0.0, delta("idle_gate_s")), max(0.0, idle))
     gen = {"decode": delta("decode_s"), "prefill": delta("prefill_s"), "reprefill": delta("reprefill_s"),

@@ -98,3 +98,17 @@ def test_a_few_samples_of_each_step_go_to_samples_jsonl_not_metrics(tmp_path):
     assert "samples" not in json.loads((tmp_path / "metrics.jsonl").read_text())
     written = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(written) == 3 and all(r["step"] == 6 for r in written)
+
+
+def test_the_trainer_account_of_a_window_sums_to_it_with_the_time_between_spans_as_other():
+    from asyncrl.metrics import time_account
+
+    spans = {"span_wait_s": 1.0, "span_train_s": 2.0, "span_sync_s": 0.5, "span_log_s": 0.1, "decode_s": 3.0,
+             "idle_s": 1.0, "idle_gate_s": 0.4}
+    train = {"train_recompute_s": 0.2, "train_fwd_bwd_s": 1.5, "train_optim_s": 0.1}
+    acc = time_account(5.0, lambda k: spans.get(k, 0.0), train)
+    assert sum(v for k, v in acc.items() if k.startswith("trainer_")) == pytest.approx(5.0)
+    # the rest of train (0.2) + log (0.1) + between the spans (5 - 1 - 2 - 0.5 - 0.1 = 1.4)
+    assert acc["trainer_other_s"] == pytest.approx(1.7)
+    assert acc["gen_idle_gate_s"] == 0.4 and acc["gen_idle_nowork_s"] == pytest.approx(0.6)
+    assert sum(v for k, v in acc.items() if k.startswith("gen_")) == pytest.approx(5.0)

@@ -35,9 +35,12 @@ def test_each_side_sums_to_the_wall_time_within_two_percent(tmp_path, tiny_model
         assert min(r[key(side, p)] for side, phases in (("trainer", TRAINER), ("gen", GENERATOR)) for p in phases) >= 0
         # an engine iteration that straddles the window's edge is counted in the window it ends in
         assert sum(r[key("gen", p)] for p in GENERATOR) == pytest.approx(r["step_time_s"], abs=0.02)
+        assert sum(r[key("trainer", p)] for p in TRAINER) == pytest.approx(r["step_time_s"], rel=1e-6)
     acc = account(records)
-    measured = sum(acc.fractions("trainer").values())  # every phase measured, "other" (its bookkeeping) included
-    assert 0.98 < measured <= 1.0 + 1e-6, acc.fractions("trainer")
+    assert 0.98 < sum(acc.fractions("trainer").values()) < 1.02, acc.fractions("trainer")
+    # bookkeeping and the time between spans: ~2% alone, a few % more beside other busy tests (threads wait for a
+    # core and for the GIL)
+    assert acc.fractions("trainer")["other"] < 0.15, acc.fractions("trainer")
     assert 0.98 < sum(acc.fractions("gen").values()) < 1.02, acc.fractions("gen")
     assert acc.fractions("gen")["other"] < 0.02, acc.fractions("gen")  # what the engine's counters did not claim
     t = acc.seconds["trainer"]
