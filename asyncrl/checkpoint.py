@@ -15,7 +15,8 @@ in ``stepN/merged/`` (``weights_dir``). Beside them, what a resumed run needs to
 
 A checkpoint is written into a temporary directory beside the others, every file fsynced, then renamed to
 ``stepN`` and ``latest`` is replaced last (write + fsync + rename): a kill at any byte leaves the previous
-checkpoint or the new one, never a half one that is loaded. The last ``keep`` checkpoints are kept.
+checkpoint or the new one, never a half one that is loaded. The last ``keep`` checkpoints are kept. With
+``background``, what a checkpoint holds is copied at the save and written by a thread while training goes on.
 
 ``manifest.json``, written last inside the checkpoint, holds the size of every file and the SHA-256 of
 ``run.json``: :func:`verify` finds a checkpoint damaged later (a truncated or deleted file, an edited run
@@ -31,13 +32,15 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from asyncrl.trainer.base import Checkpointable
+from asyncrl.trainer.base import Checkpointable, Snapshots
+from asyncrl.trainer.state import cpu_copy
 
 RUN_STATE = "run.json"
 MANIFEST = "manifest.json"
@@ -65,28 +68,69 @@ class RunState:
 
 
 class Checkpointer:
-    """Writes ``trainer``'s checkpoints into ``run_dir/checkpoints``, keeping the last ``keep``."""
+    """Writes ``trainer``'s checkpoints into ``run_dir/checkpoints``, keeping the last ``keep``.
+
+    ``save(version, state, background=True)`` copies the weights, the training state and the RNGs now (the
+    trainer's ``snapshot``) and writes them in a writer thread while training goes on; the next save, and
+    ``wait()``, wait for it (a failed background write is raised there). Trainers that cannot copy their
+    weights (``Snapshots`` not implemented or declined: FSDP shards, LoRA) are saved in the foreground."""
 
     def __init__(self, run_dir: Path, trainer: Checkpointable, tokenizer, keep: int = 3):
         self.dir, self.trainer, self.tokenizer = Path(run_dir) / "checkpoints", trainer, tokenizer
         self.keep = max(1, keep)
-        self.last: int | None = None  # the version saved last
+        self.last: int | None = None  # the version saved last (complete on disk)
+        self._writer: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
-    def save(self, version: int, state: RunState | None = None) -> Path:
-        """Write the checkpoint of ``version`` atomically and point ``latest`` at it. Non-finite weights and a
-        full disk are refused with ``CheckpointError``/``NonFiniteWeights``; the previous checkpoint stays."""
-        self.trainer.check_finite()
+    def save(self, version: int, state: RunState | None = None, background: bool = False) -> Path:
+        """Write the checkpoint of ``version`` atomically and point ``latest`` at it (in a writer thread with
+        ``background``: its path is returned before it is complete). Non-finite weights and a full disk are
+        refused with ``CheckpointError``/``NonFiniteWeights``; the previous checkpoint stays."""
+        self.wait()
+        weights = self.trainer.snapshot() if background and isinstance(self.trainer, Snapshots) else None
+        if weights is None:
+            self.trainer.check_finite()
+            self._write(version, lambda d: self.trainer.save(d, self.tokenizer),
+                        lambda d: training_state(self.trainer, d), state)
+        else:
+            trained = cpu_copy(training_state(self.trainer))  # the optimizer and the RNGs as they are now
+            self._writer = threading.Thread(target=self._write_in_background, name=f"checkpoint-{version}",
+                                            args=(version, lambda d: weights.save(d, self.tokenizer),
+                                                  lambda d: trained, state), daemon=True)
+            self._writer.start()
+        return self.dir / f"step{version}"
+
+    def wait(self) -> None:
+        """Until the background write in progress, if any, is complete; raises its failure."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+
+    @property
+    def writing(self) -> bool:
+        return self._writer is not None and self._writer.is_alive()
+
+    def _write_in_background(self, *args) -> None:
+        try:
+            self._write(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread by wait()
+            self._failed = e
+
+    def _write(self, version: int, write_weights, trained, state: RunState | None) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / f"step{version}"
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step{version}-", dir=self.dir))
         try:
-            self.trainer.save(str(tmp), self.tokenizer)
+            write_weights(str(tmp))
             if state is not None:
-                torch.save(training_state(self.trainer, tmp), tmp / TRAINER_STATE)
+                torch.save(trained(tmp), tmp / TRAINER_STATE)
                 torch.save({"ready": state.ready, "inflight": state.inflight}, tmp / ROLLOUTS)
                 _write_json(tmp / RUN_STATE, {k: getattr(state, k) for k in
                                               ("version", "drawn", "accepted", "rejected", "elapsed_s",
-                                                                            "timeline_s")})
+                                               "timeline_s")})
             _write_json(tmp / MANIFEST, manifest(tmp))
             _fsync_tree(tmp)
             if final.exists():  # the same version again (e.g. saved at the end of a resumed run)
@@ -106,7 +150,6 @@ class Checkpointer:
             raise
         self.last = version
         self._prune()
-        return final
 
     def _prune(self) -> None:
         steps = sorted((p for p in self.dir.glob("step[0-9]*") if p.is_dir()), key=lambda p: int(p.name[4:]))

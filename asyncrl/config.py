@@ -71,6 +71,10 @@ class SaverConfig:
     """Also save when this much training time has passed since the last save (0 = not by time)."""
     keep_last: int = 3
     """Checkpoints kept in RUN_DIR/checkpoints (older ones are removed once a newer one is complete)."""
+    background: bool = True
+    """Write checkpoints in a writer thread: the trainer copies the weights, optimizer and RNG state (to CPU
+    memory: one more copy of each, briefly) and trains on while they are written, fsynced and renamed; the next
+    save and the end of the run wait for the write. FSDP and LoRA trainers always save in the foreground."""
     on_error: str = "stop"
     """When a checkpoint cannot be written (disk full): stop (the run ends with one line; the previous
     checkpoint stays valid) | continue (warn and train on)."""

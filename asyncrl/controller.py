@@ -51,6 +51,7 @@ class LoopPlan:
     save_every_s: float  # 0 = not by time
     stop_if_unsaved: bool  # a checkpoint that cannot be written stops the run
     pad_id: int
+    save_in_background: bool = False  # checkpoints written by a writer thread while training goes on
 
     def evaluate_at(self, version: int) -> bool:
         return bool(self.eval_every) and version % self.eval_every == 0
@@ -93,16 +94,24 @@ class Parts:
         """A complete checkpoint of ``version``: the weights and the trainer's state (optimizer, RNGs), and the
         rollout side's: the groups finished but not trained, the items in flight, the data position and the
         admission counters (``RunState``)."""
+        self.saved()  # the previous checkpoint is complete (or its failure said) before this one is taken
         snap = self.buffer.snapshot()
         state = RunState(version, snap["drawn"], snap["accepted"], snap["rejected"], self.meter.elapsed(),
                          self.timeline.now(), snap["ready"], snap["inflight"])
+        self._checked(lambda: self.checkpoints.save(version, state, background=self.plan.save_in_background))
+        self.meter.last_save = self.meter.elapsed()
+
+    def saved(self) -> None:
+        """Until the checkpoint being written in the background, if any, is complete."""
+        self._checked(self.checkpoints.wait)
+
+    def _checked(self, save: Callable[[], object]) -> None:
         try:
-            self.checkpoints.save(version, state)
-        except CheckpointError:
+            save()
+        except CheckpointError:  # this checkpoint's, or the previous background write's
             if self.plan.stop_if_unsaved:
                 raise
-            log.warning("no checkpoint of version %d (saver.on_error=continue)", version, exc_info=True)
-        self.meter.last_save = self.meter.elapsed()
+            log.warning("a checkpoint was not written (saver.on_error=continue)", exc_info=True)
 
 
 def run(p: Parts) -> dict:
@@ -149,9 +158,11 @@ def _loop(p: Parts) -> dict:
             p.watchdog.check(record)  # may stop the run: its last version is saved all the same (save_last)
         if final or plan.save_at(version, p.meter.elapsed() - p.meter.last_save):
             with tl.span("save", version):
-                p.save(version)
+                p.save(version)  # with saver.background: a copy now, written while the next steps train
         if final:
             break
+    with tl.span("save", record.get("version", 0)):
+        p.saved()
     log.info("trained up to version %s in %.0f s", record.get("version"), p.meter.elapsed())
     return record
 
@@ -159,11 +170,16 @@ def _loop(p: Parts) -> dict:
 def save_last(p: Parts) -> None:
     """A checkpoint of the weights the run stops with, if they are those of the last step logged and not saved
     already (refused, and said, if they are not finite)."""
+    try:
+        p.saved()  # a background write in progress completes first
+    except Exception as e:  # noqa: BLE001 - the reason the run stopped matters more
+        log.error("the run stops: the checkpoint being written failed: %s", e)
     version = p.trainer.steps_done
     if version == 0 or p.checkpoints.last == version or p.logger.last_step != version:
         return
     try:
         p.save(version)
+        p.saved()
         log.info("the run stops: checkpoint of version %d saved", version)
     except Exception as e:  # noqa: BLE001 - the reason the run stopped matters more
         log.error("the run stops: no checkpoint of version %d: %s", version, e)

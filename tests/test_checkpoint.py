@@ -1,9 +1,12 @@
 """Checkpoints (asyncrl.checkpoint): a full disk while saving is one line and the previous checkpoint stays; a
-checkpoint of non-finite weights is refused."""
+checkpoint of non-finite weights is refused; a checkpoint written in the background holds the state of the moment
+it was taken, byte for byte what a foreground save writes, while training goes on."""
 
 import math
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,35 +21,43 @@ class SafetensorLikeError(Exception):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("error", ["oserror", "safetensors"])
+@pytest.mark.parametrize("error,background", [("oserror", "true"), ("safetensors", "true"),
+                                              ("oserror", "false")])
 def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(tmp_path, tiny_model_dir,
-                                                                                   monkeypatch, capsys, error):
+                                                                                   monkeypatch, capsys, error,
+                                                                                   background):
+    """Foreground: the failed save stops the run; step 2 stays the latest. Background: the failed write is found
+    by the next save (the last, here) and stops the run the same way, with the weights it stops with saved (the
+    disk is writable again here)."""
     import errno
 
     from asyncrl import cli
     from asyncrl.trainer import PolicyTrainer
+    from asyncrl.trainer.state import WeightsCopy
 
     train, valid = prompt_files(tmp_path, 40)
-    args = train_command(tmp_path, tiny_model_dir, train, valid, 4)[3:]
-    save = PolicyTrainer.save
+    args = train_command(tmp_path, tiny_model_dir, train, valid, 4, f"saver.background={background}")[3:]
+    save = PolicyTrainer.save if background == "false" else WeightsCopy.save
 
     def fills_the_disk(self, path, tokenizer=None):
-        if self.steps_done == 3:
+        if ".tmp-step3-" in str(path):
             (Path(path) / "config.json").write_text("{")  # half written when the disk filled up
             raise (OSError(errno.ENOSPC, "No space left on device") if error == "oserror" else
                    SafetensorLikeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
                                        "message: \"No space left on device\" })"))
         return save(self, path, tokenizer)
 
-    monkeypatch.setattr(PolicyTrainer, "save", fills_the_disk)
+    monkeypatch.setattr(PolicyTrainer if background == "false" else WeightsCopy, "save", fills_the_disk)
     code = cli.main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "the disk is full" in err[0] and "step2" in err[0], err
     run = tmp_path / "out" / "asyncrl" / "default"
-    assert latest_checkpoint(run).name == "step2" and is_complete(latest_checkpoint(run))
+    kept = "step2" if background == "false" else "step4"
+    assert latest_checkpoint(run).name == kept and is_complete(latest_checkpoint(run))
     assert not list((run / "checkpoints").glob("step3")) and not list((run / "checkpoints").glob(".tmp-*"))
     capsys.readouterr()
-    args = train_command(tmp_path / "again", tiny_model_dir, train, valid, 4, "saver.on_error=continue")[3:]
+    args = train_command(tmp_path / "again", tiny_model_dir, train, valid, 4, "saver.on_error=continue",
+                         f"saver.background={background}")[3:]
     assert cli.main(args) == 0  # continue: the step-3 checkpoint is skipped with a warning, step 4 is saved
     assert latest_checkpoint(tmp_path / "again" / "out" / "asyncrl" / "default").name == "step4"
 
@@ -85,16 +96,139 @@ def _cfg(tmp_path, model_path, *extra):
     ])
 
 
-def test_a_checkpoint_of_non_finite_weights_is_refused(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_checkpoint_of_non_finite_weights_is_refused(tmp_path, tiny_model_dir, background):
     from asyncrl.trainer import NonFiniteWeights
 
     cfg = _cfg(tmp_path, tiny_model_dir)
     with assemble(cfg) as parts:
         with torch.no_grad():
             next(parts.trainer.model.parameters())[0, 0] = math.nan
-        with pytest.raises(NonFiniteWeights, match="NaN or inf"):
-            parts.checkpoints.save(1)
+        with pytest.raises(NonFiniteWeights, match="NaN or inf"):  # in the trainer's thread, before any copy
+            parts.checkpoints.save(1, background=background)
+        parts.checkpoints.wait()
     assert not (tmp_path / "asyncrl" / "default" / "checkpoints" / "step1").exists()
+
+
+def _trained(model_dir, steps=1):
+    """A trainer of ``model_dir`` after ``steps`` optimizer steps (AdamW's moments exist)."""
+    from asyncrl.config import ActorConfig
+    from asyncrl.models import load_model
+    from asyncrl.trainer import build_trainer
+
+    model = load_model(str(model_dir))
+    trainer = build_trainer(ActorConfig(), model, model_path=str(model_dir), temperature=1.0, autocast_dtype=None)
+    for _ in range(steps):
+        trainer.optimizer.zero_grad()
+        model(input_ids=torch.randint(0, model.config.vocab_size, (2, 8))).logits.float().mean().backward()
+        trainer.optimizer.step()
+    return trainer
+
+
+def _files(checkpoint: Path) -> dict:
+    """What a checkpoint holds, comparable: every tensor of its weights and of trainer.pt, its other files."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(checkpoint.rglob("*")):
+        name = str(f.relative_to(checkpoint))
+        if f.suffix == ".safetensors":
+            out[name] = load_file(str(f))
+        elif f.name == "trainer.pt":
+            out[name] = torch.load(f, weights_only=False)
+        elif f.is_file() and f.name != "manifest.json":  # sizes of trainer.pt's pickle may differ
+            out[name] = f.read_bytes()
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b
+
+
+def test_a_background_checkpoint_holds_the_moment_it_was_taken_while_training_goes_on(tmp_path, tiny_model_dir,
+                                                                                        tokenizer, monkeypatch):
+    """The writer is held until the trainer has stepped again and drawn random numbers: the checkpoint still
+    equals the foreground checkpoint of the moment save() returned (weights, optimizer moments, RNGs, run state,
+    tied weights stay one tensor), and ``latest`` moves only once it is complete."""
+    import threading
+
+    from asyncrl.checkpoint import Checkpointer, RunState, read_latest
+    from asyncrl.trainer.state import WeightsCopy
+
+    trainer = _trained(tiny_model_dir)
+    state = RunState(version=1, drawn=8, accepted=4, ready=[(0, "a group")], inflight=["an item"])
+    fore = Checkpointer(tmp_path / "fore", trainer, tokenizer)
+    expected = _files(fore.save(1, state))
+
+    release, write = threading.Event(), WeightsCopy.save
+    monkeypatch.setattr(WeightsCopy, "save", lambda self, *a: (release.wait(30), write(self, *a)))
+    back = Checkpointer(tmp_path / "back", trainer, tokenizer)
+    path = back.save(1, state, background=True)
+    assert back.writing and read_latest(back.dir) is None and not path.exists()
+    trainer.optimizer.zero_grad()  # training goes on: weights, moments and the RNGs all move
+    trainer.module(input_ids=torch.randint(0, 300, (2, 8))).logits.float().mean().backward()
+    trainer.optimizer.step()
+    torch.rand(3), np.random.rand(3), random.random()
+    release.set()
+    back.wait()
+    assert read_latest(back.dir) == "step1" and back.last == 1
+    got = _files(path)
+    assert got.keys() == expected.keys()
+    assert all(_same(expected[k], got[k]) for k in expected), [k for k in expected if not _same(expected[k], got[k])]
+    from asyncrl.models import load_model
+
+    reloaded = load_model(str(path))
+    assert reloaded.config.tie_word_embeddings == trainer.module.config.tie_word_embeddings
+
+
+def test_a_failed_background_write_is_raised_by_the_next_save_and_the_previous_checkpoint_stays(
+        tmp_path, tiny_model_dir, tokenizer, monkeypatch):
+    from asyncrl.checkpoint import CheckpointError, Checkpointer, RunState, read_latest
+    from asyncrl.trainer.state import WeightsCopy
+
+    trainer = _trained(tiny_model_dir)
+    ckpt = Checkpointer(tmp_path, trainer, tokenizer)
+    ckpt.save(1, RunState(version=1), background=True)
+    write = WeightsCopy.save
+
+    def breaks(self, path, tokenizer=None):
+        if ".tmp-step2-" in path:
+            raise OSError(5, "Input/output error")
+        write(self, path, tokenizer)
+
+    monkeypatch.setattr(WeightsCopy, "save", breaks)
+    ckpt.save(2, RunState(version=2), background=True)  # returns at once; the write fails in its thread
+    with pytest.raises(CheckpointError, match=r"version 2 .* Input/output error.*\(step1\) stays valid"):
+        ckpt.save(3, RunState(version=3), background=True)
+    assert read_latest(ckpt.dir) == "step1" and not list(ckpt.dir.glob(".tmp-*"))
+    ckpt.save(3, RunState(version=3), background=True)
+    ckpt.wait()
+    assert read_latest(ckpt.dir) == "step3" and sorted(p.name for p in ckpt.dir.glob("step*")) == ["step1", "step3"]
+
+
+def test_trainers_that_cannot_copy_their_weights_save_in_the_foreground(tmp_path, tiny_model_dir, tokenizer):
+    """LoRA (the adapter and its merged export) is written by the trainer itself: save() returns a complete
+    checkpoint."""
+    from asyncrl.checkpoint import Checkpointer, RunState, read_latest, verify
+    from asyncrl.config import ActorConfig
+    from asyncrl.lora import apply_lora, is_adapter_dir
+    from asyncrl.models import load_model
+    from asyncrl.trainer import build_trainer
+
+    model = apply_lora(load_model(str(tiny_model_dir)), rank=4, alpha=8)
+    trainer = build_trainer(ActorConfig(), model, model_path=str(tiny_model_dir), temperature=1.0, autocast_dtype=None)
+    assert trainer.snapshot() is None
+    ckpt = Checkpointer(tmp_path, trainer, tokenizer)
+    path = ckpt.save(1, RunState(version=1), background=True)
+    assert not ckpt.writing and read_latest(ckpt.dir) == "step1" and verify(path) is None and is_adapter_dir(path)
 
 
 def _fake_checkpoints(checkpoints: Path, versions=(2, 3, 4)):

@@ -216,7 +216,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         run_dir=run_dir,
         plan=LoopPlan(cfg.total_train_steps, cfg.max_train_time_s, cfg.rollout.batch_timeout_s,
                       cfg.evaluator.freq_steps, cfg.saver.freq_steps, cfg.saver.freq_seconds,
-                      cfg.saver.on_error == "stop", tokenizer.pad_token_id),
+                      cfg.saver.on_error == "stop", tokenizer.pad_token_id, cfg.saver.background),
         start=start, staleness=policy,
         trainer=trainer, engine=engine, publisher=publisher, buffer=buffer, rollout=rollout,
         evaluate=_evaluator(cfg, workflow, eval_engine, trainer, tokenizer, data.valid, reward, shape),

@@ -1,5 +1,5 @@
 """The trainer seams: what the loop drives (``Trainer``) and what a checkpoint takes from a trainer
-(``Checkpointable``). ``PolicyTrainer`` (one process) and ``asyncrl.launch.ranks.RankedTrainer`` (rank 0 of
+(``Checkpointable``, and ``Snapshots`` for one written in the background). ``PolicyTrainer`` (one process) and ``asyncrl.launch.ranks.RankedTrainer`` (rank 0 of
 several) are both."""
 
 from __future__ import annotations
@@ -40,3 +40,16 @@ class Checkpointable(Protocol):
     def save(self, path: str, tokenizer=None) -> None: ...
 
     def training_state(self, directory: str | None = None) -> dict: ...
+
+
+class WeightsWriter(Protocol):
+    def save(self, path: str, tokenizer=None) -> None:
+        """Write the weights copied earlier in HF format at ``path`` (from any thread)."""
+
+
+@runtime_checkable
+class Snapshots(Protocol):
+    """A trainer whose weights can be copied now and written later, while it trains on."""
+
+    def snapshot(self) -> WeightsWriter | None:
+        """The weights now (non-finite ones refused), or None where they can only be written in the foreground."""

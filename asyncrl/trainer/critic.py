@@ -28,15 +28,16 @@ CRITIC_DIR = "critic"
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
-def save_critic(path: str, value_head: ValueHead, critic_model=None) -> None:
-    """``path/value_head.safetensors`` and, for a separate critic, its trunk in HF format beside it."""
+def save_critic(path: str, value_head: dict[str, torch.Tensor], critic_model=None,
+                critic_weights: dict[str, torch.Tensor] | None = None) -> None:
+    """``path/value_head.safetensors`` (the value head's ``state_dict``) and, for a separate critic, its trunk in
+    HF format beside it (``critic_weights``, else the model's own)."""
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
     if critic_model is not None:
-        critic_model.save_pretrained(path)
-    save_file({k: v.detach().contiguous() for k, v in value_head.state_dict().items()},
-              os.path.join(path, VALUE_HEAD_FILE))
+        critic_model.save_pretrained(path, state_dict=critic_weights)
+    save_file({k: v.detach().contiguous() for k, v in value_head.items()}, os.path.join(path, VALUE_HEAD_FILE))
 
 
 def load_value_head(path: str, value_head: ValueHead) -> None:

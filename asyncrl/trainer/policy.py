@@ -484,6 +484,10 @@ class PolicyTrainer:
         """The policy in HF format at ``path`` (``asyncrl.trainer.state.save``); non-finite weights refused."""
         state.save(self, path, tokenizer)
 
+    def snapshot(self) -> state.WeightsCopy | None:
+        """A copy of the weights now, to write later (``asyncrl.trainer.state.snapshot``)."""
+        return state.snapshot(self)
+
     def check_finite(self) -> None:
         """Raise ``NonFiniteWeights`` naming the first weight (policy, value head, critic) that holds NaN or
         inf."""

@@ -1,11 +1,15 @@
 """A trainer's state beyond the weights it publishes: what an exact resume needs (optimizer, step count, value
 head; under FSDP each rank's optimizer shard) and the checkpoint in HF format (with LoRA: the adapter and the
-merged model)."""
+merged model), written now or from a copy taken now (``snapshot``, for a checkpoint written in the background)."""
 
 from __future__ import annotations
 
+import copy
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from asyncrl.lora import is_lora, save_lora
 from asyncrl.trainer.critic import CRITIC_DIR, save_critic
@@ -73,4 +77,53 @@ def save(trainer, path: str, tokenizer=None) -> None:
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     if trainer.value_head is not None:
-        save_critic(os.path.join(path, CRITIC_DIR), trainer.value_head, trainer.critic_model)
+        save_critic(os.path.join(path, CRITIC_DIR), trainer.value_head.state_dict(), trainer.critic_model)
+
+
+@dataclass(frozen=True)
+class WeightsCopy:
+    """The policy's (and critic's) weights copied at one moment, to be written in HF format later, from another
+    thread, while training goes on: the live models lend only their configs and ``save_pretrained``."""
+
+    module: torch.nn.Module
+    policy: dict
+    value_head: dict | None = None
+    critic_model: torch.nn.Module | None = None
+    critic: dict | None = None
+
+    def save(self, path: str, tokenizer=None) -> None:
+        self.module.save_pretrained(path, state_dict=dict(self.policy))  # save_pretrained empties the dict it gets
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+        if self.value_head is not None:
+            save_critic(os.path.join(path, CRITIC_DIR), self.value_head, self.critic_model,
+                        None if self.critic is None else dict(self.critic))
+
+
+def snapshot(trainer) -> WeightsCopy | None:
+    """A CPU copy of the trainer's weights now; None where only the trainer itself can write them (sharded
+    FSDP weights, a LoRA adapter with its merged export): those checkpoints are written in the foreground."""
+    if (trainer.dp is not None and trainer.dp.fsdp) or is_lora(trainer.module):
+        return None
+    trainer.check_finite()
+    critic = trainer.critic_model
+    return WeightsCopy(trainer.module, cpu_copy(trainer.state_dict()),
+                       None if trainer.value_head is None else cpu_copy(trainer.value_head.state_dict()),
+                       critic, None if critic is None else cpu_copy(critic.state_dict()))
+
+
+def cpu_copy(obj, memo: dict | None = None):
+    """``obj`` (tensors in dicts, lists and tuples, e.g. an optimizer's ``state_dict``) with every tensor copied
+    to the CPU; tensors that share storage (tied weights) share it in the copy too, so ``save_pretrained`` still
+    sees them tied."""
+    memo = {} if memo is None else memo
+    if isinstance(obj, torch.Tensor):
+        key = (obj.device, obj.untyped_storage().data_ptr(), obj.storage_offset(), tuple(obj.shape), obj.stride())
+        if key not in memo:
+            memo[key] = obj.detach().to("cpu", copy=True)
+        return memo[key]
+    if isinstance(obj, dict):
+        return type(obj)((k, cpu_copy(v, memo)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_copy(v, memo) for v in obj)
+    return copy.deepcopy(obj)
