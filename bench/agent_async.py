@@ -2,6 +2,7 @@
 
     python bench/agent_async.py                       # η = 0, 1, 2, 4; 3 attempts; tool latency median 1 s, p99 8 s
     python bench/agent_async.py --steps 10 --etas 0,4 --latency 0.5 --p99 4
+    python bench/agent_async.py --etas 0,1,2,4,8,auto  # η tuned online (≤ --limit) against every fixed η
     python bench/agent_async.py --task lookup --steps 30 --etas 0,2,4 --batch 8 --n 8 --latency 0.5 --p99 4 \
         --eval-every 10 --target 0.15                 # the lookup task from builtin:tiny-agent (examples/agent_lookup.yaml)
 
@@ -36,7 +37,7 @@ from machine import cpu  # bench/ is on the path of a script run from it
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
+def run_arm(eta: int | str, args: argparse.Namespace, out: Path) -> dict:
     sync = eta == 0
     threads = ["actor.threads=2", "rollout.threads=2"] if sync else ["actor.threads=1", "rollout.threads=1"]
     if args.task == "lookup":
@@ -49,6 +50,7 @@ def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
                 f"tool_latency_p99_s: {args.p99}}}"]
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", *task, f"output_dir={out}", f"experiment_name=eta{eta}",
            "progress_bar=false", "report=false", "max_train_time_s=0", f"rollout.max_head_offpolicyness={eta}",
+           f"rollout.max_staleness_limit={args.limit}",
            f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}",
            f"gconfig.max_new_tokens={args.max_new_tokens}", f"evaluator.freq_steps={args.eval_every}",
            f"valid_dataset.size={args.eval_size}",
@@ -72,6 +74,7 @@ def run_arm(eta: int, args: argparse.Namespace, out: Path) -> dict:
         "gen_busy": sum(r["gen_busy_frac"] for r in steps) / len(steps),
         "trainer_wait_s": sum(r["trainer_wait_s"] for r in steps) / len(steps),
         "staleness_max": max(r["staleness_max"] for r in steps),
+        "etas": [r.get("max_staleness") for r in steps],  # η per step (tuned, for auto)
         "tool_s_per_episode": steps[-1].get("agent_tool_s", 0.0) / max(1, episodes),
         "reward_mean": sum(r["reward_mean"] for r in steps) / len(steps),
         "episode_failures": steps[-1].get("agent_episode_failures", 0),
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=("checker", "lookup"), default="checker",
                    help="checker: bench/agent_env.py on the arithmetic model; lookup: examples/agent_lookup.yaml")
-    p.add_argument("--etas", default="0,1,2,4")
+    p.add_argument("--etas", default="0,1,2,4", help="comma-separated η values; 'auto' tunes η online")
+    p.add_argument("--limit", type=int, default=8, help="rollout.max_staleness_limit, the bound of η=auto")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=4, help="prompt groups per step (B)")
     p.add_argument("--n", type=int, default=4, help="episodes per group")
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = f"up to {args.attempts} checked attempts" if args.task == "checker" else "lookups of 1-3 boxes"
     print(f"# agent_async ({args.task}): {args.steps} steps of {args.batch}x{args.n} episodes, {shape}, tool latency "
           f"median {args.latency}s p99 {args.p99}s; {cpu()}")
-    results = [run_arm(int(e), args, out) for e in args.etas.split(",")]
+    results = [run_arm(e if e == "auto" else int(e), args, out) for e in args.etas.split(",")]
     base = next((r for r in results if r["eta"] == 0), None)
     print("| η | steps | train s | s/step | speedup | time to target s | its speedup | final acc | gen busy | "
           "trainer wait s/step | tool s/episode | stale max |")
@@ -116,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'-' if ttt is None else f'{ttt:.0f}'} | {tspeed} | {r['final_accuracy']:.3f} | {r['gen_busy']:.2f} | "
               f"{r['trainer_wait_s']:.2f} | {r['tool_s_per_episode']:.2f} | {r['staleness_max']} |")
     for r in results:
+        if r["eta"] == "auto":
+            print(f"η=auto per step: {r['etas']}")
         print(f"η={r['eta']} evaluations (step, s, accuracy): " + ", ".join(f"({s}, {t:.0f}, {a:.2f})"
                                                                           for s, t, a in r["evals"]))
     (out / "results.json").write_text(json.dumps(results, indent=1))

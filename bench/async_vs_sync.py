@@ -4,6 +4,7 @@
     python bench/async_vs_sync.py --suite ablations    # interruptible vs not; decoupled loss vs naive PPO
     python bench/async_vs_sync.py --suite trl          # TRL GRPOTrainer on the same model, task and data
     python bench/async_vs_sync.py --suite threads      # async with other splits of the same cores
+    python bench/async_vs_sync.py --suite auto         # η=auto and cluster.cpu_split=auto against every fixed η
     python bench/async_vs_sync.py --suite all          # everything above in one go
     python bench/async_vs_sync.py --quick              # plumbing check: tiny budgets, minutes
 
@@ -147,7 +148,7 @@ class Setup:
 class Arm:
     name: str  # directory name, e.g. "eta4-ppo"
     label: str  # table label
-    eta: int
+    eta: int | str  # a number, or "auto" (tuned online up to rollout.max_staleness_limit)
     overrides: tuple[str, ...] = ()
     threads: tuple[int, int] = (1, 1)  # (trainer, generator) torch threads
     runner: str = "asyncrl"  # or "trl"
@@ -186,10 +187,16 @@ def suite_arms(suite: str, cores: int) -> list[Arm]:
     threads = [sync, async_arm(2, cores),
                Arm("eta2-t21", f"async η=2 ({cores}+1 threads)", 2, threads=(cores, 1)),
                Arm("eta2-t22", f"async η=2 ({cores}+{cores} threads)", 2, threads=(cores, cores))]
-    suites = {"headline": headline, "ablations": ablations, "trl": trl, "threads": threads}
+    # η tuned online against every fixed η; and with the cores shared by need (cluster.cpu_split=auto: each side
+    # takes all of them while the other waits)
+    auto = headline + [async_arm("auto", cores, "rollout.max_staleness_limit=8", name="eta-auto",
+                                 label="async η=auto (≤8)"),
+                       Arm("eta-auto-split", "async η=auto, cpu_split=auto", "auto",
+                           ("rollout.max_staleness_limit=8", "cluster.cpu_split=auto"), threads=(cores, cores))]
+    suites = {"headline": headline, "ablations": ablations, "trl": trl, "threads": threads, "auto": auto}
     if suite == "all":
         arms: dict[str, Arm] = {}
-        for name in ("headline", "ablations", "trl", "threads"):
+        for name in ("headline", "ablations", "trl", "threads", "auto"):
             arms.update({a.name: a for a in suites[name]})
         return list(arms.values())
     return suites[suite]
@@ -307,6 +314,7 @@ def table(results: list[ArmResult], baseline: ArmResult | None) -> str:
     for r in results:
         s = r.summary
         threads = (f"{r.arm.threads[0]} (alternating)" if r.arm.eta == 0 and r.arm.threads[0] == r.arm.threads[1]
+                   else "shared by need" if "cluster.cpu_split=auto" in r.arm.overrides
                    else f"{r.arm.threads[0]}+{r.arm.threads[1]}")
         if s is None:
             error = (r.error or "").replace("|", "/")
@@ -316,7 +324,7 @@ def table(results: list[ArmResult], baseline: ArmResult | None) -> str:
         base_rate = (base.steps / base.wall_s) if base and base.wall_s else 0.0
         hist = " ".join(f"{k}:{v}" for k, v in sorted(s.staleness_hist.items()))
         rows.append("| " + " | ".join([
-            r.arm.label, threads, f"{s.steps}", f"{s.wall_s:.0f}",
+            r.arm.label + etas_used(r), threads, f"{s.steps}", f"{s.wall_s:.0f}",
             _opt(s.time_to_target_s, "{:.0f}", "not reached"), _opt(speedup(base, s), "{:.2f}×"),
             _opt(rate / base_rate if base_rate else None, "{:.2f}×"), _opt(s.final_accuracy, "{:.3f}"),
             _opt(None if base is None or s.final_accuracy is None or base.final_accuracy is None
@@ -326,6 +334,22 @@ def table(results: list[ArmResult], baseline: ArmResult | None) -> str:
             f"{s.staleness_mean:.2f}/{s.staleness_max}", f"{hist} ({s.staleness_unit})",
         ]) + " |")
     return "\n".join(rows)
+
+
+def etas_used(r: ArmResult) -> str:
+    """For η=auto: the η of each step, run-length encoded (``: η 1×3, 2×40``)."""
+    if r.arm.eta != "auto":
+        return ""
+    path = r.run_dir / "metrics.jsonl"
+    etas = [rec.get("max_staleness") for line in path.read_text().splitlines() if line.strip()
+            for rec in [json.loads(line)] if rec.get("step", 0) > 0] if path.is_file() else []
+    runs: list[list] = []
+    for eta in etas:
+        if runs and runs[-1][0] == eta:
+            runs[-1][1] += 1
+        else:
+            runs.append([eta, 1])
+    return (": η " + ", ".join(f"{eta}×{n}" for eta, n in runs)) if runs else ""
 
 
 def _opt(x, fmt: str, none: str = "-") -> str:
@@ -432,7 +456,7 @@ def write_outputs(results: list[ArmResult], setup: Setup, out: Path, suite: str,
 # ---- command line -------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--suite", default="headline", choices=["headline", "ablations", "trl", "threads", "all"])
+    p.add_argument("--suite", default="headline", choices=["headline", "ablations", "trl", "threads", "auto", "all"])
     p.add_argument("--arms", help="comma-separated subset of the suite's arm names (e.g. eta0-sync,eta4)")
     p.add_argument("--model", default="builtin:tiny-sft")
     p.add_argument("--target", default="+0.15",

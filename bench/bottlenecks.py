@@ -6,7 +6,8 @@ applied, must make the run faster. Run by hand, alone (minutes):
 
 Each case is two ``asyncrl train`` processes on the built-in task (the agent case: bench/agent_env.py's slow
 checker): ``before`` with the plant, ``after`` with the change the verdict suggested applied (``FIX`` maps
-each verdict to the override that change names). Printed per case: the planted bottleneck, the verdict's
+each verdict to the override that change names, and the table checks that the verdict's change names the
+fix's keys). Printed per case: the planted bottleneck, the verdict's
 bottleneck and its line, the median step time (steps 2..N) before and after, and their ratio; the machine.
 """
 
@@ -75,6 +76,11 @@ def train(args: argparse.Namespace, case: Case, arm: str, overrides: list[str]) 
     return out / arm / "default"
 
 
+def suggested(top, fix: list[str]) -> bool:
+    """Whether the verdict's change names every key the fix sets."""
+    return top is not None and all(o.split("=", 1)[0] in top.change for o in fix)
+
+
 def step_time(run: Path) -> float:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return statistics.median(r["step_time_s"] for r in records if r["step"] > 1)
@@ -102,16 +108,16 @@ def main(argv: list[str] | None = None) -> int:
         top = verdict.bottleneck
         after = train(args, case, "after", case.before + case.fix)
         t0, t1 = step_time(before), step_time(after)
-        rows.append((case, top, t0, t1))
+        rows.append((case, top, t0, t1, suggested(top, case.fix)))
         print(f"\n[{case.name}] planted {case.planted}; verdict: {top.line() if top else 'no bottleneck'}")
         print(f"[{case.name}] fix {' '.join(case.fix)}: median step {t0:.2f} s -> {t1:.2f} s ({t0 / t1:.2f}x)",
               flush=True)
     print(f"\n{'case':<11} {'planted':<22} {'verdict':<22} {'named':<6} {'step before':>11} {'after':>7} {'speedup':>8}"
-          f"  fix")
-    for case, top, t0, t1 in rows:
+          f"  fix (suggested by the verdict?)")
+    for case, top, t0, t1, named in rows:
         name = top.name if top else "-"
         print(f"{case.name:<11} {case.planted:<22} {name:<22} {'yes' if name == case.planted else 'NO':<6} "
-              f"{t0:>10.2f}s {t1:>6.2f}s {t0 / t1:>7.2f}x  {' '.join(case.fix)}")
+              f"{t0:>10.2f}s {t1:>6.2f}s {t0 / t1:>7.2f}x  {' '.join(case.fix)} ({'yes' if named else 'NO'})")
     return 0
 
 
