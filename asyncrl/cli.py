@@ -1,5 +1,5 @@
-"""The ``asyncrl`` command: train | sft | eval | serve | report | diagnose | plan | init-model
-(``asyncrl.eval_run`` holds eval).
+"""The ``asyncrl`` command: train | sft | rm | eval | serve | report | diagnose | plan | init-model
+(``asyncrl.eval_run`` holds eval, ``asyncrl.rm`` rm).
 
 Every start-up refusal (a bad config value, a model directory that is not one, a missing extra) prints one
 line naming the problem and the fix and exits with status 2; a run stopped by its own checks (the watchdog,
@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _config_parser(sub, "train", "RL training (GRPO + decoupled PPO, asynchronous)")
     _config_parser(sub, "sft", "supervised fine-tuning on the task's reference solutions")
+    _config_parser(sub, "rm", "train a reward model (for reward.model) on preference pairs: JSONL rows of prompt, "
+                              "chosen, rejected (Bradley-Terry)")
     ev = _config_parser(sub, "eval", "held-out pass@k and mean@n of a checkpoint")
     ev.description = ("held-out scores of a checkpoint: gconfig.n_samples answers per prompt, scored by reward.fn "
                       "(or the data's own verifier); prints pass@k, mean@n and eval_accuracy (= pass@1) as one JSON "
@@ -156,9 +158,9 @@ def config_help(command: str) -> str:
 
 def _config_classes() -> dict:
     """The config class of each command that takes one (imported only when needed: the tree imports torch)."""
-    from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
+    from asyncrl.config import EvalConfig, RMConfig, SFTConfig, TrainConfig
 
-    return {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}
+    return {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig, "rm": RMConfig}
 
 
 def _quiet_loading() -> None:
@@ -181,7 +183,8 @@ def _dispatch(args) -> int:
     overrides = list(args.overrides)
     if args.command == "eval" and args.model:
         overrides.insert(0, f"model.path={args.model}")
-    others = tuple(c for c in classes.values() if c is not cls)  # one file (its shared sections) serves all three
+    shared = ("train", "sft", "eval")  # one file (its shared sections) serves all three
+    others = tuple(classes[n] for n in shared if classes[n] is not cls) if args.command in shared else ()
     cfg = configlib.load(cls, args.config, overrides, others)
     if args.command == "train":
         from asyncrl.launch.train import train
@@ -191,6 +194,10 @@ def _dispatch(args) -> int:
         from asyncrl.sft import sft
 
         record = sft(cfg)
+    elif args.command == "rm":
+        from asyncrl.rm import rm
+
+        record = rm(cfg)
     else:
         from asyncrl.eval_run import run_eval
 

@@ -60,6 +60,11 @@ class EvaluatorConfig:
     """Greedy decoding for evaluation (else sample at gconfig.temperature)."""
     success_threshold: float = 1.0
     """eval_accuracy counts the held-out items whose reward reaches this (eval_reward_mean is the plain mean)."""
+    background: bool = False
+    """Evaluate beside training (asyncrl train, single-turn workflows): the evaluation of version v runs on a
+    copy of v's weights in the evaluation engine while the trainer goes on, and its record is logged against v
+    when it ends (a line {"step": v, "evaluation": true, "eval_...": ...} in metrics.jsonl, merged into step v's
+    record by every reader); one at a time; the last evaluation is waited for at the end."""
 
 
 @dataclass
@@ -74,7 +79,8 @@ class SaverConfig:
     background: bool = True
     """Write checkpoints in a writer thread: the trainer copies the weights, optimizer and RNG state (to CPU
     memory: one more copy of each, briefly) and trains on while they are written, fsynced and renamed; the next
-    save and the end of the run wait for the write. FSDP and LoRA trainers always save in the foreground."""
+    save and the end of the run wait for the write. FSDP and LoRA trainers always save in the foreground, and so
+    does asyncrl sft."""
     on_error: str = "stop"
     """When a checkpoint cannot be written (disk full): stop (the run ends with one line; the previous
     checkpoint stays valid) | continue (warn and train on)."""
@@ -253,6 +259,45 @@ class SFTConfig:
         self.model.lora.validate()
         self.train_dataset.validate()
         self.reward.validate()
+
+
+@dataclass
+class RMConfig:
+    """``asyncrl rm``: a reward model trained on preference pairs (Bradley–Terry), with the keys of
+    ``asyncrl train`` where they mean the same: of the shared sections, rm reads train_dataset.path and
+    batch_size (pairs per step), valid_dataset.path and size, actor.lr, warmup_steps, weight_decay and threads,
+    evaluator.freq_steps."""
+
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="builtin:tiny-sft"))
+    """The model to start from (a causal LM checkpoint: its trunk, with a new score head of one output)."""
+    train_dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)
+    """Preference pairs: a JSONL file of {"prompt", "chosen", "rejected"} rows (prompt may be named
+    question); batch_size = pairs per step."""
+    valid_dataset: ValidDatasetConfig = field(default_factory=lambda: ValidDatasetConfig(size=100))
+    """Held-out pairs: a file (path), else `size` rows (at most a fifth) held out of the training file."""
+    output_dir: str = "outputs/rm"
+    """Directory of the trained reward model (a sequence-classification checkpoint for reward.model)."""
+    seed: int = 0
+    """Seed of the pair order, the held-out split and the score head."""
+    total_train_steps: int = 200
+    """Optimizer steps."""
+    actor: ActorConfig = field(default_factory=lambda: ActorConfig(lr=1e-4, warmup_steps=10, threads=2))
+    """The optimizer: actor.lr (peak; linear warm-up, cosine decay), actor.warmup_steps, actor.weight_decay,
+    actor.threads."""
+    evaluator: EvaluatorConfig = field(default_factory=lambda: EvaluatorConfig(freq_steps=50))
+    """evaluator.freq_steps: held-out pairwise accuracy every N steps (and at the end)."""
+    max_length: int = 512
+    """Tokens of prompt + response read at most (longer texts are cut from the right)."""
+    log_every: int = 10
+    """A progress line every this many steps."""
+
+    def validate(self) -> None:
+        _positive(self, ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads",
+                         "max_length", "log_every"])
+        _non_negative(self, ["evaluator.freq_steps", "valid_dataset.size", "actor.warmup_steps"])
+        if not self.train_dataset.path:
+            raise ConfigError("train_dataset.path: asyncrl rm needs a JSONL file of preference pairs "
+                              '({"prompt": ..., "chosen": ..., "rejected": ...} per line)')
 
 
 @dataclass

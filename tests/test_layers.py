@@ -17,7 +17,7 @@ import pytest
 LAYERS = """
 cli
 launch
-controller sft eval_run
+controller sft eval_run rm
 config
 server
 workflow agent

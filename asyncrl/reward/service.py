@@ -134,7 +134,7 @@ class RewardService:
     counted, and is logged once. ``score`` is thread-safe; ``ascore`` awaits it from the rollout loop."""
 
     def __init__(self, fn: Callable[..., float], default: float = 0.0, *, timeout_s: float = 30.0,
-                 workers: int = 0):
+                 workers: int = 0, threads: int = 1):
         self.fn, self.default, self.timeout_s = fn, default, timeout_s
         self.errors = self.timeouts = self.calls = self.restarts = 0
         self.queue_s = self.run_s = 0.0  # call-seconds waiting (for the executor, for a worker) and running
@@ -143,6 +143,7 @@ class RewardService:
         self._logged: set[str] = set()
         self.first_failure = ""  # what the first failed call said, for the watchdog's message
         self._closed = False
+        self.closing: list[Callable[[], None]] = []
         self._payload = _payload(fn) if workers > 0 else None
         if workers > 0 and self._payload is None:
             log.warning("reward function %r cannot be pickled for worker processes; scoring in-process "
@@ -153,7 +154,8 @@ class RewardService:
         for _ in range(workers):
             self._idle.put(None)  # started on first use
         self._all: set[_Worker] = set()
-        self._executor = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="reward")
+        # in-process (workers=0), ``threads`` calls at once (a reward model batches them)
+        self._executor = ThreadPoolExecutor(max_workers=max(1, workers or threads), thread_name_prefix="reward")
         describe = getattr(fn, "describe", None)  # constant facts for metrics, e.g. the sandbox mechanism
         self._facts = dict(describe()) if callable(describe) else {}
 
@@ -278,6 +280,8 @@ class RewardService:
             worker.kill()
         for _ in range(self.workers):
             self._idle.put(None)  # wake any thread waiting for a worker; it sees the service closed
+        for close in self.closing:  # what the service was given to end with it (a served judge)
+            close()
 
     def worker_pids(self) -> list[int]:
         """Pids of the live worker processes (for tests and diagnostics)."""

@@ -1,0 +1,123 @@
+"""Reward models: a sequence-classification checkpoint (``AutoModelForSequenceClassification``, one logit) scores
+(prompt, response) pairs (``reward.model``; ``asyncrl rm`` trains one from preference pairs; docs/rewards.md).
+
+The model lives in the run's process, on its own device (``reward.model_device``), loaded once. Calls come from
+the reward service's threads, one per sample as its group finishes generating; a scoring thread takes whatever
+calls are waiting (up to ``batch_size``) and scores them in one forward pass, so samples that finish together
+are scored together while the engine generates the rest. The reward is the model's raw score (a Bradley–Terry
+logit: only differences mean something, which group-normalised advantages use), optionally mixed with the
+verifiable reward (``reward.model_weight``).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from asyncrl.reward.base import as_reward
+
+SEPARATOR = "\n"
+
+
+def pair_text(prompt: str, response: str) -> str:
+    """The text a reward model reads for a (prompt, response): what ``asyncrl rm`` trains on and
+    ``reward.model`` scores."""
+    return f"{prompt}{SEPARATOR}{response}"
+
+
+def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model"):
+    """(tokenizer, model) of a sequence-classification checkpoint with one output, padding on the right; from a
+    causal LM checkpoint, its trunk with a new score head (what ``asyncrl rm`` starts from). ``path`` is a
+    directory (``asyncrl.models.resolve_model_path`` resolves other names)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from asyncrl.configlib import ConfigError
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"{key}: cannot load a sequence-classification model from '{path}': "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model.to(device)
+
+
+def scores(model, tokenizer, texts: list[str], max_length: int = 1024) -> torch.Tensor:
+    """The model's score of each text, (len(texts),) float32 (with the gradient when enabled)."""
+    device = next(model.parameters()).device
+    enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
+                    add_special_tokens=False)
+    return model(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device)
+                 ).logits[:, 0].float()
+
+
+class RewardModel:
+    """Scores (prompt, response) pairs with a reward model, batching the calls that wait together."""
+
+    def __init__(self, path: str, device: str = "cpu", batch_size: int = 16, max_length: int = 1024):
+        self.tokenizer, self.model = load_reward_model(path, device)
+        self.model.eval()
+        self.batch_size, self.max_length = batch_size, max_length
+        self.batches = self.scored = 0
+        self._calls: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._serve, name="reward-model", daemon=True)
+        self._thread.start()
+
+    def __call__(self, prompt: str, response: str) -> float:
+        done: Future = Future()
+        self._calls.put((pair_text(prompt, response), done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            first = self._calls.get()
+            if first is None:
+                return
+            calls = [first]
+            while len(calls) < self.batch_size:
+                try:
+                    call = self._calls.get_nowait()
+                except queue.Empty:
+                    break
+                if call is None:
+                    self._calls.put(None)  # end after this batch
+                    break
+                calls.append(call)
+            try:
+                with torch.no_grad():
+                    values = scores(self.model, self.tokenizer, [t for t, _ in calls], self.max_length).tolist()
+                for (_, done), v in zip(calls, values):
+                    done.set_result(v)
+                self.batches, self.scored = self.batches + 1, self.scored + len(calls)
+            except Exception as e:  # noqa: BLE001 - each call fails with it, the service counts them
+                for _, done in calls:
+                    done.set_exception(e)
+
+    def close(self) -> None:
+        self._calls.put(None)
+        self._thread.join(timeout=30)
+
+
+@dataclass(frozen=True)
+class ModelReward:
+    """A reward function: the reward model's score, mixed with ``verifier``'s reward by ``weight``
+    (``(1 - weight) * verifier + weight * model``; weight 1: the model alone)."""
+
+    model: Callable[[str, str], float]
+    verifier: Callable[..., Any] | None = None
+    weight: float = 1.0
+
+    def __call__(self, prompt: str, completion: str, **fields: Any) -> float:
+        score = self.model(prompt, completion)
+        if self.verifier is None or self.weight >= 1.0:
+            return score
+        return (1 - self.weight) * as_reward(self.verifier(prompt, completion, **fields)) + self.weight * score

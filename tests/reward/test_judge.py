@@ -1,0 +1,150 @@
+"""The LLM judge (asyncrl/reward/judge.py, reward.judge): its answers parsed into rewards, an unparseable answer a
+counted failure, retries, the cache, the key from the environment, combinations with a verifier, and runs that
+train on its scores (over any URL, and with the judge served by the run itself)."""
+
+import json
+
+import pytest
+
+from asyncrl import configlib
+from asyncrl.configlib import ConfigError
+from asyncrl.reward import RewardService, build_reward_service, reward_function
+from asyncrl.reward.config import RewardConfig
+from asyncrl.reward.judge import Judge, JudgedReward, JudgeError, _CACHE
+from judges_for_tests import rule_judge
+
+ITEM = {"id": 3, "question": "Compute 2 + 2.", "answer": "4"}
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    _CACHE.clear()
+    yield
+    _CACHE.clear()
+
+
+@pytest.mark.parametrize("answer,score,expected", [
+    ("Score: 7", "0-10", 0.7), ("I think 3 of it is right. Score: 10", "0-10", 1.0),
+    ("8", "0-10", 0.8), ("score = 2.5", "1-5", 0.375), ("The response is incorrect.", "verdict", 0.0),
+    ("Correct", "verdict", 1.0), ("Not incorrect at first sight, but on reflection: incorrect", "verdict", 0.0)])
+def test_answers_are_read_as_rewards_in_zero_to_one(answer, score, expected):
+    assert Judge("http://unused", score=score).parse(answer) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("answer,score,why", [("I cannot tell.", "0-10", "no score"),
+                                              ("Score: 11", "0-10", "outside 0-10"),
+                                              ("maybe", "verdict", "none of the verdicts")])
+def test_an_answer_that_cannot_be_read_raises_naming_it(answer, score, why):
+    with pytest.raises(JudgeError, match=why):
+        Judge("http://unused", score=score).parse(answer)
+
+
+def test_the_judge_is_asked_with_the_question_response_and_reference_and_its_answers_are_cached(monkeypatch):
+    monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
+    with rule_judge() as (url, server):
+        judge = Judge(url, model="grader", api_key_env="MY_JUDGE_KEY")
+        assert judge("Compute 2 + 2.", "The answer is 4.", "4") == 1.0
+        assert judge("Compute 2 + 2.", "The answer is 5.", "4") == 0.0
+        assert judge("Compute 2 + 2.", "The answer is 4.", "4") == 1.0  # cached: not asked again
+        assert len(server.requests) == 2
+        first = server.requests[0]
+        assert first["model"] == "grader" and first["temperature"] == 0.0 and first["_auth"] == "Bearer sk-test"
+        assert "Question: Compute 2 + 2." in first["messages"][0]["content"]
+
+
+def test_failures_are_retried_then_raised_and_a_refused_request_is_not_retried():
+    with rule_judge() as (url, server):
+        server.fail_next = [503, 429]
+        assert Judge(url, retries=2)("q", "4", "4") == 1.0 and len(server.requests) == 3
+        server.fail_next = [503, 503, 503]
+        with pytest.raises(JudgeError, match="after 3 tries: HTTP 503"):
+            Judge(url, retries=2)("q", "other", "4")
+        server.requests.clear()
+        server.fail_next = [400]
+        with pytest.raises(JudgeError, match="after 1 tries: HTTP 400"):
+            Judge(url, retries=2)("q", "third", "4")
+    with pytest.raises(JudgeError, match="unreachable"):
+        Judge(url, retries=0, timeout_s=2)("q", "not asked before", "4")  # the server is gone
+
+
+def test_an_unparseable_answer_is_a_counted_failure_that_scores_the_default_not_a_silent_zero(caplog):
+    with rule_judge() as (url, server):
+        server.answer = "I would rather not say."
+        service = RewardService(JudgedReward(Judge(url)), default=-1.0, workers=0)
+        try:
+            assert service.score(ITEM, "The answer is 4.") == -1.0
+        finally:
+            service.close()
+    assert service.stats()["reward_errors"] == 1
+    assert "holds no score" in caplog.text and "I would rather not say" in caplog.text
+
+
+def test_the_judge_combines_with_a_verifier():
+    def verifier(prompt, completion, answer=None, **_):
+        return None if "?" in completion else float(answer in completion)
+
+    with rule_judge() as (url, server):
+        judge = Judge(url)
+        weighted = JudgedReward(judge, verifier, "weighted", 0.25)
+        assert weighted("Compute 2 + 2.", "4", answer="4") == 1.0
+        server.answer = "Score: 0"  # the judge disagrees: 0.75 * 1 + 0.25 * 0
+        assert weighted("Compute 2 + 2.", "it is 4", answer="4") == pytest.approx(0.75)
+        asked = len(server.requests)
+        abstain = JudgedReward(judge, verifier, "abstain")
+        assert abstain("Compute 2 + 2.", "surely 4", answer="4") == 1.0 and len(server.requests) == asked
+        server.answer = "Score: 6"
+        assert abstain("Compute 2 + 2.", "4?", answer="4") == pytest.approx(0.6)  # the verifier abstained
+
+
+def test_reward_judge_config_builds_the_judge_and_refuses_bad_settings():
+    cfg = configlib.load(RewardConfig, None, ["judge.url=http://127.0.0.1:9/v1", "judge.combine=weighted",
+                                              "judge.weight=0.3", "judge.score=verdict"])
+    fn = reward_function(cfg, lambda p, c, **f: 1.0)
+    assert isinstance(fn, JudgedReward) and fn.combine == "weighted" and fn.weight == 0.3
+    assert fn.judge.url == "http://127.0.0.1:9/v1" and fn.judge.verdicts == {"correct": 1.0, "incorrect": 0.0}
+    for bad, said in [("judge.combine=max", "reward.judge.combine"), ("judge.weight=2", "reward.judge.weight"),
+                      ("judge.score=10-0", "reward.judge.score"), ("judge.template=rate it", "{response}"),
+                      ("judge.serve=builtin:tiny-sft", "two judges")]:
+        with pytest.raises(ConfigError, match=said):
+            reward_function(configlib.load(RewardConfig, None, ["judge.url=http://x/v1", bad]), None)
+
+
+@pytest.mark.slow
+def test_a_run_trains_on_the_judges_scores_in_reward_workers(tmp_path, tiny_model_dir):
+    """Every sample of the run is judged (in 2 worker processes) and its reward is the judge's."""
+    from asyncrl.config import TrainConfig
+    from asyncrl.launch.train import train
+    from asyncrl.metrics import read_metrics
+    from runs_for_tests import prompt_files
+
+    train_file, valid_file = prompt_files(tmp_path, 40)
+    with rule_judge() as (url, server):
+        server.answer = "Score: 7"
+        train(configlib.load(TrainConfig, None, [
+            f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", f"train_dataset.path={train_file}",
+            f"valid_dataset.path={valid_file}", "train_dataset.type=qa", "total_train_steps=2",
+            "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "rollout.max_slots=8",
+            "evaluator.freq_steps=0", "progress_bar=false", "report=false", f"reward.judge.url={url}",
+            "reward.workers=2"]))
+    records = [r for r in read_metrics(tmp_path / "asyncrl" / "default") if r["step"] > 0]
+    assert [r["reward_mean"] for r in records] == [pytest.approx(0.7)] * 2
+    assert records[-1]["reward_errors"] == 0 and len(server.requests) >= 8  # 2 steps x 2 groups x 2, + evaluation
+
+
+@pytest.mark.slow
+def test_the_run_serves_its_own_judge_and_ends_it_with_the_reward_service(tmp_path, tiny_model_dir):
+    """reward.judge.serve starts asyncrl serve of a checkpoint: the judge answers (the tiny model is no grader:
+    its answers are mostly unreadable, which is counted, not scored 0 silently), and the server ends on close."""
+    cfg = configlib.load(RewardConfig, None, [f"judge.serve={tiny_model_dir}", "judge.max_tokens=4", "workers=0",
+                                              "judge.score=verdict", "default=-1"])
+    service = build_reward_service(cfg, None)
+    server = service.closing[0].__self__
+    try:
+        scores = [service.score(ITEM, f"The answer is {k}.") for k in range(3)]
+        assert all(s in (-1.0, 0.0, 1.0) for s in scores)
+        assert service.stats()["reward_errors"] == scores.count(-1.0)
+        assert server.proc.poll() is None
+    finally:
+        service.close()
+    assert server.proc.poll() is not None
+    assert json.loads(json.dumps(service.stats()))["reward_calls"] == 3
