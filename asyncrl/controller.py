@@ -28,6 +28,7 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.checkpoint import CheckpointError, Checkpointer, RunState
 from asyncrl.data.collate import collate
 from asyncrl.engine.base import Engine
+from asyncrl.evaluate import BackgroundEvaluator
 from asyncrl.metrics import MetricsLogger, StepMeter
 from asyncrl.publish import Publisher
 from asyncrl.rollout import RolloutRunner
@@ -83,6 +84,7 @@ class Parts:
     meter: StepMeter
     watchdog: Watchdog
     start: RunState  # where the run starts (version 0, or a checkpoint's)
+    later: BackgroundEvaluator | None = None  # evaluations beside training (evaluator.background)
 
     def start_generation(self) -> None:
         """Generation begins: admission opens, the timeline samples the engine, rates count from now."""
@@ -152,9 +154,16 @@ def _loop(p: Parts) -> dict:
         final = version == plan.total_steps or plan.out_of_time(p.meter.elapsed())
         if final or plan.evaluate_at(version):
             with tl.span("eval", version):
-                record.update(p.evaluate(version))
+                if p.later is not None:
+                    log_evaluations(p, p.later.finished(wait=True))  # one at a time, on one engine
+                if p.later is not None and not final:
+                    p.later.start(version, record["elapsed_s"])  # a copy of these weights, scored beside training
+                else:
+                    record.update(p.evaluate(version))
         with tl.span("log", step):
             p.logger.log(record)  # before the checkpoint: a resume cuts the logs back to it, never leaves a hole
+            if p.later is not None:
+                log_evaluations(p, p.later.finished())
             p.watchdog.check(record)  # may stop the run: its last version is saved all the same (save_last)
         if final or plan.save_at(version, p.meter.elapsed() - p.meter.last_save):
             with tl.span("save", version):
@@ -165,6 +174,13 @@ def _loop(p: Parts) -> dict:
         p.saved()
     log.info("trained up to version %s in %.0f s", record.get("version"), p.meter.elapsed())
     return record
+
+
+def log_evaluations(p: Parts, done: list[tuple[int, float, dict]]) -> None:
+    """Evaluations that ended beside training, each logged against its version (readers merge it into that
+    step's record)."""
+    for version, elapsed_s, metrics in done:
+        p.logger.log({"step": version, "version": version, "evaluation": True, "elapsed_s": elapsed_s, **metrics})
 
 
 def save_last(p: Parts) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 from asyncrl.engine.base import Engine
@@ -92,7 +93,62 @@ class Evaluator:
         return evaluator
 
     def __call__(self, version: int) -> dict:
+        self.install(version)
+        return self.score(self.engine)
+
+    def install(self, version: int) -> None:
+        """The trainer's weights now, as ``version``, into this evaluator's engine (which copies them)."""
         if version != self.installed:
             self.engine.update_weights(WeightUpdate(version, state_dict=self.weights()))
             self.installed = version
-        return self.score(self.engine)
+
+
+class BackgroundEvaluator:
+    """Evaluations beside training (``evaluator.background``): ``start(version)`` puts that version's weights
+    into the evaluator's own engine now (a copy: training goes on without changing them) and scores in a thread
+    of its own; ``finished()`` hands back ``(version, elapsed_s, metrics)`` of an evaluation that ended, for the
+    log. One at a time: ``start`` waits for the one before (whose result ``finished`` still hands back). The
+    evaluator must own its tokenizer (fast tokenizers are not shared across threads)."""
+
+    def __init__(self, evaluator: Evaluator):
+        self.evaluator = evaluator
+        self._thread: threading.Thread | None = None
+        self._done: list[tuple[int, float, dict]] = []
+        self._lock = threading.Lock()
+        self._failed: BaseException | None = None
+
+    def start(self, version: int, elapsed_s: float) -> None:
+        self._join()
+        self.evaluator.install(version)
+        self._thread = threading.Thread(target=self._score, args=(version, elapsed_s), daemon=True,
+                                        name=f"evaluation-{version}")
+        self._thread.start()
+
+    def finished(self, wait: bool = False) -> list[tuple[int, float, dict]]:
+        """The evaluations that ended since the last call (with ``wait``: after the one running ends); an
+        evaluation that failed raises here."""
+        if wait or (self._thread is not None and not self._thread.is_alive()):
+            self._join()
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _score(self, version: int, elapsed_s: float) -> None:
+        try:
+            metrics = self.evaluator.score(self.evaluator.engine)
+            with self._lock:
+                self._done.append((version, elapsed_s, metrics))
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer thread by finished()
+            self._failed = e

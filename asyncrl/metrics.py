@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from asyncrl.report.reader import merge_evaluations
 from asyncrl.report.account import SIDES, key
 from asyncrl.types import Batch
 
@@ -269,7 +270,8 @@ class MetricsLogger:
             self._ledger.flush()
         self._file.write(json.dumps({k: _encode(v) for k, v in record.items()}) + "\n")
         self._file.flush()
-        self.last_step = record.get("step")
+        if not record.get("evaluation"):  # an evaluation that ended beside training belongs to an earlier step
+            self.last_step = record.get("step")
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         step = int(record.get("step", 0))
         if self._tb is not None:
@@ -322,5 +324,8 @@ def summary_line(record: dict) -> str:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl``, one per step (evaluations that ended beside training merged
+    into their step's record)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [decode_record(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    return merge_evaluations([decode_record(json.loads(line)) for line in path.read_text().splitlines()
+                              if line.strip()])

@@ -11,6 +11,7 @@ version.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import itertools
 import logging
@@ -34,7 +35,7 @@ from asyncrl.data.config import dataset_from_config
 from asyncrl.engine import build_engine
 from asyncrl.engine.base import Lifecycle
 from asyncrl.engine.local import LocalEngine
-from asyncrl.evaluate import Evaluator
+from asyncrl.evaluate import BackgroundEvaluator, Evaluator
 from asyncrl.trainer.critic import CRITIC_DIR
 from asyncrl.placement import Allocation, PlacementError, allocate
 from asyncrl.launch.ranks import RANK_ENV, RankedTrainer
@@ -212,6 +213,12 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
                         gate_closed_s=buffer.gate_closed_s)
     stack.callback(timeline.close)
     w = cfg.watchdog
+    background_eval = cfg.evaluator.background and not isinstance(workflow, Evaluating)
+    if cfg.evaluator.background and not background_eval:
+        log.info("evaluator.background: the agent workflow evaluates in the foreground (its episodes share the "
+                 "rollout side's proxy and tools)")
+    evaluate = _evaluator(cfg, workflow, eval_engine, trainer, copy.deepcopy(tokenizer) if background_eval else
+                          tokenizer, data.valid, reward, shape)
     return Parts(
         run_dir=run_dir,
         plan=LoopPlan(cfg.total_train_steps, cfg.max_train_time_s, cfg.rollout.batch_timeout_s,
@@ -219,7 +226,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
                       cfg.saver.on_error == "stop", tokenizer.pad_token_id, cfg.saver.background),
         start=start, staleness=policy,
         trainer=trainer, engine=engine, publisher=publisher, buffer=buffer, rollout=rollout,
-        evaluate=_evaluator(cfg, workflow, eval_engine, trainer, tokenizer, data.valid, reward, shape),
+        evaluate=evaluate, later=BackgroundEvaluator(evaluate) if background_eval else None,
         checkpoints=Checkpointer(run_dir, trainer, tokenizer, cfg.saver.keep_last), logger=logger, timeline=timeline,
         meter=StepMeter(timeline.account, [rollout.stats, reward.stats, buffer.stats, data.stats,
                                        *([workflow.stats] if isinstance(workflow, Counted) else [])],

@@ -91,7 +91,7 @@ def load_run(run_dir: str | Path) -> Run:
     if not (path / "metrics.jsonl").is_file():
         raise ReportError(f"{path} is not a run directory: it has no metrics.jsonl "
                           "(asyncrl train writes outputs/<experiment_name>/<trial_name>/metrics.jsonl)")
-    records = [_decode(r) for r in read_jsonl(path / "metrics.jsonl")]
+    records = merge_evaluations([_decode(r) for r in read_jsonl(path / "metrics.jsonl")])
     if not records:
         raise ReportError(f"{path / 'metrics.jsonl'} holds no records")
     if not all(isinstance(r.get("step", 0), int) for r in records):
@@ -104,6 +104,21 @@ def load_run(run_dir: str | Path) -> Run:
     if (path / "samples.jsonl").is_file():
         run.samples = read_jsonl(path / "samples.jsonl")
     return run
+
+
+def merge_evaluations(records: list[dict]) -> list[dict]:
+    """One record per step: an evaluation that ended beside training (``evaluator.background``: a record with
+    ``"evaluation": true``, logged after later steps) is merged into its step's record; one whose step has no
+    record (cut off by a kill) stays a record of its own."""
+    steps = {r.get("step"): r for r in records if not r.get("evaluation")}
+    out = []
+    for r in records:
+        target = steps.get(r.get("step")) if r.get("evaluation") else None
+        if target is None:
+            out.append(r)
+        else:
+            target.update({k: v for k, v in r.items() if k not in ("step", "version", "evaluation", "elapsed_s")})
+    return out
 
 
 def _decode(record: dict) -> dict:
