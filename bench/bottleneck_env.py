@@ -33,6 +33,6 @@ class LongTail:
 
 
 def slow_arith_reward(prompt: str, completion: str, answer: str, **_) -> float:
-    """The built-in verifier after 20 ms of waiting, as a remote checker would take."""
-    time.sleep(0.02)
+    """The built-in verifier after 50 ms of waiting, as a remote checker would take."""
+    time.sleep(0.05)
     return arith_reward(prompt, completion, answer)

@@ -14,7 +14,6 @@ bottleneck and its line, the median step time (steps 2..N) before and after, and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -82,7 +81,9 @@ def suggested(top, fix: list[str]) -> bool:
 
 
 def step_time(run: Path) -> float:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from asyncrl.metrics import read_metrics
+
+    records = read_metrics(run)
     return statistics.median(r["step_time_s"] for r in records if r["step"] > 1)
 
 

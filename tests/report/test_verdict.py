@@ -49,6 +49,18 @@ def test_the_bottleneck_is_the_finding_with_the_largest_gain():
     assert verdict.lines()[1].startswith("bottleneck: generator-bound")
 
 
+def test_a_trainer_busy_publishing_weights_is_sync_bound():
+    """The generator waits on the gate because the trainer is busy, but a third of that is publishing weights
+    (bench/bottlenecks.py's sync case: the disk transport with a ~100M model): a faster transport saves more
+    than more threads for the rest."""
+    verdict = diagnose(_steps(gen_idle_gate_s=0.83, trainer_fwd_bwd_s=0.46, trainer_optim_s=0.2,
+                              trainer_sync_s=0.34, gen_decode_s=0.17))
+    assert {"trainer-bound", "sync-bound"} <= _names(verdict)
+    assert verdict.bottleneck.name == "sync-bound"
+    assert diagnose(_steps(gen_idle_gate_s=0.83, trainer_fwd_bwd_s=0.8, trainer_optim_s=0.1, trainer_sync_s=0.1,
+                           gen_decode_s=0.17)).bottleneck.name == "trainer-bound"
+
+
 def test_a_balanced_run_has_no_bottleneck():
     verdict = diagnose(_steps(trainer_wait_s=0.02, gen_idle_gate_s=0.05))
     assert verdict.bottleneck is None and "none found" in verdict.lines()[1]
