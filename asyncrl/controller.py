@@ -84,7 +84,7 @@ class Parts:
     meter: StepMeter
     watchdog: Watchdog
     start: RunState  # where the run starts (version 0, or a checkpoint's)
-    later: BackgroundEvaluator | None = None  # evaluations beside training (evaluator.background)
+    background_eval: BackgroundEvaluator | None = None  # evaluations beside training (evaluator.background)
 
     def start_generation(self) -> None:
         """Generation begins: admission opens, the timeline samples the engine, rates count from now."""
@@ -154,16 +154,16 @@ def _loop(p: Parts) -> dict:
         final = version == plan.total_steps or plan.out_of_time(p.meter.elapsed())
         if final or plan.evaluate_at(version):
             with tl.span("eval", version):
-                if p.later is not None:
-                    log_evaluations(p, p.later.finished(wait=True))  # one at a time, on one engine
-                if p.later is not None and not final:
-                    p.later.start(version, record["elapsed_s"])  # a copy of these weights, scored beside training
+                if p.background_eval is not None:
+                    log_evaluations(p, p.background_eval.finished(wait=True))  # one at a time, on one engine
+                if p.background_eval is not None and not final:
+                    p.background_eval.start(version, record["elapsed_s"])  # these weights, scored beside training
                 else:
                     record.update(p.evaluate(version))
         with tl.span("log", step):
             p.logger.log(record)  # before the checkpoint: a resume cuts the logs back to it, never leaves a hole
-            if p.later is not None:
-                log_evaluations(p, p.later.finished())
+            if p.background_eval is not None:
+                log_evaluations(p, p.background_eval.finished())
             p.watchdog.check(record)  # may stop the run: its last version is saved all the same (save_last)
         if final or plan.save_at(version, p.meter.elapsed() - p.meter.last_save):
             with tl.span("save", version):

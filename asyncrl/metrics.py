@@ -28,12 +28,13 @@ CONSOLE_KEYS = [
     ("step", "{:d}"), ("reward_mean", "reward {:.3f}"), ("eval_accuracy", "eval_acc {:.3f}"),
     ("staleness_max", "stale max {:d}"), ("staleness_mean", "mean {:.2f}"),
     ("gen_tokens_per_s", "gen {:.0f} tok/s"), ("train_tokens_per_s", "train {:.0f} tok/s"),
-    ("step_time_s", "step {:.2f}s"),
+    ("step_time_s", "step {:.2f}s"), ("truncated_frac", "cut {:.0%}"),
 ]
 CONSOLE_LEGEND = ("each step prints: step | reward = mean reward of the batch | eval_acc = held-out accuracy (when "
                   "evaluated) | stale max, mean = versions between the weights that generated the trained tokens and "
                   "the weights trained | gen, train tok/s = tokens generated, trained per second | step = wall time "
-                  "of the step (metrics.jsonl has every key)")
+                  "of the step | cut = samples stopped by gconfig.max_new_tokens or the context limit, when any "
+                  "(metrics.jsonl has every key)")
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -313,7 +314,7 @@ def summary_line(record: dict) -> str:
     parts = []
     for key, fmt in CONSOLE_KEYS:
         value = record.get(key)
-        if value is None:
+        if value is None or (key == "truncated_frac" and not value):
             continue
         if "{:d}" in fmt:
             parts.append(fmt.format(int(value)) if isinstance(value, int) or math.isfinite(value)

@@ -70,6 +70,10 @@ def test_the_console_explains_its_fields_once_and_draws_no_bar_into_a_file(caplo
     assert lines[0].startswith("each step prints: step | reward") and sum("each step" in m for m in lines) == 1
     assert lines[1] == "1 | reward 0.500 | stale max 1 | mean 0.50 | step 2.00s"
     assert "\r" not in capsys.readouterr().err
+    from asyncrl.metrics import summary_line  # samples cut by max_new_tokens or the context are said when any
+
+    assert summary_line({**record, "truncated_frac": 0.25}).endswith("step 2.00s | cut 25%")
+    assert "cut" not in summary_line({**record, "truncated_frac": 0.0})
     bar = Console(True, 10, terminal=True)
     assert bar._bar is not None
     bar.close()

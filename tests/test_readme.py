@@ -64,6 +64,7 @@ def trained_run(workdir):
 
 def test_readme_commands_are_all_covered():
     known = {"make train", "make test", "asyncrl train", "asyncrl sft", "asyncrl eval --model PATH",
+             "asyncrl rm train_dataset.path=PAIRS.jsonl", "asyncrl diagnose RUN_DIR",
              "asyncrl serve --model PATH --port N", "asyncrl report RUN_DIR", "asyncrl init-model --out DIR",
              "asyncrl train --help-config", "asyncrl init-model --out outputs/tiny-init",
              "asyncrl sft --config examples/sft_tiny.yaml", "asyncrl sft --config examples/sft_tiny_mix.yaml",
@@ -78,7 +79,7 @@ def test_ci_runs_the_readme_test_command():
     assert (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1] == "make test"
 
 
-@pytest.mark.parametrize("sub", ["train", "sft", "eval", "serve", "report", "init-model"])
+@pytest.mark.parametrize("sub", ["train", "sft", "rm", "eval", "serve", "report", "diagnose", "plan", "init-model"])
 def test_every_subcommand_has_help(sub, workdir):
     out = _run([_asyncrl(), sub, "--help"], workdir, timeout=60).stdout
     assert "usage: asyncrl " + sub in out
@@ -99,6 +100,23 @@ def test_train_then_report_then_eval(trained_run, workdir):
     out = _run([_asyncrl(), "eval", "--model", str(trained_run / "checkpoints" / "step2"), "valid_dataset.size=8"],
                workdir).stdout
     assert '"eval_accuracy"' in out.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_diagnose_a_run(trained_run, workdir):
+    out = _run([_asyncrl(), "diagnose", str(trained_run)], workdir).stdout
+    assert out.startswith("time: trainer") and "bottleneck:" in out
+
+
+@pytest.mark.slow
+def test_rm_on_preference_pairs_then_its_report(workdir):
+    """The README's rm command on pairs made by examples/preference_pairs.py, then asyncrl report on its output."""
+    _run([sys.executable, "examples/preference_pairs.py", "--n", "60", "--out", "PAIRS.jsonl"], workdir)
+    _run([_asyncrl(), "rm", "train_dataset.path=PAIRS.jsonl", "total_train_steps=3", "train_dataset.batch_size=4",
+          "valid_dataset.size=8"], workdir)
+    assert (workdir / "outputs" / "rm" / "config.json").is_file()
+    _run([_asyncrl(), "report", "outputs/rm"], workdir)
+    assert "asyncrl rm output" in (workdir / "outputs" / "rm" / "report.html").read_text()
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -70,13 +71,25 @@ def test_rm_learns_a_known_preference_and_saves_a_reward_model(trained_rm):
     assert records[-1]["loss"] < records[1]["loss"]
 
 
-def test_reward_model_scores_answers_above_refusals_in_batches(trained_rm):
+def test_reward_model_scores_answers_above_refusals_in_batches(trained_rm, monkeypatch):
     from asyncrl.reward import build_reward_service
+    from asyncrl.reward import model as model_module
     from asyncrl.reward.config import RewardConfig
 
     out, _ = trained_rm
     service = build_reward_service(configlib.load(RewardConfig, None, [f"model={out}", "model_batch_size=8"]), None)
     model = service.fn.model
+    real_scores, first = model_module.scores, threading.Event()
+
+    def slow_first_batch(*args):  # holds the first batch until other calls wait, as on a busy model
+        if not first.is_set():
+            first.set()
+            deadline = time.monotonic() + 10
+            while model._calls.qsize() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return real_scores(*args)
+
+    monkeypatch.setattr(model_module, "scores", slow_first_batch)
     try:
         items = [{"id": i, "question": f"Compute {i} + {i + 3}.", "answer": str(2 * i + 3)} for i in range(61, 69)]
         got = {}

@@ -226,7 +226,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
                       cfg.saver.on_error == "stop", tokenizer.pad_token_id, cfg.saver.background),
         start=start, staleness=policy,
         trainer=trainer, engine=engine, publisher=publisher, buffer=buffer, rollout=rollout,
-        evaluate=evaluate, later=BackgroundEvaluator(evaluate) if background_eval else None,
+        evaluate=evaluate, background_eval=BackgroundEvaluator(evaluate) if background_eval else None,
         checkpoints=Checkpointer(run_dir, trainer, tokenizer, cfg.saver.keep_last), logger=logger, timeline=timeline,
         meter=StepMeter(timeline.account, [rollout.stats, reward.stats, buffer.stats, data.stats,
                                        *([workflow.stats] if isinstance(workflow, Counted) else [])],

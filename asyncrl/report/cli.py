@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from asyncrl.report.fit_page import metrics_file, write_fit_report
 from asyncrl.report.page import REPORT_FILE, write_report
 from asyncrl.report.reader import ReportError
 
@@ -13,14 +15,19 @@ PROG = "asyncrl report"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="a run directory written by asyncrl train (holds metrics.jsonl)")
+    parser.add_argument("run_dir", help="a run directory written by asyncrl train (holds metrics.jsonl), or the "
+                                        "output directory of asyncrl sft or asyncrl rm")
     parser.add_argument("--out", help=f"HTML file to write (default RUN_DIR/{REPORT_FILE})")
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and print its path (exit 0), or print why not in one line (exit 2)."""
+    path = Path(args.run_dir)
     try:
-        page = write_report(args.run_dir, args.out)
+        if not (path / "metrics.jsonl").is_file() and metrics_file(path) is not None:
+            page = write_fit_report(path, args.out)
+        else:
+            page = write_report(path, args.out)
     except (ReportError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

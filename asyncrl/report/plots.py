@@ -47,28 +47,28 @@ class Figure:
 def plot_learning(run: Run, plt) -> bytes:
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
     for ax, xkey, xlabel in ((axes[0], "step", "training step"), (axes[1], "elapsed_s", "wall time (s)")):
-        sx, sy = _series(run.steps, xkey, "reward_mean")
+        sx, sy = series(run.steps, xkey, "reward_mean")
         ax.plot(sx, sy, color="#1f77b4", alpha=0.35, lw=1, label="batch reward")
         if len(sy) >= 5:
             ax.plot(sx, _rolling(sy, 5), color="#1f77b4", lw=2, label="batch reward (5-step mean)")
-        ax.plot(*_series(run.evals, xkey, "eval_accuracy"), "o-", color="#2ca02c", lw=2, ms=4,
+        ax.plot(*series(run.evals, xkey, "eval_accuracy"), "o-", color="#2ca02c", lw=2, ms=4,
                 label="held-out accuracy")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("reward / accuracy")
     axes[0].set_ylim(-0.02, 1.02)
     axes[0].legend(loc="best", fontsize=8)
-    return _png(fig, plt)
+    return to_png(fig, plt)
 
 
 def plot_staleness(run: Run, plt) -> bytes:
     steps = run.steps
     max_staleness = run.setting("rollout.max_head_offpolicyness")
     fig, (ax, hx) = plt.subplots(1, 2, figsize=(11, 3.4), gridspec_kw={"width_ratios": [2.2, 1]})
-    ax.step(*_series(steps, "step", "staleness_max"), where="mid", color="#d62728", label="max")
-    ax.plot(*_series(steps, "step", "staleness_mean"), color="#1f77b4", label="mean (tokens)")
+    ax.step(*series(steps, "step", "staleness_max"), where="mid", color="#d62728", label="max")
+    ax.plot(*series(steps, "step", "staleness_mean"), color="#1f77b4", label="mean (tokens)")
     if any("max_staleness" in r for r in steps):  # η of each step (an auto η moves)
-        ax.step(*_series(steps, "step", "max_staleness"), where="mid", color="k", ls="--", lw=1, label="η")
+        ax.step(*series(steps, "step", "max_staleness"), where="mid", color="k", ls="--", lw=1, label="η")
     elif isinstance(max_staleness, int):
         ax.axhline(max_staleness, color="k", ls="--", lw=1, label=f"η = {max_staleness}")
     ax.set_xlabel("training step")
@@ -82,7 +82,7 @@ def plot_staleness(run: Run, plt) -> bytes:
     hx.set_xticks(list(hist))
     ax.yaxis.get_major_locator().set_params(integer=True)
     hx.grid(alpha=0.3, axis="y")
-    return _png(fig, plt)
+    return to_png(fig, plt)
 
 
 def plot_throughput(run: Run, plt) -> bytes:
@@ -98,14 +98,14 @@ def plot_throughput(run: Run, plt) -> bytes:
         axes[2].set_xlabel("wall time (s)")
         axes[2].grid(alpha=0.3)
         axes[2].legend(loc="best", fontsize=8)
-    ax.plot(*_series(steps, "elapsed_s", "gen_tokens_per_s"), color=GEN_COLOR, label="generated tokens/s")
-    ax.plot(*_series(steps, "elapsed_s", "train_tokens_per_s"), color="#1f77b4",
+    ax.plot(*series(steps, "elapsed_s", "gen_tokens_per_s"), color=GEN_COLOR, label="generated tokens/s")
+    ax.plot(*series(steps, "elapsed_s", "train_tokens_per_s"), color="#1f77b4",
             label="trained tokens/s (while training)")
     ax.set_ylabel("tokens/s")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    bx.plot(*_series(steps, "elapsed_s", "gen_busy_frac"), color=GEN_COLOR, label="generator busy")
-    bx.plot(*_series(steps, "elapsed_s", _waiting_frac), color="#7f7f7f", label="trainer waiting")
+    bx.plot(*series(steps, "elapsed_s", "gen_busy_frac"), color=GEN_COLOR, label="generator busy")
+    bx.plot(*series(steps, "elapsed_s", _waiting_frac), color="#7f7f7f", label="trainer waiting")
     bx.set_ylim(-0.02, 1.02)
     bx.set_ylabel("fraction of step")
     bx.set_xlabel("wall time (s)")
@@ -113,7 +113,7 @@ def plot_throughput(run: Run, plt) -> bytes:
     bx.legend(loc="best", fontsize=8)
     if rows == 3:
         bx.set_xlabel("")  # the tools' panel below carries the axis
-    return _png(fig, plt)
+    return to_png(fig, plt)
 
 
 def plot_timeline(run: Run, plt) -> bytes:
@@ -143,7 +143,7 @@ def plot_timeline(run: Run, plt) -> bytes:
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8, frameon=False)
     fig.subplots_adjust(bottom=0.95 / height, top=1 - 0.3 / height, hspace=0.5)
-    return _png(fig, plt, tight=False)
+    return to_png(fig, plt, tight=False)
 
 
 FIGURES = [
@@ -172,7 +172,7 @@ def render_figures(run: Run) -> list[Figure]:
     return figures
 
 
-def _series(records: list[dict], xkey: str, y: str | Callable[[dict], float | None]):
+def series(records: list[dict], xkey: str, y: str | Callable[[dict], float | None]):
     """(xs, ys) of the records whose x and y are both finite; ``y`` is a key or a function of the record.
     Step 0's ``elapsed_s`` is 0: the clock starts after its evaluation."""
     xs, ys = [], []
@@ -221,7 +221,7 @@ def _rolling(ys: list[float], k: int) -> list[float]:
     return [sum(ys[max(0, i - k + 1): i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(ys))]
 
 
-def _png(fig, plt, tight: bool = True) -> bytes:
+def to_png(fig, plt, tight: bool = True) -> bytes:
     buf = io.BytesIO()
     if tight:
         fig.tight_layout()

@@ -143,6 +143,9 @@ def test_the_run_serves_its_own_judge_and_ends_it_with_the_reward_service(tmp_pa
         scores = [service.score(ITEM, f"The answer is {k}.") for k in range(3)]
         assert all(s in (-1.0, 0.0, 1.0) for s in scores)
         assert service.stats()["reward_errors"] == scores.count(-1.0)
+        # the served judge answered every request: what failed was reading its answers, never the endpoint
+        assert "HTTP" not in service.first_failure and "unreachable" not in service.first_failure
+        assert scores.count(-1.0) == 0 or "none of the verdicts" in service.first_failure
         assert server.proc.poll() is None
     finally:
         service.close()
