@@ -246,10 +246,18 @@ class SFTConfig:
     pack: bool = True
     """Pack several examples side by side into one row (attention stays within each example) instead of
     padding each to the longest."""
+    progress_bar: bool = True
+    """Show a progress bar when the output is a terminal (never when it goes to a file or a pipe)."""
+    resume: str = "auto"
+    """auto: a run stopped after a step checkpoint (saver.freq_steps) continues from the newest one in output_dir
+    (weights, optimizer, data position, RNG) if the configuration matches (the number of steps, logging,
+    evaluation, saving and threads may differ) | fresh: start over."""
 
     def validate(self) -> None:
         _positive(self, ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads",
                          "valid_dataset.size", "gconfig.max_new_tokens", "log_every"])
+        if self.resume not in ("auto", "fresh"):
+            raise ConfigError(f"resume must be 'auto' or 'fresh', got '{self.resume}'")
         _non_negative(self, ["evaluator.freq_steps", "saver.freq_steps", "max_length", "actor.warmup_steps"])
         if self.actor.warmup_steps >= self.total_train_steps:
             logging.getLogger(__name__).warning(

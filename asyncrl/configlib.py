@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import json
 import logging
 import math
 import textwrap
@@ -71,6 +72,17 @@ def to_dict(cfg) -> dict:
 
 SECRET_KEYS = ("admin_key", "api_key")
 """Config fields whose value is a secret: never written to a file (a dump records a set one as ``***``)."""
+
+
+def flat(d: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config dict as ``{"a.b": json of the value}``: two configurations compare key by key."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
+    return out
 
 
 def dump(cfg, path: str | Path, mask_secrets: bool = True) -> None:

@@ -275,6 +275,61 @@ def test_save_every_writes_step_checkpoints_loadable_with_transformers(tmp_path,
     assert all(torch.equal(a, b) for a, b in zip(step4.state_dict().values(), final.state_dict().values()))
 
 
+def test_a_stopped_sft_run_resumes_from_its_step_checkpoint_with_the_same_losses(tmp_path, tiny_model_dir,
+                                                                                   monkeypatch, caplog):
+    """Stopped after step 4 (saved at 2 and 4), the same command continues at step 5 from the weights, optimizer,
+    data position and RNG of step 4: every loss equals the uninterrupted run's, each step is logged once."""
+    import asyncrl.sft as sft_module
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    whole = config(tmp_path / "whole", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6",
+                   "saver.freq_steps=2")
+    sft(whole)
+    cut = config(tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6",
+                 "saver.freq_steps=2")
+    real_batch, calls = sft_module.sft_batch, []
+
+    def stop_at_step_5(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_batch(*args)
+
+    monkeypatch.setattr(sft_module, "sft_batch", stop_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        sft(cut)
+    monkeypatch.setattr(sft_module, "sft_batch", real_batch)
+    (Path(cut.output_dir) / "step2" / "sft_state.pt").unlink()  # the newest step checkpoint is the one used
+    assert [r["step"] for r in metrics(cut.output_dir)] == [1, 2, 3, 4]
+    with caplog.at_level(logging.INFO, logger="asyncrl.sft"):
+        sft(cut)
+    assert any("resuming from" in r.message and "step4" in r.message for r in caplog.records)
+    resumed, uninterrupted = metrics(cut.output_dir), metrics(whole.output_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
+    assert resumed[-1]["elapsed_s"] >= resumed[3]["elapsed_s"]
+    with pytest.raises(ConfigError, match=r"another configuration \(actor.lr: 0.003 -> 0.001\).*resume=fresh"):
+        sft(config(tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=8",
+                   "saver.freq_steps=2", "actor.lr=1e-3"))
+    fresh = config(tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=2",
+                   "resume=fresh")
+    sft(fresh)
+    assert [r["step"] for r in metrics(fresh.output_dir)] == [1, 2]
+
+
+def test_the_progress_bar_shows_on_a_terminal_only(monkeypatch):
+    from asyncrl.sft import _progress_bar
+
+    cfg = configlib.load(SFTConfig, None, ["total_train_steps=10"])
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert _progress_bar(cfg, 0) is None  # a file or a pipe: log lines only
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    bar = _progress_bar(cfg, 4)  # a resumed run starts the bar where it stopped
+    assert (bar.n, bar.total) == (4, 10)
+    bar.close()
+    assert _progress_bar(configlib.load(SFTConfig, None, ["progress_bar=false"]), 0) is None
+
+
 def test_lora_sft_trains_the_adapters_and_saves_them_with_a_merged_model(tmp_path, tiny_model_dir):
     pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM

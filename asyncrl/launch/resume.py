@@ -80,7 +80,7 @@ def _differences(saved: Path, current: dict) -> list[tuple[str, object, object]]
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"cannot read the configuration of the run to resume, {saved}: {e}; set resume=fresh "
                           "to start over") from e
-    a, b = _flat(old), _flat(current)
+    a, b = configlib.flat(old), configlib.flat(current)
     keys = sorted(set(a) | set(b))
     found = [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k) and not k.startswith(SETTABLE)]
     # the number of ranks may change, the kind may not: DDP's optimizer state is saved by parameter index,
@@ -89,16 +89,6 @@ def _differences(saved: Path, current: dict) -> list[tuple[str, object, object]]
     if kinds[0] != kinds[1]:
         found.append(("actor.backend (ddp or fsdp)", a.get("actor.backend"), b.get("actor.backend")))
     return found
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = json.dumps(v, sort_keys=True, default=str)
-    return out
 
 
 def truncate_run_files(run_dir: Path, version: int, timeline_s: float) -> None:

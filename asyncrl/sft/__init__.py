@@ -11,14 +11,16 @@ JSON / Parquet file or saved ``datasets`` directory with the same row formats an
   turns only, each its content plus the end-of-turn token (:func:`chat_example`).
 - agentic built-in tasks (``lookup``: items carry a ``transcript``): whole multi-turn conversations, tokenised
   exactly as the agent proxy sends them at RL time (:func:`asyncrl.agent.tasks.transcripts.transcript_ids`),
-  evaluated by running the task's episode function (:mod:`asyncrl.agent.tasks.evaluate`).
+  evaluated by running the task's episode function (:mod:`asyncrl.agent.tasks.evaluate`; :mod:`asyncrl.sft.agent`).
 
 Examples longer than ``max_length`` are skipped and counted (``sft_skipped_long``). A step's loss is the mean
 over its target tokens, computed in micro-batches of at most ``MICRO_BATCH_TOKENS`` positions, packed side by
 side (``pack``; :mod:`asyncrl.packing`) or padded: the same number either way (:func:`micro_batch_losses`).
 Held-out answers are scored by ``reward.fn`` or the data's own verifier. ``OUTPUT/sft_metrics.jsonl`` holds a
-record per step; checkpoints go to ``OUTPUT`` at the end and ``OUTPUT/stepN`` every ``save_every`` steps (with
-``model.lora``: the adapter, and the merged model in ``merged/`` beside it; see :mod:`asyncrl.lora`). The
+record per step; checkpoints go to ``OUTPUT`` at the end and ``OUTPUT/stepN`` every ``saver.freq_steps`` steps
+(with ``model.lora``: the adapter, and the merged model in ``merged/`` beside it; see :mod:`asyncrl.lora`); a step
+checkpoint also holds ``sft_state.pt`` (trained weights, optimizer, data position, RNG), from which the same
+command resumes a stopped run (``resume=auto``, :mod:`asyncrl.sft.state`) with the losses it would have had. The
 training stream is seeded by ``seed`` and steps take ``batch_size`` examples (``train_dataset.seed`` and
 ``train_dataset.batch_size`` are not used).
 """
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -38,15 +41,15 @@ import torch
 from asyncrl import configlib
 from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.data import make_task
-from asyncrl.data.config import dataset_from_config, task_options
-from asyncrl.engine.local import LocalEngine
+from asyncrl.data.config import dataset_from_config
 from asyncrl.evaluate import evaluate
 from asyncrl.logprobs import logprobs_from_logits, token_logprobs
 from asyncrl.models import check_model_dir, load_model, load_tokenizer
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.types import SamplingParams
 from asyncrl.data.formats import chat_prompt_ids, item_prompt_ids
+from asyncrl.sft.agent import agent_task, scoring_engine
+from asyncrl.sft.state import records, restore, resume_point, save_model, save_step
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +199,7 @@ def sft(cfg: SFTConfig) -> dict:
     # prompts need room for a target here; held-out ones for max_new_tokens (checked by _eval_items)
     data = dataset_from_config(cfg.task, dataclasses.replace(cfg.train_dataset, seed=cfg.seed), cfg.valid_dataset,
                                tokenizer=tokenizer, default_max_prompt_tokens=context - 1)
-    agent = _agent_task(cfg, tokenizer)
+    agent = agent_task(cfg, tokenizer)
     build = (lambda item: (agent.example(item), 0)) if agent else (lambda item: item_example(tokenizer, item))
     examples = _Examples(data.train, build, _max_length(cfg.max_length, context), data.stats, _source_key(cfg))
     score = (agent.scorer(data.valid, cfg.gconfig.max_new_tokens, context) if agent else
@@ -207,6 +210,7 @@ def sft(cfg: SFTConfig) -> dict:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
+        start = resume_point(cfg, out)
         configlib.dump(cfg, out / "sft_config.yaml")
         lora = cfg.model.lora.rank > 0
         if lora:
@@ -214,26 +218,36 @@ def sft(cfg: SFTConfig) -> dict:
 
             model = apply_lora(model, **dataclasses.asdict(cfg.model.lora))
         record = _train(cfg, model, tokenizer, examples, data.stats, score,
-                        _EngineModel(model, model_path, lora), out)
+                        _EngineModel(model, model_path, lora), out, start)
     finally:
         score.close()
     examples.summary()
-    _save(model, tokenizer, out, lora)
+    save_model(model, tokenizer, out, lora)
     held_out = f", held-out accuracy {record['eval_accuracy']:.3f}" if "eval_accuracy" in record else ""
     log.info("sft done: %d steps in %.0f s, loss %.4f%s; the model is in %s", record["step"], record["elapsed_s"],
              record["loss"], held_out, out)
     return record
 
 
-def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, score, engine_model, out: Path
-           ) -> dict:
-    """The optimizer steps, with evaluations, step checkpoints and a metrics record per step; the last record."""
+def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, score, engine_model, out: Path,
+           start: Path | None = None) -> dict:
+    """The optimizer steps, with evaluations, step checkpoints and a metrics record per step; the last record.
+    From ``start`` (a step checkpoint): its weights, optimizer, data position and RNG, and the metrics up to it."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.actor.lr, betas=(0.9, 0.95), weight_decay=cfg.actor.weight_decay)
+    first, t0, record = 1, time.perf_counter(), {}
+    if start is not None:
+        first = restore(start, model, optimizer, examples) + 1
+        kept = [r for r in records(out / METRICS_FILE) if r.get("step", 0) < first]
+        (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
+        record = kept[-1] if kept else {}
+        t0 -= float(record.get("elapsed_s", 0.0))
+        log.info("sft: resuming from %s (step %d of %d)%s; resume=fresh starts over", start, first - 1,
+                 cfg.total_train_steps, ": nothing left to train" if first > cfg.total_train_steps else "")
     model.train()
-    t0, record = time.perf_counter(), {}
-    with (out / METRICS_FILE).open("w") as metrics:
-        for step in range(1, cfg.total_train_steps + 1):
+    bar = _progress_bar(cfg, first - 1)
+    with (out / METRICS_FILE).open("a" if start is not None else "w") as metrics:
+        for step in range(first, cfg.total_train_steps + 1):
             lr = cosine_lr(step - 1, cfg.total_train_steps, cfg.actor.lr, cfg.actor.warmup_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -252,15 +266,36 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
                 model.eval()
                 record.update(score(engine_model()))
                 model.train()
-                log.info("sft step %d | loss %.4f | eval_acc %.3f | %.0fs", step, loss, record["eval_accuracy"],
-                         record["elapsed_s"])
+                _say(bar, f"sft step {step} | loss {loss:.4f} | eval_acc {record['eval_accuracy']:.3f} | "
+                          f"{record['elapsed_s']:.0f}s")
             elif step % cfg.log_every == 0:
-                log.info("sft step %d | loss %.4f | %.0fs", step, loss, record["elapsed_s"])
+                _say(bar, f"sft step {step} | loss {loss:.4f} | {record['elapsed_s']:.0f}s")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}")
             metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
             metrics.flush()
             if cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0:
-                _save(model, tokenizer, out / f"step{step}", engine_model.lora)
+                save_step(model, tokenizer, optimizer, examples, out, step, engine_model.lora)
+    if bar is not None:
+        bar.close()
     return record
+
+
+def _progress_bar(cfg: SFTConfig, done: int):
+    """A tqdm bar on a terminal (progress_bar); None when the output goes to a file or a pipe."""
+    if not (cfg.progress_bar and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.total_train_steps, initial=done, desc="sft", unit="step", dynamic_ncols=True)
+
+
+def _say(bar, line: str) -> None:
+    if bar is None:
+        log.info("%s", line)
+    else:
+        bar.write(line)
 
 
 def _source_key(cfg: SFTConfig) -> str:
@@ -286,11 +321,19 @@ class _Examples:
         self.items, self.build, self.max_length, self.data_stats = items, build, max_length, data_stats
         self.source = source
         self.counts = {"sft_skipped_long": 0, "sft_skipped_no_target": 0, "sft_turns_untrained": 0}
+        self.items_read = 0  # the data position
+
+    def skip(self, n: int) -> None:
+        """Pass over the ``n`` items a resumed run had read."""
+        for _ in range(n):
+            next(self.items)
+        self.items_read += n
 
     def take(self, n: int) -> list[Example]:
         out, in_a_row, epoch = [], 0, self._epoch()
         while len(out) < n:
             item = next(self.items)
+            self.items_read += 1
             try:
                 example, untrained = self.build(item)
             except NoTarget as e:
@@ -357,7 +400,7 @@ class _Scorer:
 
     def __call__(self, model) -> dict:
         longest = max(len(it["prompt_ids"]) for it in self.items)
-        engine = _engine(model, min(self.context, longest + self.params.max_new_tokens), len(self.items))
+        engine = scoring_engine(model, min(self.context, longest + self.params.max_new_tokens), len(self.items))
         try:
             return evaluate(engine, self.tokenizer, self.items, self.reward.eval_fn, self.params)
         finally:
@@ -386,10 +429,6 @@ def _eval_items(valid: list[dict], tokenizer, max_prompt: int) -> list[dict]:
     return items
 
 
-def _engine(model, max_len: int, n: int) -> LocalEngine:
-    return LocalEngine(model, max_slots=max(1, min(64, n)), max_len=max_len).start()
-
-
 class _EngineModel:
     """The model an evaluation engine is built from: the trained model itself, or for a LoRA model its merged
     weights in a plain copy of the base model (loaded at the first evaluation, reused after)."""
@@ -408,88 +447,7 @@ class _EngineModel:
         return self.plain
 
 
-def _save(model, tokenizer, path: Path, lora: bool) -> None:
-    if lora:
-        from asyncrl.lora import save_lora
-
-        save_lora(model, path, tokenizer)
-        return
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-
-
 def _jsonable(value):
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")  # as metrics.jsonl writes them
     return value
-
-
-class _AgentTask:
-    """An agentic built-in task: its transcripts tokenised as the proxy would, its episodes for evaluation."""
-
-    def __init__(self, tokenizer, tools: list[dict] | None, episode: str):
-        from asyncrl.agent.chat import ChatRenderer
-
-        self.renderer = ChatRenderer(tokenizer, tokenizer.eos_token_id)
-        self.tokenizer, self.tools, self.episode = tokenizer, tools, episode
-
-    def example(self, item: dict) -> tuple[list[int], list[int]]:
-        from asyncrl.agent.tasks.transcripts import transcript_ids
-
-        return transcript_ids(self.renderer, item["transcript"], self.tools)
-
-    def scorer(self, items: list[dict], max_new_tokens: int, max_len: int) -> "_AgentScorer":
-        params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True,
-                                stop_token_ids=(self.tokenizer.eos_token_id,))
-        return _AgentScorer(self, items, params, max_len)
-
-
-@dataclasses.dataclass
-class _AgentScorer:
-    """Held-out accuracy of an agentic task: its episodes run against an engine of the model."""
-
-    task: _AgentTask
-    items: list[dict]
-    params: SamplingParams
-    max_len: int
-
-    def __call__(self, model) -> dict:
-        from asyncrl.agent.tasks.evaluate import evaluate_agent
-
-        engine = _engine(model, self.max_len, 64)
-        try:
-            return evaluate_agent(engine, self.task.tokenizer, self.items, self.task.episode, self.params,
-                                  self.max_len)
-        finally:
-            engine.stop()
-
-    def close(self) -> None:
-        pass
-
-
-def _agent_task(cfg: SFTConfig, tokenizer) -> _AgentTask | None:
-    """The agentic built-in task being fine-tuned on (one whose generator names its episode function), else
-    None. Only the built-in task (train_dataset.path empty or builtin:NAME, no mixture) can be one."""
-    path = cfg.train_dataset.path
-    if (path and not path.startswith("builtin:")) or getattr(cfg.train_dataset, "mixture", None):
-        return None
-    name = path[len("builtin:"):] or cfg.task.name
-    gen, _ = make_task(name, task_options(cfg.task, name))
-    episode = getattr(gen, "episode", None)
-    if not episode:
-        return None
-    tools = getattr(gen, "tools", None)
-    if not _renders_tools(tokenizer, tools):
-        raise ConfigError(f"model.path: task '{name}' trains on tool-use transcripts, and this model's chat "
-                          "template does not show the tools (make the model with `asyncrl init-model --task "
-                          f"{name}`)")
-    return _AgentTask(tokenizer, tools, episode)
-
-
-def _renders_tools(tokenizer, tools: list[dict] | None) -> bool:
-    if not getattr(tokenizer, "chat_template", None):
-        return False
-    if not tools:
-        return True
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=tools, tokenize=False)
-    return all(t["function"]["name"] in text for t in tools)

@@ -1,0 +1,86 @@
+"""An SFT run's step checkpoints and their resumption: ``OUTPUT/stepN`` is a loadable checkpoint plus
+``sft_state.pt`` (the trained weights, optimizer, data position and RNG), written aside and renamed into place;
+``resume=auto`` continues from the newest one when the configuration matches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+
+from asyncrl import configlib
+from asyncrl.config import SFTConfig
+from asyncrl.configlib import ConfigError
+
+STATE_FILE = "sft_state.pt"  # in a step checkpoint: what a resume needs beyond the weights
+RESUME_SETTABLE = ("total_train_steps", "log_every", "evaluator.", "saver.", "progress_bar", "resume",
+                   "actor.threads")
+"""Keys a resumed SFT run may change: how long it runs and how it is watched, evaluated, saved and threaded."""
+
+
+def resume_point(cfg: SFTConfig, out: Path) -> Path | None:
+    """The newest step checkpoint of ``out`` to resume from (resume=auto), or None to start over. A run whose
+    configuration differs in a key that changes what is trained is refused, with the keys named."""
+    if cfg.resume == "fresh":
+        return None
+    points = sorted((p for p in out.glob("step*") if (p / STATE_FILE).is_file() and p.name[4:].isdigit()),
+                    key=lambda p: int(p.name[4:]))
+    if not points:
+        return None
+    try:
+        saved = yaml.safe_load((out / "sft_config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read {out / 'sft_config.yaml'} of the run to resume: {e}; set resume=fresh to "
+                          "start over") from e
+    a, b = configlib.flat(saved), configlib.flat(configlib.to_dict(cfg))
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.startswith(RESUME_SETTABLE)]
+    if changed:
+        raise ConfigError(f"{out} holds an SFT run with another configuration ("
+                          + "; ".join(f"{k}: {a.get(k)} -> {b.get(k)}" for k in changed[:8])
+                          + "): resume it with the same keys, or set resume=fresh to start over")
+    return points[-1]
+
+
+def save_step(model, tokenizer, optimizer, examples, out: Path, step: int, lora: bool) -> None:
+    """``out/stepN``: a loadable checkpoint and the state a resume needs, written aside and renamed into place."""
+    final, tmp = out / f"step{step}", out / f".step{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tokenizer, tmp, lora)
+    torch.save({"step": step, "trained": {n: p.detach() for n, p in model.named_parameters() if p.requires_grad},
+                "optimizer": optimizer.state_dict(), "items_read": examples.items_read,
+                "counts": dict(examples.counts), "rng": torch.get_rng_state()}, tmp / STATE_FILE)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+
+def restore(point: Path, model, optimizer, examples) -> int:
+    """Load a step checkpoint's state into the model, the optimizer and the example stream; its step."""
+    state = torch.load(point / STATE_FILE, weights_only=False)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state["trained"].items():
+            params[name].copy_(value)
+    optimizer.load_state_dict(state["optimizer"])
+    examples.skip(state["items_read"])
+    examples.counts.update(state["counts"])
+    torch.set_rng_state(state["rng"])
+    return int(state["step"])
+
+
+def records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def save_model(model, tokenizer, path: Path, lora: bool) -> None:
+    if lora:
+        from asyncrl.lora import save_lora
+
+        save_lora(model, path, tokenizer)
+        return
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
