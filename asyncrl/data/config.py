@@ -72,7 +72,8 @@ class TrainDatasetConfig:
     """Seed of the training problem stream (and of the per-epoch shuffle of a file)."""
     path: str = ""
     """Where prompts come from: '' or 'builtin:arith' = the built-in task (task.*); a local .jsonl / .json /
-    .parquet file or a directory written by datasets' save_to_disk; 'gym:NAME' = a reasoning-gym task
+    .parquet file or a directory written by datasets' save_to_disk; a hub dataset already in the local Hugging
+    Face cache by name ('org/name', 'org/name/CONFIG'; never downloaded); 'gym:NAME' = a reasoning-gym task
     (optional extra 'gym'), scored by its own scorer. A relative path is looked up from the working
     directory, then from the directory that holds the asyncrl package (so asyncrl/assets/data/... works
     from anywhere)."""

@@ -1,8 +1,10 @@
 """Reading rows from local files, each row tagged with where it came from (``file:line`` or ``file row N``).
 
 Formats: JSON Lines (``.jsonl``, and ``.json`` written as lines), a JSON array (``.json``), Parquet (needs
-pyarrow, extra ``data``) and a directory written by ``datasets``' ``save_to_disk`` (needs datasets). Nothing
-is ever fetched from a hub: a path that does not exist is an error, not a dataset name. JSON text is UTF-8,
+pyarrow, extra ``data``), a directory written by ``datasets``' ``save_to_disk`` (needs datasets) and a hub
+dataset already in the local Hugging Face cache, by name (``org/name``, or ``org/name/CONFIG`` for one of its
+folders; its split's files are read). Nothing is ever fetched from a hub: a path that is neither a local file
+nor a cached dataset is an error. JSON text is UTF-8,
 with or without a byte-order mark; JSON Lines are split at ``\n`` only, so a line separator (U+2028) or NEL
 inside a string stays in its row, and a line that is not UTF-8 costs that row only.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -39,13 +42,36 @@ def resolve_path(path: str, key: str) -> Path:
         return p
     if not p.is_absolute() and (PACKAGE_PARENT / p).exists():
         return PACKAGE_PARENT / p
-    raise ConfigError(f"{key}: '{path}' does not exist (a local .jsonl/.json/.parquet file or a saved "
-                      "datasets directory is expected; nothing is downloaded)")
+    cached = hub_dataset_dir(path)
+    if cached is not None:
+        return cached
+    raise ConfigError(f"{key}: '{path}' does not exist (a local .jsonl/.json/.parquet file, a saved datasets "
+                      "directory or a hub dataset already in the local Hugging Face cache is expected; nothing is "
+                      "downloaded)")
+
+
+def hub_dataset_dir(name: str) -> Path | None:
+    """The local snapshot of hub dataset ``org/name`` (``org/name/FOLDER``: that folder of it) in the Hugging Face
+    cache, without any download; None when it is not there (or ``name`` is not a hub name)."""
+    parts = name.split("/")
+    if len(parts) < 2 or not all(re.fullmatch(r"[\w.-]+", part) for part in parts) or name.startswith("."):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        root = Path(snapshot_download("/".join(parts[:2]), repo_type="dataset", local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, not a valid name, or no huggingface_hub: not a hub dataset here
+        return None
+    found = root.joinpath(*parts[2:])
+    return found if found.exists() else None
 
 
 def read_rows(path: Path, split: str, key: str) -> Iterator[Row | RowError]:
     """Every row of ``path``; unreadable rows come out as :class:`RowError` so the caller decides."""
-    if path.is_dir():
+    if path.is_dir() and not any((path / f).is_file() for f in SAVED_DATASET_FILES):
+        for file in split_files(path, split, key):
+            yield from read_rows(file, split, key)
+    elif path.is_dir():
         yield from _saved_dataset_rows(path, split, key)
     elif path.suffix == ".parquet":
         yield from _parquet_rows(path, key)
@@ -53,6 +79,28 @@ def read_rows(path: Path, split: str, key: str) -> Iterator[Row | RowError]:
         yield from _json_rows(path, _read_bytes(path, key).removeprefix(codecs.BOM_UTF8))
     else:
         raise ConfigError(f"{key}: cannot read '{path}': expected .jsonl, .json, .parquet or a datasets directory")
+
+
+SAVED_DATASET_FILES = ("dataset_dict.json", "dataset_info.json", "state.json")  # what save_to_disk writes
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".ndjson")
+
+
+def split_files(folder: Path, split: str, key: str) -> list[Path]:
+    """The data files of ``split`` in a folder of files (a hub dataset's snapshot): those whose path names the
+    split (``train-00000-of-00001.parquet``, ``data/test.jsonl``, ``train/0.parquet``), in order."""
+    files = sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    named = [p for p in files if re.search(rf"(^|[/_.-]){re.escape(split)}([/_.-]|$)",
+                                           p.relative_to(folder).as_posix())]
+    if not named:
+        found = ", ".join(p.relative_to(folder).as_posix() for p in files[:6]) or "no .parquet/.jsonl/.json file"
+        raise ConfigError(f"{key}: '{folder}' has no file of split '{split}' ({found}); set "
+                          f"{key.rsplit('.', 1)[0]}.split or name the file")
+    folders = sorted({p.relative_to(folder).parts[0] for p in named if len(p.relative_to(folder).parts) > 1})
+    if len(folders) > 1 and all(not re.search(rf"{re.escape(split)}", f) for f in folders):
+        raise ConfigError(f"{key}: '{folder}' holds several configurations ({', '.join(folders)}): name one, "
+                          f"add /{folders[0]} to the dataset name")
+    return named
 
 
 def _read_bytes(path: Path, key: str) -> bytes:

@@ -1,4 +1,4 @@
-"""Reading rows (asyncrl.data.sources): JSONL, JSON arrays, Parquet and saved datasets; byte-order marks, odd line
+"""Reading rows (asyncrl.data.sources): JSONL, JSON arrays, Parquet, saved datasets and cached hub datasets; byte-order marks, odd line
 breaks and non-UTF-8 lines; malformed rows named by file and line, or skipped and counted; unreadable files."""
 
 import json
@@ -81,6 +81,38 @@ def test_saved_datasets_directory(tmp_path):
     with pytest.raises(ConfigError, match="valid_dataset.split: .* has no split 'validation'"):
         dataset_from_config(TaskConfig(), TrainDatasetConfig(path=str(tmp_path / "saved")),
                             ValidDatasetConfig(path=str(tmp_path / "saved"), split="validation"))
+
+
+def fake_hub_dataset(cache: Path, name: str, files: dict[str, list[dict]]) -> None:
+    """A dataset as huggingface_hub caches it: refs/main names a snapshot folder holding the repository's files."""
+    repo = cache / f"datasets--{name.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    for rel, rows in files.items():
+        (repo / "snapshots" / "0123abcd" / rel).parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(repo / "snapshots" / "0123abcd" / rel, rows)
+
+
+def test_a_hub_dataset_in_the_local_cache_is_read_by_name(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(9)]
+    fake_hub_dataset(tmp_path / "hub", "acme/sums", {"data/train-00000-of-00001.jsonl": rows[:6],
+                                                     "data/test-00000-of-00001.jsonl": rows[6:]})
+    data = build("acme/sums", "acme/sums")
+    assert {it["question"] for it in take(data.train, 30)} == {f"q{i}" for i in range(6)}
+    assert [it["question"] for it in data.valid] == ["q6", "q7", "q8"]
+    fake_hub_dataset(tmp_path / "hub", "acme/two", {"main/train.jsonl": rows, "other/train.jsonl": rows})
+    with pytest.raises(ConfigError, match=r"several configurations \(main, other\): name one, add /main"):
+        build("acme/two")
+    assert questions(build("acme/two/other")) == {f"q{i}" for i in range(9)}  # 5 held out of the 9
+    with pytest.raises(ConfigError, match="has no file of split 'validation'"):
+        dataset_from_config(TaskConfig(), TrainDatasetConfig(path="acme/sums"),
+                            ValidDatasetConfig(path="acme/sums", split="validation"))
+    with pytest.raises(ConfigError, match="'acme/absent' does not exist .*hub dataset already in the local "
+                                          "Hugging Face cache.*nothing is downloaded"):
+        build("acme/absent")
 
 
 # ---- reading files --------------------------------------------------------------------------------------
