@@ -38,12 +38,26 @@ class ModelConfig:
     """LoRA adapters (through peft; rank 0 = off, every weight trains)."""
 
 
+SMALL_MODEL_RECIPE = {"train": {"gconfig.max_new_tokens": 64}, "eval": {"gconfig.max_new_tokens": 64},
+                      "sft": {"gconfig.max_new_tokens": 96, "actor.lr": 2e-3}}
+"""Defaults for a model under 50M parameters (asyncrl's tiny models), in place of those that suit a real model,
+for each key the user leaves unset (a file or the command line sets it otherwise)."""
+
+
+def small_model_recipe(model_path: str, command: str) -> dict:
+    """The keys and values of ``SMALL_MODEL_RECIPE[command]`` when ``model_path`` is a small model, else none."""
+    from asyncrl.models import is_small_model
+
+    return SMALL_MODEL_RECIPE[command] if is_small_model(model_path) else {}
+
+
 @dataclass
 class GenerationConfig:
     n_samples: int = 8
     """Samples per prompt (the group size for GRPO)."""
-    max_new_tokens: int = 64
-    """Most tokens generated per sample."""
+    max_new_tokens: int = 1024
+    """Most tokens generated per sample (a model under 50M parameters, such as the built-in ones, gets 64 unless
+    set: SMALL_MODEL_RECIPE)."""
     temperature: float = 1.0
     """Sampling temperature (training log-probs use the same temperature)."""
     top_p: float = 1.0
@@ -149,6 +163,9 @@ class TrainConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     """Run-health checks: no learning signal, failing rewards, non-finite updates."""
 
+    def recipe(self) -> dict:
+        return small_model_recipe(self.model.path, "train")
+
     def validate(self) -> None:
         _positive(self, ["train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens",
                          "total_train_steps", "rollout.max_slots", "rollout.threads", "valid_dataset.size"])
@@ -230,11 +247,13 @@ class SFTConfig:
     """Seed of the training stream and initialisation."""
     total_train_steps: int = 1000
     """Optimizer steps."""
-    actor: ActorConfig = field(default_factory=lambda: ActorConfig(lr=2e-3, warmup_steps=50, threads=2))
-    """The optimizer: actor.lr (peak; linear warm-up, cosine decay to 10 %), actor.warmup_steps,
+    actor: ActorConfig = field(default_factory=lambda: ActorConfig(lr=2e-5, warmup_steps=50, threads=2))
+    """The optimizer: actor.lr (peak; linear warm-up, cosine decay to 10 %; 2e-3 for a model under 50M
+    parameters unless set), actor.warmup_steps,
     actor.weight_decay (AdamW), actor.threads (torch threads). The RL keys of this section are not used."""
-    gconfig: GenerationConfig = field(default_factory=lambda: GenerationConfig(max_new_tokens=96))
-    """gconfig.max_new_tokens: most tokens generated per held-out answer (greedy) in evaluation."""
+    gconfig: GenerationConfig = field(default_factory=GenerationConfig)
+    """gconfig.max_new_tokens: most tokens generated per held-out answer (greedy) in evaluation (96 for a model
+    under 50M parameters unless set)."""
     evaluator: EvaluatorConfig = field(default_factory=lambda: EvaluatorConfig(freq_steps=0))
     """evaluator.freq_steps: held-out accuracy every N steps (0 = only at the end)."""
     saver: SaverConfig = field(default_factory=SaverConfig)
@@ -252,6 +271,9 @@ class SFTConfig:
     """auto: a run stopped after a step checkpoint (saver.freq_steps) continues from the newest one in output_dir
     (weights, optimizer, data position, RNG) if the configuration matches (the number of steps, logging,
     evaluation, saving and threads may differ) | fresh: start over."""
+
+    def recipe(self) -> dict:
+        return small_model_recipe(self.model.path, "sft")
 
     def validate(self) -> None:
         _positive(self, ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads",
@@ -343,6 +365,9 @@ class EvalConfig:
     """Torch threads."""
     seed: int = 0
     """Sampling seed."""
+
+    def recipe(self) -> dict:
+        return small_model_recipe(self.model.path, "eval")
 
     def validate(self) -> None:
         _positive(self, ["gconfig.max_new_tokens", "threads", "valid_dataset.size", "gconfig.n_samples"])

@@ -36,11 +36,11 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None, other
     """Build ``cls`` from its defaults, then the YAML file ``path``, then ``key.sub=value`` overrides. The file
     may be one of another command's (``others``: their config classes): its top-level keys that only they know
     are left out, said in one line (a train or sft file evaluated with ``asyncrl eval --config``)."""
-    cfg = cls()
+    cfg, given = cls(), set()
     if path:
         data, lines = _read_yaml(path)
         data = _without_foreign(data, cls, others, path)
-        _merge(cfg, data, "", lambda key: f"{path}:{lines[key]}" if key in lines else path, all_keys(cls))
+        _merge(cfg, data, "", lambda key: f"{path}:{lines[key]}" if key in lines else path, all_keys(cls), given)
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -50,7 +50,11 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None, other
         nested: Any = value
         for part in reversed(parts):
             nested = {part: nested}
-        _merge(cfg, nested, "", lambda _k: "command line", all_keys(cls))
+        _merge(cfg, nested, "", lambda _k: "command line", all_keys(cls), given)
+    for key, value in (cfg.recipe() if hasattr(cfg, "recipe") else {}).items():
+        if key not in given:  # the model's recipe fills what the user left at its default
+            section, _, name = key.rpartition(".")
+            setattr(_section(cfg, section), name, value)
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
@@ -253,7 +257,14 @@ def _override_value(item: str, raw: str):
         raise ConfigError(f"command line: override '{item}': not valid YAML: {_yaml_problem(e)}") from None
 
 
-def _merge(cfg, data: dict, prefix: str, where, valid: list[str]) -> None:
+def _section(cfg, dotted: str):
+    for part in dotted.split(".") if dotted else []:
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _merge(cfg, data: dict, prefix: str, where, valid: list[str], given: set[str]) -> None:
+    """Set ``data``'s keys on ``cfg`` (the dotted names set go into ``given``)."""
     cls = type(cfg)
     names = {f.name: f for f in dataclasses.fields(cls)}
     renamed = getattr(cls, "RENAMED", {})
@@ -265,7 +276,7 @@ def _merge(cfg, data: dict, prefix: str, where, valid: list[str]) -> None:
                         where(dotted), dotted, prefix + new)
             for part in reversed(new.split(".")):
                 value = {part: value}
-            _merge(cfg, value, prefix, where, valid)
+            _merge(cfg, value, prefix, where, valid, given)
             continue
         if key not in names:
             near = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
@@ -276,9 +287,10 @@ def _merge(cfg, data: dict, prefix: str, where, valid: list[str]) -> None:
         if dataclasses.is_dataclass(typ):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where(dotted)}: '{dotted}' is a section; give a mapping, not {value!r}")
-            _merge(getattr(cfg, key), value, dotted + ".", where, valid)
+            _merge(getattr(cfg, key), value, dotted + ".", where, valid, given)
         else:
             setattr(cfg, key, _coerce(value, typ, dotted, where))
+            given.add(dotted)
 
 
 def _coerce(value, typ, key: str, where):

@@ -68,6 +68,23 @@ def hub_cache_dir(name: str) -> str | None:
         return None
 
 
+SMALL_MODEL_PARAMETERS = 50_000_000
+"""Below this many parameters a model gets the small-model recipe (asyncrl's tiny models: 3.3M)."""
+
+
+def is_small_model(path: str) -> bool:
+    """True for a model of fewer than ``SMALL_MODEL_PARAMETERS`` (estimated from its config.json: embeddings,
+    attention and MLP weights), or one whose config cannot be read here (a missing model is refused later, with
+    its key)."""
+    try:
+        c = json.loads((Path(resolve_model_path(path)) / "config.json").read_text())
+        h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
+        inner = int(c.get("intermediate_size") or 4 * h)
+    except (OSError, ValueError, KeyError, TypeError, FileNotFoundError):
+        return True
+    return vocab * h + layers * (4 * h * h + 3 * h * inner) < SMALL_MODEL_PARAMETERS
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

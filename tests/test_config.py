@@ -35,3 +35,31 @@ def test_guardrails_refuse_unsafe_and_allow_override():
 def test_help_config_documents_the_mixture():
     text = " ".join(configlib.describe(TrainConfig).split())
     assert "train_dataset.mixture = []" in text and "reward_mean/NAME" in text and "weight: 3" in text
+
+
+def test_a_small_model_gets_the_small_recipe_and_a_real_one_the_real_defaults(tmp_path):
+    """Defaults that suit only the 3.3M models (64 new tokens, SFT at lr 2e-3) come from a recipe for models under
+    50M parameters; a real model's config gets the real defaults; what the user sets always wins."""
+    import json
+
+    from asyncrl.config import EvalConfig, SFTConfig
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+                                                  "intermediate_size": 4864, "vocab_size": 151936}))
+    tiny = configlib.load(TrainConfig, None, [])
+    assert tiny.gconfig.max_new_tokens == 64
+    assert configlib.load(TrainConfig, None, [f"model.path={real}"]).gconfig.max_new_tokens == 1024
+    assert configlib.load(TrainConfig, None, [f"model.path={real}", "gconfig.max_new_tokens=300"]
+                          ).gconfig.max_new_tokens == 300
+    assert configlib.load(TrainConfig, None, ["gconfig.max_new_tokens=1024"]).gconfig.max_new_tokens == 1024
+    sft_tiny, sft_real = (configlib.load(SFTConfig, None, [f"model.path={p}"]) for p in ("builtin:tiny-sft", real))
+    assert (sft_tiny.actor.lr, sft_tiny.gconfig.max_new_tokens) == (2e-3, 96)
+    assert (sft_real.actor.lr, sft_real.gconfig.max_new_tokens) == (2e-5, 1024)
+    assert configlib.load(SFTConfig, None, [f"model.path={real}", "lr=1e-4"]).actor.lr == 1e-4  # an old key is set
+    assert configlib.load(EvalConfig, None, [f"model.path={real}"]).gconfig.max_new_tokens == 1024
+    assert configlib.load(EvalConfig, None, []).gconfig.max_new_tokens == 64
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(f"model:\n  path: {real}\ngconfig:\n  max_new_tokens: 64\n")
+    assert configlib.load(TrainConfig, str(cfg), []).gconfig.max_new_tokens == 64  # set in a file: kept

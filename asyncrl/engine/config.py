@@ -29,8 +29,9 @@ class RolloutConfig:
     """Sequences the built-in engine (or each local server) decodes at once (KV-cache slots)."""
     max_context: int = 0
     """Prompt + completion tokens per sequence, at most the model's max_position_embeddings. 0: the model's
-    own for vLLM and SGLang servers, at most 1024 for the built-in engine (local, asyncrl:dN, and remote, which
-    is often asyncrl serve)."""
+    own for vLLM and SGLang servers; for the built-in engine (local, asyncrl:dN, and remote, which is often
+    asyncrl serve) 1024, or twice gconfig.max_new_tokens when that is more (room for a prompt as long as the
+    completion), at most the model's own."""
     threads: int = 1
     """Torch threads for generation (the trainer gets actor.threads; keep the sum <= cores)."""
     native_kernels: bool = True

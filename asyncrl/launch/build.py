@@ -59,16 +59,19 @@ log = logging.getLogger(__name__)
 MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)
 
 
-def context_len(rollout, max_positions: int) -> int:
+def context_len(rollout, max_positions: int, max_new_tokens: int = 0) -> int:
     """Prompt + completion tokens per sequence for ``rollout`` (a ``RolloutConfig``) and a model of
-    ``max_positions``: ``rollout.max_context`` if set, else the model's own for vLLM/SGLang servers and at most
-    ``MAX_CONTEXT`` for the built-in engine."""
+    ``max_positions``: ``rollout.max_context`` if set, else the model's own for vLLM/SGLang servers, and for the
+    built-in engine ``MAX_CONTEXT`` or, for longer completions, room for a prompt as long as the completion
+    (at most the model's own)."""
     if rollout.max_context:
         if rollout.max_context > max_positions:
             raise ConfigError(f"rollout.max_context={rollout.max_context} exceeds the model's "
                               f"max_position_embeddings of {max_positions}")
         return rollout.max_context
-    return max_positions if rollout.placement.kind in ("vllm", "sglang") else min(max_positions, MAX_CONTEXT)
+    if rollout.placement.kind in ("vllm", "sglang"):
+        return max_positions
+    return min(max_positions, max(MAX_CONTEXT, 2 * max_new_tokens))
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ class RunShape:
     @classmethod
     def of(cls, cfg: TrainConfig, model, tokenizer) -> "RunShape":
         g, eos = cfg.gconfig, (tokenizer.eos_token_id,)
-        max_len = context_len(cfg.rollout, model.config.max_position_embeddings)
+        max_len = context_len(cfg.rollout, model.config.max_position_embeddings, g.max_new_tokens)
         if g.max_new_tokens >= max_len:
             raise ConfigError(f"gconfig.max_new_tokens={g.max_new_tokens} leaves no room for a prompt in the "
                               f"model's context of {max_len} tokens")

@@ -166,7 +166,7 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
 
     path = check_model_dir(cfg.model.path)
     tokenizer, model = load_tokenizer(path), load_model(path)
-    max_len = context_len(cfg.rollout, model.config.max_position_embeddings)
+    max_len = context_len(cfg.rollout, model.config.max_position_embeddings, cfg.gconfig.max_new_tokens)
     data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset, tokenizer=tokenizer,
                                default_max_prompt_tokens=max_len - cfg.gconfig.max_new_tokens)
     items = list(itertools.islice(data.train, 32))

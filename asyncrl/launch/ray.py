@@ -313,7 +313,8 @@ class _Launch:
 
         from asyncrl.launch.build import context_len
 
-        return context_len(self.cfg.rollout, AutoConfig.from_pretrained(self.model_path).max_position_embeddings)
+        return context_len(self.cfg.rollout, AutoConfig.from_pretrained(self.model_path).max_position_embeddings,
+                           self.cfg.gconfig.max_new_tokens)
 
     def _run_dir(self) -> str:
         return str(Path(self.cfg.output_dir) / self.cfg.experiment_name / self.cfg.trial_name)

@@ -60,6 +60,8 @@ def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in
         return configlib.load(TrainConfig, None, ["rollout.interrupt_mode=abort", *extra]).rollout
 
     assert context_len(rollout(), 32768) == 1024 and context_len(rollout(), 512) == 512
+    assert context_len(rollout(), 32768, 64) == 1024  # the tiny models' completions: the context stays 1024
+    assert context_len(rollout(), 32768, 2048) == 4096 and context_len(rollout(), 3000, 2048) == 3000
     assert context_len(rollout("rollout.backend=vllm:d1"), 32768) == 32768
     assert context_len(rollout("rollout.backend=remote", "rollout.server_addrs=[h:1]",
                                "rollout.max_context=8192"), 32768) == 8192
