@@ -63,6 +63,16 @@ def reward(prompt: str, completion: str, answer: str, **_) -> float:
     return float(bool(found) and found[0].lower() == answer.lower())
 
 
+def strict_reward(prompt: str, completion: str, answer: str, solution: str = "", **_) -> float:
+    """1.0 only when the working is right too: the completion's steps before ``The answer is`` equal the
+    reference's (``--working`` rows carry them as ``solution``) and so does the answer. With answers from a small
+    set (a count of 1-5), a right answer alone is often a lucky guess; this rewards the way to it."""
+    if not solution:
+        raise ValueError("strict_reward needs the rows' solution column (make the data with --working)")
+    steps = completion.rsplit("The answer is", 1)[0].strip()
+    return float(reward(prompt, completion, answer) == 1.0 and steps == solution.rsplit("The answer is", 1)[0].strip())
+
+
 def make_data(task: str, out: Path, n_train: int = 4000, n_test: int = 200, seed: int = 0, working: bool = False
               ) -> tuple[Path, Path]:
     """Rows of ``question`` and ``answer``; with ``working``, also a ``solution`` that writes the steps before the

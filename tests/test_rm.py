@@ -77,7 +77,10 @@ def test_reward_model_scores_answers_above_refusals_in_batches(trained_rm, monke
     from asyncrl.reward.config import RewardConfig
 
     out, _ = trained_rm
-    service = build_reward_service(configlib.load(RewardConfig, None, [f"model={out}", "model_batch_size=8"]), None)
+    from asyncrl.reward.math_reward import math_reward
+
+    service = build_reward_service(configlib.load(RewardConfig, None, [f"model={out}", "model_batch_size=8"]),
+                                   math_reward)  # the data's verifier
     model = service.fn.model
     real_scores, first = model_module.scores, threading.Event()
 
@@ -108,6 +111,9 @@ def test_reward_model_scores_answers_above_refusals_in_batches(trained_rm, monke
         assert all(got[2 * k] > got[2 * k + 1] for k in range(len(items))), got
         assert model.scored == 16 and model.batches < 16  # calls that waited together were scored together
         assert service.stats()["reward_errors"] == 0
+        it = items[0]  # held-out accuracy is the verifier's, not the model's unbounded score
+        assert service.eval_fn(it["question"], f"The answer is {it['answer']}.", answer=it["answer"]) == 1.0
+        assert service.eval_fn(it["question"], "I do not know.", answer=it["answer"]) == 0.0
     finally:
         service.close()
 

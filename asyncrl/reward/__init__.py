@@ -83,7 +83,9 @@ def _model_service(cfg, default_fn: Callable[..., float]) -> RewardService:
     from asyncrl.reward.model import ModelReward, RewardModel
 
     model = RewardModel(cfg.model, cfg.model_device, cfg.model_batch_size)
-    fn = ModelReward(model, _verifier(cfg, default_fn) if cfg.model_weight < 1.0 else None, cfg.model_weight)
+    verifier = _verifier(cfg, default_fn)
+    fn = ModelReward(model, verifier if cfg.model_weight < 1.0 else None, cfg.model_weight)
     service = RewardService(fn, cfg.default, timeout_s=cfg.timeout_s, workers=0, threads=cfg.model_batch_size)
+    service.held_out_fn = verifier  # held-out accuracy is the verifier's: a reward model's scores are not correctness
     service.closing.append(model.close)
     return service

@@ -136,6 +136,7 @@ class RewardService:
     def __init__(self, fn: Callable[..., float], default: float = 0.0, *, timeout_s: float = 30.0,
                  workers: int = 0, threads: int = 1):
         self.fn, self.default, self.timeout_s = fn, default, timeout_s
+        self.held_out_fn: Callable[..., float] | None = None  # held-out answers' scorer, when not fn (a verifier)
         self.errors = self.timeouts = self.calls = self.restarts = 0
         self.queue_s = self.run_s = 0.0  # call-seconds waiting (for the executor, for a worker) and running
         self._local = threading.local()  # this thread's wait for a worker in its current call
@@ -186,7 +187,13 @@ class RewardService:
     def eval_fn(self, prompt: str, completion: str, **fields) -> float:
         """A plain reward function that scores through the service (workers, timeout) for held-out
         evaluation: a failure raises :class:`RewardFailure` (carrying the configured default) for the caller
-        to count (``eval_reward_errors``) instead of entering the training counters."""
+        to count (``eval_reward_errors``) instead of entering the training counters. With ``held_out_fn`` (a reward
+        model's service: raw scores are no accuracy) that function scores them, in this thread."""
+        if self.held_out_fn is not None:
+            try:
+                return call_reward(self.held_out_fn, {"question": prompt, **fields}, completion)
+            except Exception as e:  # noqa: BLE001 - counted by the caller
+                raise RewardFailure(f"reward error: {type(e).__name__}: {e}", self.default) from e
         status, value = self._run({"question": prompt, **fields}, completion)
         if status != "ok":
             raise RewardFailure(f"reward {status}: {value}" if value else f"reward {status}", self.default)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from agents.exceptions import AgentsException
 
-from asyncrl.agent.tasks.lookup import lookup
-from asyncrl.data.lookup import LOOKUP_TOOL, extract_answer
+from asyncrl.agent.tasks.lookup import lookup, run_python
+from asyncrl.data.lookup import LOOKUP_TOOL, PYTHON_TOOL, extract_answer
 
 set_tracing_disabled(True)  # no traces sent anywhere
 
@@ -27,9 +27,15 @@ async def episode(client, item: dict, max_turns: int = 6) -> float:
         """The number stored under a key."""
         return lookup(item, key)
 
-    lookup_number.name = "lookup"  # the name and description the tiny agent model was fine-tuned on
-    lookup_number.description = LOOKUP_TOOL["function"]["description"]
-    agent = Agent(name="lookup", instructions=None, tools=[lookup_number],
+    @function_tool
+    def python_code(code: str) -> str:
+        """Run Python code."""
+        return run_python(code)
+
+    # the names, descriptions and order of the tools builtin:tiny-agent was fine-tuned with
+    lookup_number.name, lookup_number.description = "lookup", LOOKUP_TOOL["function"]["description"]
+    python_code.name, python_code.description = "python", PYTHON_TOOL["function"]["description"]
+    agent = Agent(name="lookup", instructions=None, tools=[lookup_number, python_code],
                   model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
                   model_settings=ModelSettings())
     try:

@@ -18,26 +18,39 @@ import json
 
 import openai
 
-from asyncrl.agent.tasks.lookup import lookup
-from asyncrl.data.lookup import LOOKUP_TOOL, extract_answer
+from asyncrl.agent.tasks.lookup import lookup, run_python
+from asyncrl.data.lookup import LOOKUP_TOOL, PYTHON_TOOL, extract_answer
+
+TOOLS = [LOOKUP_TOOL, PYTHON_TOOL]  # the tools, and their order, that builtin:tiny-agent was fine-tuned with
+
+
+def run_tool(item: dict, name: str, arguments: str) -> str:
+    try:
+        args = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return "error: the arguments are not JSON"
+    if not isinstance(args, dict):
+        return "error: the arguments must be an object"
+    if name == "lookup":
+        return lookup(item, args.get("key"))
+    if name == "python":
+        return run_python(args.get("code"))
+    return f"error: no tool named {name!r}"
 
 
 async def episode(client: openai.AsyncOpenAI, item: dict, max_turns: int = 6) -> float:
-    """Ask, run every ``lookup`` the model calls, stop at the first reply without a tool call; 1.0 if it states
-    the right answer."""
+    """Ask, run every tool the model calls, stop at the first reply without a tool call; 1.0 if it states the
+    right answer."""
     messages = [{"role": "user", "content": item["question"]}]
     for _ in range(max_turns):
-        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[LOOKUP_TOOL])
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
             return float(extract_answer(message.content) == item["answer"])
         for call in message.tool_calls:
-            try:
-                key = json.loads(call.function.arguments).get("key", "")
-            except (json.JSONDecodeError, AttributeError):
-                key = ""
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": lookup(item, key)})
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": run_tool(item, call.function.name, call.function.arguments)})
     return 0.0
 
 
