@@ -55,9 +55,9 @@ def bench(model_path: str, where: Path, repeats: int) -> dict:
         size = size_mb(path)
         for i in range(repeats):
             t0 = time.perf_counter()
-            ckpt.save(repeats + i + 1, RunState(version=repeats + i + 1), background=True)
+            path = ckpt.save(repeats + i + 1, RunState(version=repeats + i + 1), background=True)
             taken.append(time.perf_counter() - t0)
-            ckpt.wait()
+            ckpt.wait()  # keep=1: the earlier checkpoints are gone, resume from this one
             written.append(time.perf_counter() - t0)
         for _ in range(repeats):
             t0 = time.perf_counter()
