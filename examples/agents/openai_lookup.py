@@ -14,28 +14,12 @@ take.)
 
 from __future__ import annotations
 
-import json
-
 import openai
 
-from asyncrl.agent.tasks.lookup import lookup, run_python
+from asyncrl.agent.tasks.lookup import call_tool
 from asyncrl.data.lookup import LOOKUP_TOOL, PYTHON_TOOL, extract_answer
 
 TOOLS = [LOOKUP_TOOL, PYTHON_TOOL]  # the tools, and their order, that builtin:tiny-agent was fine-tuned with
-
-
-def run_tool(item: dict, name: str, arguments: str) -> str:
-    try:
-        args = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        return "error: the arguments are not JSON"
-    if not isinstance(args, dict):
-        return "error: the arguments must be an object"
-    if name == "lookup":
-        return lookup(item, args.get("key"))
-    if name == "python":
-        return run_python(args.get("code"))
-    return f"error: no tool named {name!r}"
 
 
 async def episode(client: openai.AsyncOpenAI, item: dict, max_turns: int = 6) -> float:
@@ -50,7 +34,7 @@ async def episode(client: openai.AsyncOpenAI, item: dict, max_turns: int = 6) ->
             return float(extract_answer(message.content) == item["answer"])
         for call in message.tool_calls:
             messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": run_tool(item, call.function.name, call.function.arguments)})
+                             "content": await call_tool(item, call.function.name, call.function.arguments)})
     return 0.0
 
 
