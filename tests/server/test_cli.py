@@ -32,12 +32,17 @@ def test_sigterm_stops_a_busy_server_process_within_seconds(tmp_path):
             except httpx.HTTPError as e:
                 answers[name] = type(e).__name__
 
-        stuck = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2}
+        # a rendezvous that accepts the join's connection and never answers it: the join is then surely in flight
+        rendezvous = socket.create_server(("127.0.0.1", 0))
+        rendezvous.settimeout(30)
+        stuck = {"master_address": "127.0.0.1", "master_port": rendezvous.getsockname()[1], "rank_offset": 1,
+                 "world_size": 2}
         long = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2000, "n": 4, "ignore_eos": True}}
         calls = [threading.Thread(target=post, args=("join", "/init_weights_update_group", stuck)),
                  threading.Thread(target=post, args=("generate", "/generate", long))]
-        for t in calls:
-            t.start()
+        calls[0].start()
+        joining, _ = rendezvous.accept()
+        calls[1].start()
         deadline = time.monotonic() + 30
         while httpx.get(f"{server.url}/get_server_info").json()["generated_tokens"] == 0:
             assert time.monotonic() < deadline, "generation never started"
@@ -49,6 +54,8 @@ def test_sigterm_stops_a_busy_server_process_within_seconds(tmp_path):
         for t in calls:
             t.join(timeout=30)
         assert answers == {"generate": 503, "join": 503}  # failed by the stopped engine; cancelled at the grace end
+        joining.close()
+        rendezvous.close()
     finally:
         server.close()
 
