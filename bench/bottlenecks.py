@@ -49,8 +49,11 @@ CASES = [
                                  "agent.options={attempts: 3, tool_latency_s: 1.0, tool_latency_p99_s: 4.0}",
                                  "train_dataset.batch_size=4", "gconfig.n_samples=4", "rollout.max_slots=64"],
          ["rollout.max_head_offpolicyness=4"], steps=8),
-    Case("sync", "sync-bound", [f"model.path={BIG}", "rollout.weight_transport=disk", "train_dataset.batch_size=2",
-                                "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "valid_dataset.size=4",
+    # training as few tokens as a step can (one group of two 4-token answers), so that publishing ~100M weights
+    # through the disk outweighs training them even on the slowest CPU seen (with 2 groups of 8-token answers, an
+    # AVX2-only EPYC spent 81% of the trainer's time training)
+    Case("sync", "sync-bound", [f"model.path={BIG}", "rollout.weight_transport=disk", "train_dataset.batch_size=1",
+                                "gconfig.n_samples=2", "gconfig.max_new_tokens=4", "valid_dataset.size=4",
                                 "rollout.max_head_offpolicyness=2"],
          ["rollout.weight_transport=inprocess"], steps=6,
          setup=["init-model", "--out", str(BIG), "--hidden-size", "768", "--layers", "12"]),
