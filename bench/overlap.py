@@ -10,8 +10,11 @@ LLM judge scored while the engine generates. Run by hand, alone:
 evaluation and in checkpoints, the wall time to the last step, the median step time, held-out accuracy at the end.
 
 ``judge``: the default task rewarded by a judge the run serves itself (``reward.judge.serve``, the shipped
-tiny-sft model behind ``asyncrl serve``; it is no grader, so most of its answers are unreadable and counted as
-reward failures: this measures throughput, not learning), synchronous (η=0: the generator stops while the last
+tiny-sft model behind ``asyncrl serve``). That model is no grader: asked in the default template it answers
+nothing readable, and a run whose first rewards all fail stops. So the judge here is a stand-in with a real
+judge's cost: its prompt is the question and the response (``{question}\n{response}``), it answers with
+arithmetic (up to ``reward.judge.max_tokens`` = 16 tokens), and its last number read in 0-1000 is the score.
+The scores are meaningless as grades, so this measures throughput, not learning: synchronous (η=0: the generator stops while the last
 groups are judged and the trainer trains) against asynchronous (η=2: judging and training overlap generation);
 printed: rewards scored per second, the generator's busy fraction, the trainer's wait, step time.
 """
@@ -76,13 +79,14 @@ def saves(args) -> None:
 
 
 def judge(args) -> None:
-    common = [f"total_train_steps={args.steps}", "reward.judge.serve=builtin:tiny-sft", "reward.judge.score=verdict",
-              "reward.judge.max_tokens=8", "reward.workers=2", "evaluator.freq_steps=0", "valid_dataset.size=8",
+    common = [f"total_train_steps={args.steps}", "reward.judge.serve=builtin:tiny-sft", "reward.judge.score=0-1000",
+              "reward.judge.template=\"{question}\\n{response}\"",  # YAML: the two lines, quoted
+              "reward.judge.max_tokens=16", "reward.workers=2", "evaluator.freq_steps=0", "valid_dataset.size=8",
               "saver.freq_steps=0", "train_dataset.batch_size=8"]
     rows = {eta: shares(run(args.out, f"judge-eta{eta}", common + [f"rollout.max_head_offpolicyness={eta}"]))
             for eta in (0, 2)}
     print(f"\n{cpu()}; the default task, {args.steps} steps of 8 groups x 8 samples, every sample judged by "
-          "builtin:tiny-sft served by the run (2 reward workers)")
+          "builtin:tiny-sft served by the run (a stand-in grader: 16 tokens of arithmetic per sample, 2 reward workers)")
     print("| η | rewards/s | generator busy | trainer waiting | median step s | wall s | reward failures |")
     print("|---|---|---|---|---|---|---|")
     for eta, r in rows.items():

@@ -2,6 +2,7 @@
 
     python bench/plan_vs_measured.py                    # part 1 (this machine, ~25 min) and part 2 (clusters)
     python bench/plan_vs_measured.py --part cluster     # part 2 only (seconds)
+    python bench/plan_vs_measured.py --part machine --only agent   # part 1, the agent rows only
 
 Part 1, this machine: one hardware profile is measured (``asyncrl plan --profile``, the default task's model),
 then for each configuration (η 0..8, the single-turn default task and the agentic slow-tool environment of
@@ -69,7 +70,7 @@ def measured(run: Path) -> dict:
             "calls_per_episode": last.get("agent_calls", 0) / max(1, last.get("agent_episodes", 0) or 1)}
 
 
-def part_machine(out: Path) -> None:
+def part_machine(out: Path, only: str = "") -> None:
     from machine import cpu
 
     print(cpu())
@@ -77,14 +78,15 @@ def part_machine(out: Path) -> None:
     asyncrl("plan", "--profile", str(profile), *QUIET)
     print(f"profile: {profile}")
     rows, calls = [], None
-    for name, overrides, steps in CONFIGS:
+    for name, overrides, steps in [c for c in CONFIGS if only in c[0]]:
         run_dir = out / "runs" / name.replace(" ", "_").replace("=", "")
         asyncrl("train", *QUIET, *overrides, f"total_train_steps={steps}", f"output_dir={run_dir}", "resume=fresh")
         m = measured(run_dir / "asyncrl" / "default")
         agent = "workflow.name=agent" in overrides
         if agent and calls is None:
             calls = m["calls_per_episode"]  # the η = 0 run's, given to the planner for both agent rows
-        extra = ["--calls-per-episode", f"{calls:.3f}"] if agent else []
+        # agent_env's episodes check every answer with the slow tool, the last one too
+        extra = ["--calls-per-episode", f"{calls:.3f}", "--tool-after-last-call"] if agent else []
         p = json.loads(asyncrl("plan", "--hardware", str(profile), "--json", *extra, *QUIET, *overrides,
                                f"total_train_steps={steps}").stdout)
         rows.append((name, p, m, agent))
@@ -176,10 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=["all", "machine", "cluster"], default="all")
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "bench-plan")
+    p.add_argument("--only", default="", help="part 1: only the configurations whose name holds this (e.g. agent)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     if args.part in ("all", "machine"):
-        part_machine(args.out)
+        part_machine(args.out, args.only)
     if args.part in ("all", "cluster"):
         part_cluster()
     return 0

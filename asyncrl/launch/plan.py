@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calls-per-episode", type=float, default=None, metavar="N",
                    help="agent workflows: LLM calls per episode (default: what --from-run measured, else 1); tool "
                         "latency comes from agent.options tool_latency_s / tool_latency_p99_s")
+    p.add_argument("--tool-after-last-call", action="store_true",
+                   help="agent workflows: episodes wait on a tool after their last LLM call too (e.g. a checker of "
+                        "the final answer); else tools come only between calls")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for a sweep)")
     p.add_argument("--html", metavar="FILE", help="write a page with the sweep's curves")
 
@@ -57,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         fitted = _fitted(cfg, args)
         if args.calls_per_episode is not None:
             fitted = dataclasses.replace(fitted, calls_per_episode=args.calls_per_episode)
+        if args.tool_after_last_call:
+            fitted = dataclasses.replace(fitted, tool_after_last=True)
         results = []
         for point in sweep:
             point_cfg = configlib.load(TrainConfig, args.config, args.overrides + [f"{k}={v}" for k, v in point])
@@ -148,7 +153,7 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
         calls_per_episode=max(1.0, fitted.calls_per_episode) if agent else 1,
         tool=ToolLatency(float(options.get("tool_latency_s", fitted.tool_s)),
                          float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))
-        if agent else ToolLatency(),
+        if agent else ToolLatency(), tool_after_last=agent and fitted.tool_after_last,
         reward_workers=max(1, cfg.reward.workers), seed=cfg.seed)
 
 

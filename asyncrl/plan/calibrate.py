@@ -33,7 +33,18 @@ class Fitted:
     lengths: Lengths
     prompt_tokens: int
     calls_per_episode: float = 1.0
-    tool_s: float = 0.0  # mean seconds per tool call (agent runs)
+    episode_tool_s: float = 0.0  # mean seconds an episode spent outside its LLM calls (agent runs)
+    tool_after_last: bool = False  # episodes wait on a tool after their last LLM call too (e.g. a checker)
+
+    @property
+    def tool_waits(self) -> float:
+        """Tool waits per episode: one between LLM calls, and one after the last when ``tool_after_last``."""
+        return max(0.0, self.calls_per_episode - 1) + self.tool_after_last
+
+    @property
+    def tool_s(self) -> float:
+        """Mean seconds per tool wait."""
+        return self.episode_tool_s / self.tool_waits if self.tool_waits > 0 else 0.0
 
 
 def _least_squares(rows: list[list[float]], ys: list[float]) -> list[float]:
@@ -180,7 +191,7 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     per_token = (total("trainer_fwd_bwd_s") + total("trainer_recompute_s")) / max(1.0, total("train_tokens"))
     last, first = steps[-1], steps[0]
     calls = last.get("agent_calls", 0) / max(1, last.get("agent_episodes", 0) or 1)
-    tool = total("episode_tool_s") / max(1.0, last.get("agent_calls", 0) - last.get("agent_episodes", 0))
+    tool = total("episode_tool_s") / max(1, last.get("agent_episodes", 0) or 1)
     reward_calls = last.get("reward_calls", 0) - first.get("reward_calls", 0)
     costs = Costs(decode_per_seq_s=total("gen_decode_s") / max(1.0, generated),
                   prefill_per_token_s=total("gen_prefill_s") / max(1.0, samples / group_size * prompt),
@@ -192,7 +203,7 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     notes = [f"fitted from {len(steps)} steps: decode {costs.decode_per_seq_s * 1e3:.3f} ms per sequence-step at the "
              f"run's occupancy, training {per_token * 1e6:.1f} us per token + {costs.train_base_s:.3f} s per step"]
     return Fitted(Profile(name or "fitted", costs, "fitted from a run", notes), from_records(records, max_new_tokens),
-                  int(round(prompt)), calls if calls >= 1 else 1.0, tool if calls > 1 else 0.0)
+                  int(round(prompt)), calls if calls >= 1 else 1.0, tool)
 
 
 def _machine() -> str:

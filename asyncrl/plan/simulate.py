@@ -5,7 +5,8 @@ costs of the engines, the trainer, weight sync, evaluation, checkpoints, tools a
 
 What it simulates, as the system does it:
 - admission: whenever the gate has room, a group starts (``n`` samples of one prompt, one request; or ``n``
-  agent episodes of ``calls_per_episode`` LLM calls separated by tool latencies);
+  agent episodes of ``calls_per_episode`` LLM calls separated by tool latencies, and followed by one when
+  ``tool_after_last``);
 - engines: continuous batching over ``max_slots`` sequences each; a request is prefilled when slots are free
   (one prefill per prompt); decoding advances every running sequence a token per step (at most ``chunk``
   steps between looks at the queue); new weights land at a token boundary: running sequences are re-prefilled
@@ -73,6 +74,7 @@ class Workload:
     epochs: int = 1
     calls_per_episode: float = 1  # agent workflows: mean LLM calls per episode (tools between them)
     tool: ToolLatency = field(default_factory=ToolLatency)
+    tool_after_last: bool = False  # agent episodes end with a tool wait after their last call (e.g. a checker)
     tool_result_tokens: int = 16
     reward_workers: int = 1
     seed: int = 0
@@ -258,7 +260,7 @@ class Simulation:
     def _admit(self) -> None:
         while (ticket := self.buffer.try_admit()) is not None:
             group = _Group(ticket)
-            if self.w.calls_per_episode <= 1:
+            if self.w.calls_per_episode <= 1 and not self.w.tool_after_last:
                 self._single_turn(group)
             else:
                 group.episodes_left = self.w.n_samples
@@ -280,7 +282,8 @@ class Simulation:
         self._engine().submit(request)
 
     def _call(self, group: _Group, prompt: int, calls_left: int) -> None:
-        """One LLM call of an agent episode; then a tool, then the next call (or the episode ends)."""
+        """One LLM call of an agent episode; then a tool and the next call, or the episode ends (after a last
+        tool wait when ``tool_after_last``)."""
         n = self.w.lengths.sample(self.rng)
         request = _Request(prompt, [], lambda: None)
         seq = _Seq(request, n, prompt)
@@ -293,6 +296,12 @@ class Simulation:
                 self.at(self.t + wait, lambda: self._call(group, prompt + n + self.w.tool_result_tokens,
                                                           calls_left - 1))
                 return
+            if self.w.tool_after_last:
+                self.at(self.t + self.w.tool.sample(self.rng), ended)
+            else:
+                ended()
+
+        def ended() -> None:
             group.episodes_left -= 1
             if group.episodes_left == 0:
                 self._scored(group)

@@ -1,6 +1,9 @@
 """The planner's simulation (asyncrl/plan/simulate.py) on cases with a known answer: η = 0 with constant costs
 is the sum of the phases; a generator that is never the bottleneck leaves the trainer no wait; the real gate
-bounds the simulated staleness; an auto η settles; agent episodes wait on their tools."""
+bounds the simulated staleness; an auto η settles; agent episodes wait on their tools, also after their last
+call."""
+
+import dataclasses
 
 import pytest
 
@@ -56,6 +59,25 @@ def test_agent_episodes_wait_on_their_tools():
     assert sync.step_time_s >= 2 * 1.0 + 3 * 0.5 + 1.1 - 1e-6
     async_ = simulate(_workload(max_staleness=4, calls_per_episode=3, tool=ToolLatency(1.0, 1.0), steps=12), PHASES)
     assert async_.step_time_s < sync.step_time_s * 0.6
+
+
+def test_a_tool_after_the_last_call_holds_a_synchronous_step():
+    """One call per episode, then a checker of 1 s (as bench/agent_env.py's): synchronously the step waits for it
+    once; without ``tool_after_last`` the same episodes are single calls with no tool time at all."""
+    checker = dict(max_staleness=0, calls_per_episode=1, tool=ToolLatency(1.0, 1.0), steps=6)
+    checked = simulate(_workload(**checker, tool_after_last=True), PHASES)
+    plain = simulate(_workload(**checker), PHASES)
+    assert plain.step_time_s == pytest.approx(0.5 + 1.0 + 0.1)
+    assert checked.step_time_s == pytest.approx(plain.step_time_s + 1.0, rel=0.05)
+
+
+def test_fitted_tool_time_is_shared_by_the_tool_waits():
+    from asyncrl.plan.calibrate import Fitted
+    from asyncrl.plan.costs import Profile
+
+    fitted = Fitted(Profile("p", PHASES, ""), fixed(50), 24, calls_per_episode=3, episode_tool_s=6.0)
+    assert fitted.tool_s == pytest.approx(3.0)  # two waits between three calls
+    assert dataclasses.replace(fitted, tool_after_last=True).tool_s == pytest.approx(2.0)
 
 
 def test_spec_costs_scale_with_the_hardware():
