@@ -155,8 +155,9 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
             r = acc.seconds["reward"]
             out.append(Finding(
                 "reward-bound", "bottleneck",
-                f"the trainer waited {t['wait']:.0%} of the time; reward calls waited {r['queue']:.0f} s for a worker "
-                f"and ran {r['run']:.0f} s (over {acc.wall_s:.0f} s of wall time)",
+                f"the trainer waited {t['wait']:.0%} of the time; reward calls spent "
+                f"{r['queue'] / max(1e-9, r['queue'] + r['run']):.0%} of their time waiting for a worker "
+                f"({r['queue']:.0f} call-seconds queued, {r['run']:.0f} running, over {acc.wall_s:.0f} s of wall time)",
                 f"more reward workers (reward.workers{_now(s, 'workers')})", t["wait"]))
         elif acc.measured("episode") and acc.fractions("episode")["tool"] >= TOOL_SHARE:
             out.append(Finding(
