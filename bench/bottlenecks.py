@@ -50,8 +50,9 @@ CASES = [
                                  "train_dataset.batch_size=4", "gconfig.n_samples=4", "rollout.max_slots=64"],
          ["rollout.max_head_offpolicyness=4"], steps=8),
     # training as few tokens as a step can (one group of two 4-token answers), so that publishing ~100M weights
-    # through the disk outweighs training them even on the slowest CPU seen (with 2 groups of 8-token answers, an
-    # AVX2-only EPYC spent 81% of the trainer's time training)
+    # weighs as much as it can beside training them. Not enough on an AVX2-only EPYC with a fast page cache: there
+    # the disk publish took 0.44 s of a 1.8 s step, no slower than in process, and the verdict rightly said
+    # trainer-bound (the case needs a transport that is really slow on the machine)
     Case("sync", "sync-bound", [f"model.path={BIG}", "rollout.weight_transport=disk", "train_dataset.batch_size=1",
                                 "gconfig.n_samples=2", "gconfig.max_new_tokens=4", "valid_dataset.size=4",
                                 "rollout.max_head_offpolicyness=2"],

@@ -14,8 +14,8 @@ tiny-sft model behind ``asyncrl serve``). That model is no grader: asked in the 
 nothing readable, and a run whose first rewards all fail stops. So the judge here is a stand-in with a real
 judge's cost: its prompt is the question and the response (``{question}\n{response}``), it answers with
 arithmetic (up to ``reward.judge.max_tokens`` = 16 tokens), and its last number read in 0-1000 is the score.
-The scores are meaningless as grades, so this measures throughput, not learning: synchronous (η=0: the generator stops while the last
-groups are judged and the trainer trains) against asynchronous (η=2: judging and training overlap generation);
+The scores are meaningless as grades, so this measures throughput, not learning: synchronous (η=0: the
+generator stops while the last groups are judged and the trainer trains) against asynchronous (η=2: judging and training overlap generation);
 printed: rewards scored per second, the generator's busy fraction, the trainer's wait, step time.
 """
 
