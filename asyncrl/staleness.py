@@ -7,9 +7,10 @@ enforces it: a group admitted at version v is trained by version v + η(v) (``as
 trained token is at most the η of its group's version behind, and never more than the limit.
 
 The control law of ``AutoStaleness`` (docs/report.md): over the last ``window`` steps,
-- the trainer waited for batches (``trainer_wait_s`` over ``step_time_s`` above ``wait_high``) while the gate
-  held work back (``gate_closed_s`` > 0): raise η by one (up to ``limit``) and remember that the lower value
-  made the trainer wait;
+- the trainer waited for batches (``trainer_wait_s`` over ``step_time_s``, w, above ``wait_high``) while the gate
+  held work back (``gate_closed_s`` > 0): raise η so that the work in flight, (η + 1) groups a version, grows
+  by the trainer's shortfall: η + 1 becomes ⌈(η + 1) / (1 − w)⌉, at least one more and at most three times as
+  many, up to ``limit`` (``raised``); remember that the lower value made the trainer wait;
 - the trainer did not wait (below ``wait_low``): lower η by one, never to a value at which it waited before;
 - after a change, the next two steps are skipped (a new η applies from the next version, and its groups are
   trained the version after) and a full window of steps under it decides the next change; the first step of a run (it waits for the first batch
@@ -20,6 +21,7 @@ generation that a larger η cannot hide (the gate was open), η does not grow.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -49,7 +51,7 @@ class FixedStaleness:
 class AutoStaleness:
     """η tuned from the accounting of the last ``window`` steps, between 0 and ``limit`` (module docstring)."""
 
-    def __init__(self, limit: int, start: int = 1, window: int = 3, wait_high: float = 0.05, wait_low: float = 0.01):
+    def __init__(self, limit: int, start: int = 1, window: int = 2, wait_high: float = 0.05, wait_low: float = 0.01):
         if limit < 0 or window < 1 or not 0 <= wait_low <= wait_high:
             raise ValueError(f"AutoStaleness needs limit >= 0, window >= 1 and 0 <= wait_low <= wait_high, got "
                              f"{limit}, {window}, {wait_low}, {wait_high}")
@@ -82,11 +84,20 @@ class AutoStaleness:
             eta = self._eta
             if wait > self.wait_high and gate_closed > 0 and eta < self.limit:
                 self._floor = max(self._floor, eta + 1)
-                self._eta = eta + 1
+                self._eta = raised(eta, wait, self.limit)
             elif wait < self.wait_low and eta > self._floor:
                 self._eta = eta - 1
             if self._eta != eta:  # judge the new η on a window of its own
                 self._recent, self._skip = [], 2
+
+
+def raised(eta: int, wait: float, limit: int) -> int:
+    """The η after a window in which the trainer waited ``wait`` of the time behind a closed gate: where
+    generation is latency-bound (episodes waiting on tools, a gate holding back work the generator could run),
+    throughput grows with the work in flight, (η + 1)·B groups, so (η + 1) grows by 1 / (1 − wait); at least
+    η + 1, at most three times the work in flight, never above ``limit``."""
+    grown = math.ceil((eta + 1) / max(1.0 - wait, 1 / 3) - 1e-9) - 1
+    return min(limit, max(eta + 1, grown))
 
 
 def _num(record: dict, key: str) -> float:

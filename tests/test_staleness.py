@@ -9,7 +9,7 @@ from asyncrl import configlib
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.staleness import AutoStaleness, FixedStaleness
+from asyncrl.staleness import AutoStaleness, FixedStaleness, raised
 from asyncrl.types import Trajectory, TrajectoryGroup
 
 
@@ -25,16 +25,28 @@ def _auto(**kw) -> AutoStaleness:
 
 
 def test_the_first_step_is_not_read_nor_the_two_after_a_change():
-    policy = AutoStaleness(limit=4, start=1, window=1)
+    policy = AutoStaleness(limit=8, start=1, window=1)
     policy.observe(_record(1.0))
     assert policy.bound() == 1
-    policy.observe(_record(1.0))
+    policy.observe(_record(0.2))
     assert policy.bound() == 2
     policy.observe(_record(1.0))
     policy.observe(_record(1.0))
     assert policy.bound() == 2  # these trained groups admitted before η = 2 took hold
-    policy.observe(_record(1.0))
+    policy.observe(_record(0.2))
     assert policy.bound() == 3
+
+
+@pytest.mark.parametrize("eta, wait, limit, expected", [
+    (1, 0.06, 8, 2),   # a small shortfall: one more
+    (1, 0.56, 8, 4),   # 2 groups a version short by 56%: 2 / 0.44 = 4.5 -> 5 in flight
+    (4, 0.18, 8, 6),   # 5 / 0.82 = 6.1 -> 7
+    (1, 1.0, 8, 5),    # at most three times the work in flight
+    (3, 0.9, 8, 8),    # never above the limit
+    (2, 2 / 3, 8, 8),  # exactly three times: 9 in flight (not 10 from rounding)
+])
+def test_auto_raises_eta_by_the_trainers_shortfall(eta, wait, limit, expected):
+    assert raised(eta, wait, limit) == expected
 
 
 def test_fixed_is_fixed():
@@ -49,8 +61,9 @@ def test_auto_rises_while_the_trainer_waits_behind_a_closed_gate_up_to_the_limit
     for _ in range(20):
         policy.observe(_record(0.5))
         seen.append(policy.bound())
-    assert seen[-1] == 4 and max(seen) == 4
-    assert all(b - a in (0, 1) for a, b in zip(seen, seen[1:]))  # one step at a time, held a window after each
+    assert seen == sorted(seen) and seen[-1] == 4 and max(seen) == 4
+    assert seen[:8] == [1, 1, 3, 3, 3, 3, 4, 4]  # 1 -> 3 (waiting half the time), a change held for two
+    # unread steps and a window, then the limit
 
 
 def test_auto_does_not_rise_when_the_gate_was_open():
@@ -63,8 +76,8 @@ def test_auto_does_not_rise_when_the_gate_was_open():
 
 def test_auto_falls_when_the_trainer_never_waits_but_not_back_to_a_value_that_made_it_wait():
     policy = _auto(limit=8, start=1, window=2)
-    for _ in range(2):  # a window of waiting at η = 1: rises to 2
-        policy.observe(_record(0.5))
+    for _ in range(2):  # a window of a little waiting at η = 1: rises to 2
+        policy.observe(_record(0.1))
     assert policy.bound() == 2
     for _ in range(30):  # no more waiting: η stays at 2, the smallest that did not make the trainer wait
         policy.observe(_record(0.0))
