@@ -7,14 +7,19 @@ enforces it: a group admitted at version v is trained by version v + η(v) (``as
 trained token is at most the η of its group's version behind, and never more than the limit.
 
 The control law of ``AutoStaleness`` (docs/report.md): over the last ``window`` steps,
-- the trainer waited for batches (``trainer_wait_s`` over ``step_time_s``, w, above ``wait_high``) while the gate
+- the trainer waited for batches (``trainer_wait_s`` over the step's time away from evaluation and checkpoints,
+  w, above ``wait_high``) while the gate
   held work back (``gate_closed_s`` > 0): raise η so that the work in flight, (η + 1) groups a version, grows
   by the trainer's shortfall: η + 1 becomes ⌈(η + 1) / (1 − w)⌉, at least one more and at most three times as
   many, up to ``limit`` (``raised``); remember that the lower value made the trainer wait;
-- the trainer did not wait (below ``wait_low``): lower η by one, never to a value at which it waited before;
+- the trainer did not wait (below ``wait_low``) over the last two windows: lower η by one, never to a value at
+  which it waited before (η rises fast and falls slowly: too small an η costs speed at once, too large one only
+  freshness, which the decoupled objective corrects);
 - after a change, the next two steps are skipped (a new η applies from the next version, and its groups are
-  trained the version after) and a full window of steps under it decides the next change; the first step of a run (it waits for the first batch
-  whatever η is) is not read.
+  trained the version after) and a full window of steps under it decides the next change; likewise after a
+  step that spent over half its time evaluating or checkpointing (the generator filled the buffer meanwhile:
+  the steps that drain it wait for nothing whatever η is); the first step of a run (it waits for the first
+  batch whatever η is) is not read.
 So η settles at the smallest value that keeps the trainer from waiting; where waiting comes from slow
 generation that a larger η cannot hide (the gate was open), η does not grow.
 """
@@ -71,21 +76,24 @@ class AutoStaleness:
         if not self._warm:  # the first step waits for the first batch whatever η is: not a signal
             self._warm = True
             return
+        if _away(record) > 0.5 * _num(record, "step_time_s"):  # evaluating or saving: the buffer filled meanwhile
+            self._recent, self._skip = [], 2
+            return
         if self._skip:  # the two steps after a change train groups admitted before the new η took hold
             self._skip -= 1
             return
-        self._recent = (self._recent + [record])[-self.window:]
+        self._recent = (self._recent + [record])[-2 * self.window:]
         if len(self._recent) < self.window:
             return
-        wall = sum(_num(r, "step_time_s") for r in self._recent)
-        wait = sum(_num(r, "trainer_wait_s") for r in self._recent) / wall if wall > 0 else 0.0
-        gate_closed = sum(_num(r, "gate_closed_s") for r in self._recent)
+        wait = _wait_share(self._recent[-self.window:])
+        gate_closed = sum(_num(r, "gate_closed_s") for r in self._recent[-self.window:])
         with self._lock:
             eta = self._eta
             if wait > self.wait_high and gate_closed > 0 and eta < self.limit:
                 self._floor = max(self._floor, eta + 1)
                 self._eta = raised(eta, wait, self.limit)
-            elif wait < self.wait_low and eta > self._floor:
+            elif (len(self._recent) == 2 * self.window and _wait_share(self._recent) < self.wait_low
+                  and eta > self._floor):
                 self._eta = eta - 1
             if self._eta != eta:  # judge the new η on a window of its own
                 self._recent, self._skip = [], 2
@@ -98,6 +106,17 @@ def raised(eta: int, wait: float, limit: int) -> int:
     η + 1, at most three times the work in flight, never above ``limit``."""
     grown = math.ceil((eta + 1) / max(1.0 - wait, 1 / 3) - 1e-9) - 1
     return min(limit, max(eta + 1, grown))
+
+
+def _away(record: dict) -> float:
+    """Seconds of the step the trainer spent evaluating or checkpointing."""
+    return _num(record, "trainer_eval_s") + _num(record, "trainer_save_s")
+
+
+def _wait_share(records: list[dict]) -> float:
+    """The share of the trainer's time, evaluation and checkpoints aside, spent waiting for batches."""
+    wall = sum(max(0.0, _num(r, "step_time_s") - _away(r)) for r in records)
+    return sum(_num(r, "trainer_wait_s") for r in records) / wall if wall > 0 else 0.0
 
 
 def _num(record: dict, key: str) -> float:

@@ -90,6 +90,35 @@ def test_auto_falls_when_the_trainer_never_waits_but_not_back_to_a_value_that_ma
     assert seen[-1] == 0 and all(a - b in (0, 1) for a, b in zip([5] + seen, seen))  # down one per version
 
 
+def test_auto_falls_only_after_two_windows_without_waiting():
+    policy = _auto(limit=8, start=4, window=2)
+    seen = []
+    for _ in range(4):
+        policy.observe(_record(0.0))
+        seen.append(policy.bound())
+    assert seen == [4, 4, 4, 3]  # one window is not enough to lower η; two are
+
+
+def test_a_step_spent_evaluating_is_not_read_nor_the_two_that_drain_the_buffer_after_it():
+    policy = _auto(limit=8, start=4, window=2)
+    evaluating = {**_record(0.0, step_s=20.0), "trainer_eval_s": 19.0}
+    for record in [_record(0.0), _record(0.0), _record(0.0), evaluating, _record(0.0), _record(0.0)]:
+        policy.observe(record)
+    assert policy.bound() == 4  # the evaluation broke the run of non-waiting steps; the next two were skipped
+    for _ in range(4):
+        policy.observe(_record(0.0))
+    assert policy.bound() == 3
+
+
+def test_evaluation_time_does_not_dilute_the_wait():
+    """A step of 10 s with 4 s of evaluation and 1 s of waiting: the trainer waited a sixth of its own time."""
+    policy = _auto(limit=8, start=1, window=2)
+    step = {**_record(0.1, step_s=10.0), "trainer_eval_s": 4.0}  # 1 s wait over 10 s, 6 s of it training
+    policy.observe(step)
+    policy.observe(step)
+    assert policy.bound() == 2  # 1/6 = 17% > 5%: rises (by one: 2 / (1 - 1/6) = 2.4 -> 3 in flight)
+
+
 class _Wandering:
     """An η that jumps anywhere between 0 and ``limit`` each time it is asked."""
 
