@@ -6,7 +6,9 @@ version, when the version is set, so η is constant while a version admits. What
 enforces it: a group admitted at version v is trained by version v + η(v) (``asyncrl.buffer``), so every
 trained token is at most the η of its group's version behind, and never more than the limit.
 
-The control law of ``AutoStaleness`` (docs/report.md): over the last ``window`` steps,
+The control law of ``AutoStaleness`` (docs/report.md): η starts at the limit (a run is as fast as the bound the
+user accepted allows from its first step; starting at 1 cost the first 4 steps 2.5x their time on the slow-tool
+agent benchmark), then, over the last ``window`` steps,
 - the trainer waited for batches (``trainer_wait_s`` over the step's time away from evaluation and checkpoints,
   w, above ``wait_high``) while the gate
   held work back (``gate_closed_s`` > 0): raise η so that the work in flight, (η + 1) groups a version, grows
@@ -56,12 +58,12 @@ class FixedStaleness:
 class AutoStaleness:
     """η tuned from the accounting of the last ``window`` steps, between 0 and ``limit`` (module docstring)."""
 
-    def __init__(self, limit: int, start: int = 1, window: int = 2, wait_high: float = 0.05, wait_low: float = 0.01):
+    def __init__(self, limit: int, start: int | None = None, window: int = 2, wait_high: float = 0.05, wait_low: float = 0.01):
         if limit < 0 or window < 1 or not 0 <= wait_low <= wait_high:
             raise ValueError(f"AutoStaleness needs limit >= 0, window >= 1 and 0 <= wait_low <= wait_high, got "
                              f"{limit}, {window}, {wait_low}, {wait_high}")
         self.limit, self.window, self.wait_high, self.wait_low = limit, window, wait_high, wait_low
-        self._eta = min(start, limit)
+        self._eta = limit if start is None else min(start, limit)  # from the limit down: speed first
         self._floor = 0  # the smallest η not known to make the trainer wait
         self._recent: list[dict] = []
         self._skip = 0  # steps not to read after a change

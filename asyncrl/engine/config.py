@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 class RolloutConfig:
     max_head_offpolicyness: int | str = 2
     """η, the max staleness in versions: prompts are admitted while accepted + running < (η + v + 1)·B.
-    0 is synchronous RL. 'auto': η tuned online to the smallest value that keeps the trainer from waiting,
-    at most rollout.max_staleness_limit (asyncrl/staleness.py; docs/report.md)."""
+    0 is synchronous RL. 'auto': η starts at rollout.max_staleness_limit and is tuned online to the smallest
+    value that keeps the trainer from waiting (asyncrl/staleness.py; docs/report.md)."""
     max_staleness_limit: int = 8
     """With max_head_offpolicyness=auto: the largest η it may choose."""
     max_concurrent_rollouts: int = 0
