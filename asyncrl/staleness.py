@@ -9,11 +9,11 @@ trained token is at most the η of its group's version behind, and never more th
 The control law of ``AutoStaleness`` (docs/report.md): η starts at the limit (a run is as fast as the bound the
 user accepted allows from its first step; starting at 1 cost the first 4 steps 2.5x their time on the slow-tool
 agent benchmark), then, over the last ``window`` steps,
-- the trainer waited for batches (``trainer_wait_s`` over the step's time away from evaluation and checkpoints,
-  w, above ``wait_high``) while the gate
-  held work back (``gate_closed_s`` > 0): raise η so that the work in flight, (η + 1) groups a version, grows
-  by the trainer's shortfall: η + 1 becomes ⌈(η + 1) / (1 − w)⌉, at least one more and at most three times as
-  many, up to ``limit`` (``raised``); remember that the lower value made the trainer wait;
+- the trainer waited for batches (``trainer_wait_s`` over the steps' time outside evaluation and checkpoints,
+  w, above ``wait_high``) while the gate held work back (``gate_closed_s`` > 0): raise η so that the work in
+  flight, (η + 1) groups a version, grows by the trainer's shortfall: η + 1 becomes ⌈(η + 1) / (1 − w)⌉, at
+  least one more and at most three times as many, up to ``limit`` (``raised``); remember that the lower value
+  made the trainer wait;
 - the trainer did not wait (below ``wait_low``) over the last two windows: lower η by one, never to a value at
   which it waited before (η rises fast and falls slowly: too small an η costs speed at once, too large one only
   freshness, which the decoupled objective corrects);
