@@ -5,6 +5,8 @@ objective holds). Run by hand, alone (about an hour):
 
     python bench/staleness_ablation.py
     python bench/staleness_ablation.py --etas 0,4 --seeds 0 --steps 40     # a quick look
+    python bench/staleness_ablation.py --etas 0,4 & python bench/staleness_ablation.py --etas 16,256; wait
+    python bench/staleness_ablation.py     # two halves side by side, then the table from their finished runs
 
 Each run is ``asyncrl train`` on the built-in task from builtin:tiny-sft with a small batch (so that many steps
 fit: ``--batch`` groups of ``--n`` samples) at the default learning rate (``--lr``; stale samples hurt in
@@ -32,7 +34,7 @@ LOSSES = {"naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"], "de
 def run(args, loss: str, eta: int, seed: int) -> dict:
     out = args.out / f"{loss.replace(' ', '_')}-eta{eta}-seed{seed}"
     record = out / "asyncrl" / "default" / "metrics.jsonl"
-    if not record.exists() or args.fresh:
+    if args.fresh or not _finished(record, args.steps):
         cmd = [sys.executable, "-m", "asyncrl.cli", "train", "progress_bar=false", "report=false", "max_train_time_s=0",
                "saver.freq_steps=0", f"output_dir={out}", "resume=fresh", f"total_train_steps={args.steps}",
                f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}", f"actor.lr={args.lr}",
@@ -46,6 +48,12 @@ def run(args, loss: str, eta: int, seed: int) -> dict:
     steps = [r for r in records if r["step"] > 0]
     evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
     return {"final": evals[-1], "start": evals[0], "staleness": statistics.mean(r["staleness_mean"] for r in steps)}
+
+
+def _finished(record: Path, steps: int) -> bool:
+    """Whether a run's record reaches its last step (a run stopped half-way is run again)."""
+    lines = record.read_text().splitlines() if record.exists() else []
+    return bool(lines) and json.loads(lines[-1]).get("step") == steps
 
 
 def main(argv: list[str] | None = None) -> int:
