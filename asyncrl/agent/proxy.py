@@ -91,32 +91,34 @@ class AgentProxy:
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "asyncrl"}]}
 
-    async def chat(self, key: str | None, body: dict) -> dict:
+    async def chat(self, key: str | None, body: dict, retried: bool = False) -> dict:
         """``/v1/chat/completions``: ``messages`` (+ ``tools``, ``tool_choice``, ``n``, ``stop``, ``max_tokens`` /
-        ``max_completion_tokens``, ``logprobs``); the reply's tool calls parsed for the agent."""
+        ``max_completion_tokens``, ``logprobs``); the reply's tool calls parsed for the agent. A client's retry
+        (``retried``: the OpenAI SDKs' ``x-stainless-retry-count`` header above 0) of an identical request gets
+        that request's answer and makes no second sample; any other request is generated anew."""
         episode = self.episode(key)
         t0 = time.perf_counter()
         try:
-            return await self._answer_chat(episode, body)
+            return await self._answer_chat(episode, body, retried)
         finally:
             episode.handler_s += time.perf_counter() - t0
 
-    async def _answer_chat(self, episode: Episode, body: dict) -> dict:
+    async def _answer_chat(self, episode: Episode, body: dict, retried: bool) -> dict:
         _check_common(body)
         messages, tools = _messages(body), _tools(body)
         _check_chars(len(canonical(messages)) + len(canonical(tools or [])), "messages and tools")
         _tool_choice(body, tools)
         fingerprint = canonical(["chat", messages, tools, body.get("tool_choice"), body.get("n"), body.get("stop"),
                                  _max_tokens(body), bool(body.get("logprobs"))])
-        earlier = episode.retry_of(fingerprint)
-        if earlier is not None:  # the same request again (an SDK retry after a timeout): the same answer
-            return await earlier
+        future, is_retry = episode.request(fingerprint, retried)
+        if is_retry:  # the same request again from a client's retry (after a timeout): the same answer
+            return await future
         try:
             response = await self._chat(episode, body, messages, tools)
         except BaseException as e:
-            episode.resolve(fingerprint, error=e)
+            episode.settle(future, error=e)
             raise
-        episode.resolve(fingerprint, response)
+        episode.settle(future, response)
         return response
 
     async def complete(self, key: str | None, body: dict) -> dict:

@@ -61,7 +61,7 @@ class Episode:
         self.key, self.renderer = key, renderer
         self.calls: list[Call] = []
         self.history_edits = 0  # calls that could not continue an earlier one
-        self.retries = 0  # repeated requests answered from an earlier call
+        self.retries = 0  # client retries answered from an earlier call
         self.llm_s = 0.0  # time in the engine's generate (queued + generating)
         self.llm_queue_s = 0.0  # of which its requests waited for a free slot
         self.handler_s = 0.0  # time in the proxy's endpoints (the engine's time included)
@@ -82,18 +82,20 @@ class Episode:
             self.history_edits += 1
         return self.renderer.render(messages, tools), None, 0
 
-    def retry_of(self, fingerprint: str) -> asyncio.Future | None:
-        """The response future of an identical earlier request (a client retry), else None after registering
-        a new one for this request; the caller resolves it."""
+    def request(self, fingerprint: str, retried: bool) -> tuple[asyncio.Future, bool]:
+        """(the future of this request's response, whether it is a client's retry answered by an identical
+        earlier request). Only a request marked as a retry (``retried``) is answered from an earlier one: an
+        agent that asks the same thing again wants a new sample, as the OpenAI API would give it."""
         earlier = self._requests.get(fingerprint)
-        if earlier is not None and not (earlier.done() and earlier.exception() is not None):
+        if retried and earlier is not None and not (earlier.done() and earlier.exception() is not None):
             self.retries += 1
-            return earlier
-        self._requests[fingerprint] = asyncio.get_running_loop().create_future()
-        return None
+            return earlier, True
+        future = asyncio.get_running_loop().create_future()
+        self._requests[fingerprint] = future
+        return future, False
 
-    def resolve(self, fingerprint: str, response=None, error: BaseException | None = None) -> None:
-        future = self._requests[fingerprint]
+    @staticmethod
+    def settle(future: asyncio.Future, response=None, error: BaseException | None = None) -> None:
         if not future.done():
             future.set_exception(error) if error is not None else future.set_result(response)
             if error is not None:

@@ -50,7 +50,7 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
     async def chat(request: Request):
         key = _bearer(request)
         proxy.episode(key)  # 401 before the body is looked at
-        return _json(await proxy.chat(key, await body_of(request)))
+        return _json(await proxy.chat(key, await body_of(request), _retried(request)))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -89,6 +89,12 @@ def _json(body: dict) -> Response:
 
 def _bearer(request: Request) -> str | None:
     return bearer(request.headers.get("authorization", ""))
+
+
+def _retried(request: Request) -> bool:
+    """Whether the request is a client's retry: the OpenAI SDKs count their tries in ``x-stainless-retry-count``."""
+    count = request.headers.get("x-stainless-retry-count", "0").strip()
+    return count.isdigit() and int(count) > 0
 
 
 def serve_proxy(proxy: AgentProxy, host: str = "127.0.0.1", port: int = 0, admin_key: str | None = None) -> ServerThread:

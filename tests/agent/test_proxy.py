@@ -36,14 +36,30 @@ def test_a_retried_request_makes_one_sample(tokenizer):
     key = proxy.open()
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8}
 
-    async def main():
-        return await asyncio.gather(proxy.chat(key, body), proxy.chat(key, dict(body)))  # an SDK retry meanwhile
+    async def main():  # an SDK retry while the first is generating
+        return await asyncio.gather(proxy.chat(key, body), proxy.chat(key, dict(body), retried=True))
 
     first, again = asyncio.run(main())
-    later = asyncio.run(proxy.chat(key, body))
+    later = asyncio.run(proxy.chat(key, body, retried=True))
     episode = proxy.close(key)
     assert first["id"] == again["id"] == later["id"] and len(episode.calls) == 1 and episode.retries == 2
     assert len(engine.received) == 1
+
+
+def test_the_same_request_asked_again_is_a_new_sample(tokenizer):
+    """An agent that asks the same thing twice (try again, vote over samples) gets two samples, as from the
+    OpenAI API; a retry of the second is answered with the second."""
+    engine = ScriptedEngine(tokenizer, ["first", "second"])
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
+                       engine=engine)
+    key = proxy.open()
+    body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8}
+    first = asyncio.run(proxy.chat(key, body))
+    second = asyncio.run(proxy.chat(key, dict(body)))
+    retry = asyncio.run(proxy.chat(key, dict(body), retried=True))
+    episode = proxy.close(key)
+    assert first["id"] != second["id"] == retry["id"] and len(episode.calls) == 2 and episode.retries == 1
+    assert [c["message"]["content"] for c in (first["choices"][0], second["choices"][0])] == ["first", "second"]
 
 
 def test_a_malformed_tool_call_is_counted_and_harmless(tokenizer):

@@ -135,6 +135,27 @@ def test_malformed_agent_requests_are_400s_naming_the_field(tokenizer):
         server.close()
 
 
+def test_only_a_request_the_openai_sdk_marks_as_a_retry_is_answered_from_the_earlier_one(tokenizer):
+    """The OpenAI SDKs number their tries in x-stainless-retry-count: a retry gets the earlier answer and makes no
+    sample; the same request without the mark (an agent asking again) is a new sample."""
+    import httpx
+
+    proxy, server = _proxy_server(tokenizer, ["one", "two", "three"])
+    try:
+        key = proxy.open()
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        url, auth = server.url + "/v1/chat/completions", {"Authorization": f"Bearer {key}"}
+        first = httpx.post(url, json=body, headers={**auth, "x-stainless-retry-count": "0"}).json()
+        again = httpx.post(url, json=body, headers=auth).json()
+        retry = httpx.post(url, json=body, headers={**auth, "x-stainless-retry-count": "1"}).json()
+        texts = [r["choices"][0]["message"]["content"] for r in (first, again, retry)]
+        assert texts == ["one", "two", "two"] and retry["id"] == again["id"] != first["id"]
+        episode = proxy.close(key)
+        assert len(episode.calls) == 2 and episode.retries == 1
+    finally:
+        server.close()
+
+
 def test_no_max_tokens_gets_what_the_context_holds(tokenizer):
     """A chat without max_tokens whose prompt leaves less room than the proxy's default is answered within the
     context (as OpenAI's API does), not refused; one that asks for more than fits is refused naming the room."""
