@@ -5,8 +5,7 @@ objective holds). Run by hand, alone (about an hour):
 
     python bench/staleness_ablation.py
     python bench/staleness_ablation.py --etas 0,4 --seeds 0 --steps 40     # a quick look
-    python bench/staleness_ablation.py --etas 0,4 & python bench/staleness_ablation.py --etas 16,256; wait
-    python bench/staleness_ablation.py     # two halves side by side, then the table from their finished runs
+    python bench/staleness_ablation.py & python bench/staleness_ablation.py; wait   # two at once share the runs
 
 Each run is ``asyncrl train`` on the built-in task from builtin:tiny-sft with a small batch (so that many steps
 fit: ``--batch`` groups of ``--n`` samples) at the default learning rate (``--lr``; stale samples hurt in
@@ -23,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from machine import cpu  # bench/ is on the path of a script run from it
@@ -31,23 +31,48 @@ REPO = Path(__file__).resolve().parent.parent
 LOSSES = {"naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"], "decoupled": []}
 
 
-def run(args, loss: str, eta: int, seed: int) -> dict:
-    out = args.out / f"{loss.replace(' ', '_')}-eta{eta}-seed{seed}"
-    record = out / "asyncrl" / "default" / "metrics.jsonl"
-    if args.fresh or not _finished(record, args.steps):
-        cmd = [sys.executable, "-m", "asyncrl.cli", "train", "progress_bar=false", "report=false", "max_train_time_s=0",
-               "saver.freq_steps=0", f"output_dir={out}", "resume=fresh", f"total_train_steps={args.steps}",
-               f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}", f"actor.lr={args.lr}",
-               f"rollout.max_head_offpolicyness={eta}", f"seed={seed}", f"train_dataset.seed={seed}",
-               f"evaluator.freq_steps={args.steps}", "watchdog.no_signal_steps=0", *LOSSES[loss]]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"{loss} η={eta} seed={seed} failed:\n{done.stderr[-2000:]}")
+def run_dir(args, loss: str, eta: int, seed: int) -> Path:
+    return args.out / f"{loss.replace(' ', '_')}-eta{eta}-seed{seed}"
+
+
+def record_of(args, loss: str, eta: int, seed: int) -> Path:
+    return run_dir(args, loss, eta, seed) / "asyncrl" / "default" / "metrics.jsonl"
+
+
+def train(args, loss: str, eta: int, seed: int) -> None:
+    out = run_dir(args, loss, eta, seed)
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "progress_bar=false", "report=false", "max_train_time_s=0",
+           "saver.freq_steps=0", f"output_dir={out}", "resume=fresh", f"total_train_steps={args.steps}",
+           f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}", f"actor.lr={args.lr}",
+           f"rollout.max_head_offpolicyness={eta}", f"seed={seed}", f"train_dataset.seed={seed}",
+           f"evaluator.freq_steps={args.steps}", "watchdog.no_signal_steps=0", *LOSSES[loss]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{loss} η={eta} seed={seed} failed:\n{done.stderr[-2000:]}")
+
+
+def result(record: Path) -> dict:
     records = [json.loads(line) for line in record.read_text().splitlines() if line.strip()]
     steps = [r for r in records if r["step"] > 0]
     evals = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
     return {"final": evals[-1], "start": evals[0], "staleness": statistics.mean(r["staleness_mean"] for r in steps)}
+
+
+def claim(args, name: str) -> bool:
+    """Take the run ``name`` for this process unless a live process has it (invocations side by side share the
+    work: each takes the next run nobody has)."""
+    claims = args.out / "claims"
+    claims.mkdir(parents=True, exist_ok=True)
+    path = claims / name
+    try:
+        owner = int(path.read_text() or 0)
+        os.kill(owner, 0)
+        return owner == os.getpid()
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        pass
+    path.write_text(str(os.getpid()))
+    return int(path.read_text()) == os.getpid()
 
 
 def _finished(record: Path, steps: int) -> bool:
@@ -71,17 +96,23 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(",")]
     print(cpu())
     print(f"{args.steps} steps of {args.batch} x {args.n} samples, actor.lr={args.lr}, seeds {seeds}")
+    configs = [(loss, eta) for eta in etas for loss in LOSSES if not (eta == 0 and loss == "naive PPO")]  # on-
+    # policy (η = 0) the two objectives are the same
+    for loss, eta in configs:
+        for seed in seeds:
+            record = record_of(args, loss, eta, seed)
+            if (args.fresh or not _finished(record, args.steps)) and claim(args, record.parent.parent.parent.name):
+                train(args, loss, eta, seed)
+    while not all(_finished(record_of(args, loss, eta, seed), args.steps) for loss, eta in configs for seed in seeds):
+        time.sleep(10)  # runs that another invocation has under way
     table = {}
-    for eta in etas:
-        for loss in LOSSES:
-            if eta == 0 and loss == "naive PPO":  # on-policy: the two objectives are the same
-                continue
-            results = [run(args, loss, eta, seed) for seed in seeds]
-            table[(loss, eta)] = results
-            acc = [r["final"] for r in results]
-            print(f"{loss:<10} η={eta:<4} accuracy {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
-                  f"(start {results[0]['start']:.3f}; trained at mean staleness "
-                  f"{statistics.mean(r['staleness'] for r in results):.2f})", flush=True)
+    for loss, eta in configs:
+        results = [result(record_of(args, loss, eta, seed)) for seed in seeds]
+        table[(loss, eta)] = results
+        acc = [r["final"] for r in results]
+        print(f"{loss:<10} η={eta:<4} accuracy {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
+              f"(start {results[0]['start']:.3f}; trained at mean staleness "
+              f"{statistics.mean(r['staleness'] for r in results):.2f})", flush=True)
     print(f"\n{'η':>5} {'naive PPO':>16} {'decoupled':>16}")
     for eta in etas:
         cells = []
