@@ -58,7 +58,8 @@ class FixedStaleness:
 class AutoStaleness:
     """η tuned from the accounting of the last ``window`` steps, between 0 and ``limit`` (module docstring)."""
 
-    def __init__(self, limit: int, start: int | None = None, window: int = 2, wait_high: float = 0.05, wait_low: float = 0.01):
+    def __init__(self, limit: int, start: int | None = None, window: int = 2, wait_high: float = 0.05,
+                 wait_low: float = 0.01):
         if limit < 0 or window < 1 or not 0 <= wait_low <= wait_high:
             raise ValueError(f"AutoStaleness needs limit >= 0, window >= 1 and 0 <= wait_low <= wait_high, got "
                              f"{limit}, {window}, {wait_low}, {wait_high}")
