@@ -85,8 +85,8 @@ def part_machine(out: Path, only: str = "") -> None:
         agent = "workflow.name=agent" in overrides
         if agent and calls is None:
             calls = m["calls_per_episode"]  # the η = 0 run's, given to the planner for both agent rows
-        # agent_env's episodes check every answer with the slow tool, the last one too
-        extra = ["--calls-per-episode", f"{calls:.3f}", "--tool-after-last-call"] if agent else []
+        # agent_env's episodes check every answer with the slow tool, the last one too, and ask again afresh
+        extra = ["--calls-per-episode", f"{calls:.3f}", "--tool-after-last-call", "--fresh-calls"] if agent else []
         p = json.loads(asyncrl("plan", "--hardware", str(profile), "--json", *extra, *QUIET, *overrides,
                                f"total_train_steps={steps}").stdout)
         rows.append((name, p, m, agent))

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-after-last-call", action="store_true",
                    help="agent workflows: episodes wait on a tool after their last LLM call too (e.g. a checker of "
                         "the final answer); else tools come only between calls")
+    p.add_argument("--fresh-calls", action="store_true",
+                   help="agent workflows: each LLM call of an episode is a new conversation with the same prompt "
+                        "(retries, votes over samples); else each call continues the one before")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for a sweep)")
     p.add_argument("--html", metavar="FILE", help="write a page with the sweep's curves")
 
@@ -62,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
             fitted = dataclasses.replace(fitted, calls_per_episode=args.calls_per_episode)
         if args.tool_after_last_call:
             fitted = dataclasses.replace(fitted, tool_after_last=True)
+        if args.fresh_calls:
+            fitted = dataclasses.replace(fitted, fresh_calls=True)
         results = []
         for point in sweep:
             point_cfg = configlib.load(TrainConfig, args.config, args.overrides + [f"{k}={v}" for k, v in point])
@@ -154,6 +159,7 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
         tool=ToolLatency(float(options.get("tool_latency_s", fitted.tool_s)),
                          float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))
         if agent else ToolLatency(), tool_after_last=agent and fitted.tool_after_last,
+        fresh_calls=agent and fitted.fresh_calls,
         reward_workers=max(1, cfg.reward.workers), seed=cfg.seed)
 
 

@@ -35,6 +35,7 @@ class Fitted:
     calls_per_episode: float = 1.0
     episode_tool_s: float = 0.0  # mean seconds an episode spent outside its LLM calls (agent runs)
     tool_after_last: bool = False  # episodes wait on a tool after their last LLM call too (e.g. a checker)
+    fresh_calls: bool = False  # each LLM call of an episode starts a new conversation (retries, votes)
 
     @property
     def tool_waits(self) -> float:

@@ -6,7 +6,8 @@ costs of the engines, the trainer, weight sync, evaluation, checkpoints, tools a
 What it simulates, as the system does it:
 - admission: whenever the gate has room, a group starts (``n`` samples of one prompt, one request; or ``n``
   agent episodes of ``calls_per_episode`` LLM calls separated by tool latencies, and followed by one when
-  ``tool_after_last``);
+  ``tool_after_last``; each call continues the conversation (its prompt holds the earlier calls and tool
+  results) unless ``fresh_calls``);
 - engines: continuous batching over ``max_slots`` sequences each; a request is prefilled when slots are free
   (one prefill per prompt); decoding advances every running sequence a token per step (at most ``chunk``
   steps between looks at the queue); new weights land at a token boundary: running sequences are re-prefilled
@@ -75,6 +76,7 @@ class Workload:
     calls_per_episode: float = 1  # agent workflows: mean LLM calls per episode (tools between them)
     tool: ToolLatency = field(default_factory=ToolLatency)
     tool_after_last: bool = False  # agent episodes end with a tool wait after their last call (e.g. a checker)
+    fresh_calls: bool = False  # each call of an episode is a new conversation (the same prompt: retries, votes)
     tool_result_tokens: int = 16
     reward_workers: int = 1
     seed: int = 0
@@ -293,8 +295,8 @@ class Simulation:
         def answered() -> None:
             if calls_left > 1:
                 wait = self.w.tool.sample(self.rng)
-                self.at(self.t + wait, lambda: self._call(group, prompt + n + self.w.tool_result_tokens,
-                                                          calls_left - 1))
+                follow = prompt if self.w.fresh_calls else prompt + n + self.w.tool_result_tokens
+                self.at(self.t + wait, lambda: self._call(group, follow, calls_left - 1))
                 return
             if self.w.tool_after_last:
                 self.at(self.t + self.w.tool.sample(self.rng), ended)

@@ -56,3 +56,17 @@ def test_a_broken_profile_names_the_key(tmp_path, capsys):
     bad.write_text("costs:\n  decode_speed: 3\n")
     with pytest.raises(ValueError, match="unknown cost keys"):
         load_profile(bad)
+
+
+def test_agent_calls_asked_afresh_train_fewer_tokens_than_a_continued_conversation(profile, capsys):
+    """--fresh-calls: every call of an episode starts from the prompt again (retries), so the trainer sees no
+    earlier calls in later ones."""
+    base = ["plan", "--hardware", profile, "--json", "--config", "examples/agent_lookup.yaml",
+            "--calls-per-episode", "3", "rollout.max_head_offpolicyness=0", "total_train_steps=10"]
+    outs = []
+    for extra in ([], ["--fresh-calls"]):
+        assert cli.main(base + extra) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    chained, fresh = outs
+    per_step = [o["trained_tokens_per_s"] * o["time_for_steps_s"] / o["steps"] for o in (fresh, chained)]
+    assert per_step[0] < 0.8 * per_step[1] and fresh["step_time_s"] < chained["step_time_s"]

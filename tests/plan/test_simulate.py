@@ -71,6 +71,18 @@ def test_a_tool_after_the_last_call_holds_a_synchronous_step():
     assert checked.step_time_s == pytest.approx(plain.step_time_s + 1.0, rel=0.05)
 
 
+def test_fresh_calls_start_again_from_the_prompt_instead_of_continuing():
+    """Three calls an episode: asked afresh each time (a retry), every call trains prompt + response; continuing
+    the conversation, the second and third calls also carry the earlier calls and tool results."""
+    agent = dict(max_staleness=0, calls_per_episode=3, tool=ToolLatency(0.1, 0.1), steps=6)
+    fresh = simulate(_workload(**agent, fresh_calls=True), PHASES)
+    chained = simulate(_workload(**agent), PHASES)
+    per_step = 4 * 4 * 3 * (24 + 50)  # groups x episodes x calls x (prompt + response)
+    assert fresh.trained_tokens_per_s * fresh.total_s == pytest.approx(6 * per_step)
+    extra = 4 * 4 * ((50 + 16) + 2 * (50 + 16))  # the 2nd call carries one call and result, the 3rd two
+    assert chained.trained_tokens_per_s * chained.total_s == pytest.approx(6 * (per_step + extra))
+
+
 def test_fitted_tool_time_is_shared_by_the_tool_waits():
     from asyncrl.plan.calibrate import Fitted
     from asyncrl.plan.costs import Profile
