@@ -167,8 +167,8 @@ def time_account(dt: float, delta: Callable[[str], float], train: dict) -> dict:
     running total of the timeline (``Timeline.account``) grew in it, ``train`` the trainer's statistics of the
     step in it. Each side sums to ``dt``: the trainer's ``other`` is its bookkeeping (the rest of the train span,
     the log spans) and the time between its spans (small on a quiet machine; under CPU contention, threads
-    waiting for a core or the GIL); the generator's is what its counters did not claim (the engine loop's own
-    overhead)."""
+    waiting for a core or the GIL); the generator's is what its counters did not claim (next to nothing:
+    engines count the phase they are in up to the moment they are read)."""
     measured = {k: train.get(f"train_{k}_s", 0.0) for k in ("recompute", "fwd_bwd", "optim")}
     trainer = {"wait": delta("span_wait_s"), **measured, "sync": delta("span_sync_s"), "eval": delta("span_eval_s"),
                "save": delta("span_save_s"),  # other: the rest of the train span (advantages, collation) and logs

@@ -42,8 +42,9 @@ class Lifecycle(Protocol):
 class EngineStats:
     """An engine's cumulative counters, read together as one snapshot. Its time splits into generating
     (``busy_s`` = ``prefill_s`` + ``decode_s`` + ``reprefill_s``), held for a weight update (``paused_s``),
-    waiting for work (``idle_s``), and the loop's own overhead (the rest). Remote engines see requests, not
-    the servers' steps: their generating time is all ``decode_s``."""
+    waiting for work (``idle_s``): the built-in engine counts every moment of its loop as one of them, up to the
+    moment they are read. Remote engines see requests, not the servers' steps: their generating time is all
+    ``decode_s``."""
 
     generated_tokens: int = 0
     busy_s: float = 0.0  # time spent generating

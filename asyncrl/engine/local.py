@@ -92,7 +92,7 @@ class LocalEngine:
         self._update_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stats = EngineStats()  # replaced whole under _stats_lock, so a reader gets one snapshot
-        self._waiting_since: tuple[float, str] | None = None  # (since, "idle_s" | "paused_s") while the loop waits
+        self._phase: tuple[str, float] | None = None  # (EngineStats field, since): where the loop's time goes now
         self._stats_lock = threading.Lock()
 
     # ---- public API ----------------------------------------------------------------------------------
@@ -160,8 +160,10 @@ class LocalEngine:
             if self._thread is None:
                 while self.interrupt_mode == "drain" and self._active:
                     self.step(admit=False)
+                self._enter("paused_s")
                 self._install(update.version, weights)
                 self._interrupt_running()
+                self._enter(None)
                 return
             pending = PendingUpdate(update.version, weights)
             with self._cv:
@@ -229,11 +231,23 @@ class LocalEngine:
         return self._stopped
 
     def stats(self) -> EngineStats:
+        """The counters now, the phase the loop is in counted up to this moment: two readings a window apart
+        differ by exactly the window's time, however the loop's iterations straddle its edges."""
         with self._stats_lock:
-            if self._waiting_since is None:
+            if self._phase is None:
                 return self._stats
-            t0, kind = self._waiting_since
-            return self._stats.plus(**{kind: time.perf_counter() - t0})
+            kind, since = self._phase
+            return self._stats.plus(**{kind: time.perf_counter() - since})
+
+    def _enter(self, kind: str | None) -> None:
+        """The loop's time goes to phase ``kind`` (an ``EngineStats`` field; None: not counted, the loop is
+        not running) from now on; the time since the last change goes to the phase it was in."""
+        now = time.perf_counter()
+        with self._stats_lock:
+            if self._phase is not None:
+                was, since = self._phase
+                self._stats = self._stats.plus(**{was: now - since})
+            self._phase = None if kind is None else (kind, now)
 
     def _count(self, **deltas) -> None:
         """Add ``deltas`` to the counters (``EngineStats`` field names)."""
@@ -256,7 +270,7 @@ class LocalEngine:
     @property
     def idle(self) -> bool:
         """Whether the engine's loop is waiting for work (or paused) now."""
-        return self._waiting_since is not None
+        return self._phase is not None and self._phase[0] == "idle_s" or self._paused
 
     def _set_threads(self) -> None:
         n = self.threads() if callable(self.threads) else self.threads
@@ -270,21 +284,18 @@ class LocalEngine:
             self._run_loop()
 
     def _run_loop(self) -> None:
-        """Wait for work, then apply a weight update or an abort, or take one step. Every moment is counted:
-        waiting (for the lock too) as idle or paused, and the rest of an iteration as the phase it did."""
+        """Wait for work, then apply a weight update or an abort, or take one step. Every moment is counted
+        (``_enter``): waiting (for the lock too) as idle or paused, a weight update or an abort as paused, a step
+        as its prefill and decode."""
         while True:
-            with self._stats_lock:  # the wait counts as it goes: stats() adds the part so far
-                self._waiting_since = (time.perf_counter(), "paused_s" if self._paused else "idle_s")
+            self._enter("paused_s" if self._paused else "idle_s")
             with self._cv:
                 while not (self._stopped or self._update or self._abort) and (
                     self._paused or not (self._waiting or self._active)
                 ):
                     self._cv.wait()
-                with self._stats_lock:
-                    (t0, kind), self._waiting_since = self._waiting_since, None
-                    self._stats = self._stats.plus(**{kind: time.perf_counter() - t0})
-                    t0, before = time.perf_counter(), self._stats
                 if self._stopped:
+                    self._enter(None)
                     return
                 # drain (non-interruptible generation, for ablations): a pending update waits until every
                 # running sequence has finished, and no new request starts meanwhile
@@ -293,6 +304,7 @@ class LocalEngine:
                 if not draining:
                     self._update = None
                 abort, self._abort = self._abort, False
+            self._enter("decode_s" if pending is None and not abort else "paused_s")
             if pending is not None:
                 try:
                     self._install(pending.version, pending.weights)
@@ -303,22 +315,19 @@ class LocalEngine:
                 if pending is not None and pending.error is None:
                     self._interrupt_running()
                 if abort:
+                    self._enter("paused_s")
                     self._abort_running()
                 if pending is None and not abort:
                     self._set_threads()
                     self.step(admit=not draining)
             except Exception as e:  # noqa: BLE001 - a failing step fails its requests, never the engine
                 self._fail_all(e)
-            with self._stats_lock:  # the iteration's own overhead (locks, inference mode) is its phase's
-                done = self._stats
-                counted = sum(getattr(done, k) - getattr(before, k) for k in ("busy_s", "paused_s"))
-                rest = max(0.0, time.perf_counter() - t0 - counted)
-                self._stats = done.plus(**{"decode_s" if pending is None and not abort else "paused_s": rest})
 
     def run_until_idle(self) -> None:
         """Run the loop in the calling thread until no request is waiting or running."""
         while self._waiting or self._active:
             self.step()
+        self._enter(None)
 
     @torch.inference_mode()
     def step(self, admit: bool = True) -> None:
@@ -327,10 +336,10 @@ class LocalEngine:
             self._step(admit)
 
     def _step(self, admit: bool) -> None:
-        t0 = time.perf_counter()
+        self._enter("prefill_s")
         if admit:
             self._admit()
-        t1 = time.perf_counter()
+        self._enter("decode_s")
         if self._active:
             seqs, cpu = self._active, CPU  # token ids and positions on the host (the decoder moves them)
             tokens = torch.tensor([s.tokens[-1] for s in seqs], device=cpu)[:, None]
@@ -340,7 +349,6 @@ class LocalEngine:
                 self._rows = RowParams.of([s.req.params for s in seqs], self.device)
             self._sample_into(seqs, logits, self._rows)
             self._retire()
-        self._count(prefill_s=t1 - t0, decode_s=time.perf_counter() - t1)
 
     def _admit(self) -> None:
         new: list[Request] = []
@@ -436,11 +444,9 @@ class LocalEngine:
             req.future.set_result([c for _, c in sorted(req.done, key=lambda d: d[0])])
 
     def _install(self, version: int, weights: Weights) -> None:
-        t0 = time.perf_counter()
         self._check_version(version)  # again at the swap: an update that timed out may have landed since
         self.decoder.install(weights)
         self._version = version
-        self._count(paused_s=time.perf_counter() - t0)
 
     @torch.inference_mode()
     def _interrupt_running(self) -> None:
@@ -455,7 +461,8 @@ class LocalEngine:
         if self.interrupt_mode == "abort":
             self._abort_running()
             return
-        t0, cpu = time.perf_counter(), CPU
+        self._enter("reprefill_s")
+        cpu = CPU
         for a in range(0, len(self._active), self.recompute_chunk):
             chunk = self._active[a : a + self.recompute_chunk]
             lengths = torch.tensor([s.cached for s in chunk], device=cpu)
@@ -463,7 +470,7 @@ class LocalEngine:
             for i, s in enumerate(chunk):
                 tokens[i, : s.cached] = torch.tensor(s.tokens[:-1], device=cpu)
             self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long, device=cpu), lengths)
-        self._count(reprefill_s=time.perf_counter() - t0)
+        self._enter("paused_s")
 
     def _abort_running(self) -> None:
         with self._on_stream():  # finishing compacts the slots (cache copies)

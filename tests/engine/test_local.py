@@ -4,6 +4,7 @@ reduced precision, devices, and seeded sampling however a request is batched or 
 
 import asyncio
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -188,6 +189,35 @@ def test_threaded_engine_async_generate_and_update():
         assert all(c.versions == sorted(c.versions) for c in group)
     finally:
         engine.stop()
+
+
+def test_the_counters_read_at_any_moment_add_up_to_the_time_between_readings():
+    """Every moment of the loop is in one phase, counted up to the reading: two readings, taken anywhere in the
+    loop's iterations (generating, updating weights, idle), differ by the time between them, and no phase's
+    counter ever goes back."""
+    phases = ("prefill_s", "decode_s", "reprefill_s", "paused_s", "idle_s")
+    old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
+    engine = LocalEngine(old, max_slots=8, max_len=128).start()
+    try:
+        futures = [engine.submit(p, SamplingParams(n=2, max_new_tokens=100)) for p in _prompts(3)]
+        readings = []
+        for i in range(40):
+            before = time.perf_counter()
+            stats = engine.stats()
+            readings.append((before, time.perf_counter(), stats))
+            if i == 10:
+                engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()), timeout=10)
+            time.sleep(0.003)
+        [f.result(timeout=30) for f in futures]
+        readings.append((time.perf_counter(), time.perf_counter(), engine.stats()))
+    finally:
+        engine.stop()
+    for (a0, a1, a), (b0, b1, b) in zip(readings, readings[1:]):
+        counted = sum(getattr(b, p) - getattr(a, p) for p in phases)
+        assert b0 - a1 <= counted <= b1 - a0
+        assert all(getattr(b, p) >= getattr(a, p) for p in phases)
+    last = readings[-1][2]
+    assert last.decode_s > 0 and last.prefill_s > 0 and last.reprefill_s > 0 and last.idle_s > 0
 
 
 def test_pause_holds_generation_at_a_token_boundary():

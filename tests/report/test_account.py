@@ -33,7 +33,8 @@ def test_each_side_sums_to_the_wall_time_within_two_percent(tmp_path, tiny_model
     assert len(records) == 8
     for r in records:
         assert min(r[key(side, p)] for side, phases in (("trainer", TRAINER), ("gen", GENERATOR)) for p in phases) >= 0
-        # an engine iteration that straddles the window's edge is counted in the window it ends in
+        # the engine's counters count its phase up to the moment they are read (a step straddling the window's
+        # edge is split between windows), read a moment apart from the window's clock
         assert sum(r[key("gen", p)] for p in GENERATOR) == pytest.approx(r["step_time_s"], abs=0.02)
         assert sum(r[key("trainer", p)] for p in TRAINER) == pytest.approx(r["step_time_s"], rel=1e-6)
     acc = account(records)
