@@ -4,9 +4,13 @@ with the task's reward -> held-out accuracy over time. Run by hand (minutes), on
     python bench/own_task.py --task vowels --out outputs/own-vowels
     python bench/own_task.py --task first --out outputs/own-first --rl actor.lr=2e-4
 
-Two invented tasks with short answers, of different kinds (nothing in asyncrl knows them):
+Invented tasks of different kinds (nothing in asyncrl knows them). Two with answers from a small set, which a
+guesser often gets right:
 - ``vowels``: "How many vowels are in the word 'tobarine'?" -> ``4`` (counting letters of a made-up word);
-- ``first``: "Which letter comes first in the alphabet: k, d, r?" -> ``d`` (ordering).
+- ``first``: "Which letter comes first in the alphabet: k, d, r?" -> ``d`` (ordering);
+and two whose answers a guess almost never hits:
+- ``reverse``: "Write the word 'tobarine' backwards." -> ``eniarbot`` (rewriting a made-up word);
+- ``digitsum``: "What is the sum of the digits of 4725?" -> ``18`` (adding, 3 or 4 digits).
 Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would.
 ``--rl`` and ``--sft`` add overrides to the RL and SFT commands. Prints the SFT and RL held-out accuracies
 (greedy, 200 items) and the machine; the run directories keep metrics.jsonl for the curves.
@@ -52,7 +56,22 @@ def first_row(rng: random.Random) -> dict:
             "working": f"In order: {', '.join(order)}. The answer is {order[0]}."}
 
 
-TASKS = {"vowels": vowels_row, "first": first_row}
+def reverse_row(rng: random.Random) -> dict:
+    word = made_up_word(rng)
+    return {"question": f"Write the word '{word}' backwards.", "answer": word[::-1],
+            "working": f"The letters from the end: {', '.join(word[::-1])}. The answer is {word[::-1]}."}
+
+
+def digitsum_row(rng: random.Random) -> dict:
+    digits = [rng.randint(1, 9)] + [rng.randint(0, 9) for _ in range(rng.randint(2, 3))]
+    sums = [sum(digits[: i + 1]) for i in range(len(digits))]
+    steps = ", ".join(f"{a} + {d} = {s}" for a, d, s in zip(sums, digits[1:], sums[1:]))
+    return {"question": f"What is the sum of the digits of {''.join(map(str, digits))}?", "answer": str(sums[-1]),
+            "working": f"{steps}. The answer is {sums[-1]}."}
+
+
+TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row}
+NEW = ("reverse", "digitsum")  # answers a guess almost never hits
 
 
 def reward(prompt: str, completion: str, answer: str, **_) -> float:
@@ -124,17 +143,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print(cpu())
     train, test = make_data(args.task, args.out / "data", args.rows, working=args.working)
+    # room for the longest target (its characters bound its tokens); vowels and first keep the budgets their
+    # documented rows were measured with (SFT 8 or 32, RL the default)
+    longest = max(len(json.loads(line)["solution" if args.working else "answer"]) for line in open(train))
+    sft_tokens = [f"gconfig.max_new_tokens={longest + 8 if args.task in NEW else 32 if args.working else 8}"]
+    rl_tokens = sft_tokens if args.task in NEW else []
     asyncrl = [sys.executable, "-m", "asyncrl.cli"]
     fn = "reward.fn=bench.own_task:reward"
     if not args.skip_sft:
         run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={train}", f"valid_dataset.path={test}",
                        fn, f"total_train_steps={args.sft_steps}", "evaluator.freq_steps=50",
-                       f"gconfig.max_new_tokens={32 if args.working else 8}", f"output_dir={args.out / 'sft'}",
+                       *sft_tokens, f"output_dir={args.out / 'sft'}",
                        *args.sft])
     run(asyncrl + ["train", f"model.path={args.out / 'sft'}", f"train_dataset.path={train}",
                    f"valid_dataset.path={test}", fn, f"max_train_time_s={args.rl_seconds}", "total_train_steps=100000",
                    "evaluator.freq_steps=10", f"output_dir={args.out}", "experiment_name=rl", f"trial_name={args.name}",
-                   "resume=fresh", "progress_bar=false", *args.rl])
+                   "resume=fresh", "progress_bar=false", *rl_tokens, *args.rl])
     sft = accuracies(args.out / "sft" / "sft_metrics.jsonl")
     rl = accuracies(args.out / "rl" / args.name / "metrics.jsonl")
     print(f"\n{args.task}: SFT held-out accuracy by step: " + ", ".join(f"{s}:{a:.3f}" for s, _, a in sft))

@@ -28,7 +28,15 @@ from pathlib import Path
 from machine import cpu  # bench/ is on the path of a script run from it
 
 REPO = Path(__file__).resolve().parent.parent
-LOSSES = {"naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"], "decoupled": []}
+LOSSES = {"naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"], "decoupled": [],
+          # why they differ: with one optimizer step per batch the proximal policy is the current one, so the
+          # decoupled clip never binds and the two objectives differ only on the tokens naive PPO clips (and those
+          # above the behaviour cap). Without its clip naive PPO is the decoupled objective without its cap;
+          # masking behaviour weights outside [1 - ε, 1 + ε] gives the decoupled objective a clip of its own.
+          "naive no clip": ["actor.policy_loss=ppo", "actor.allow_unsafe=true", "actor.eps_clip=1000"],
+          "decoupled tight": ["actor.behav_imp_weight_cap=1.2", "actor.behav_imp_weight_floor=0.8",
+                              "actor.behav_imp_weight_mode=mask"]}
+DEFAULT_LOSSES = "naive PPO,decoupled"
 
 
 def run_dir(args, loss: str, eta: int, seed: int) -> Path:
@@ -90,14 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "bench-staleness")
+    p.add_argument("--losses", default=DEFAULT_LOSSES, help=f"comma-separated, of {', '.join(LOSSES)}")
     p.add_argument("--fresh", action="store_true", help="rerun runs that already finished")
     args = p.parse_args(argv)
     etas = [int(e) for e in args.etas.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     print(cpu())
     print(f"{args.steps} steps of {args.batch} x {args.n} samples, actor.lr={args.lr}, seeds {seeds}")
-    configs = [(loss, eta) for eta in etas for loss in LOSSES if not (eta == 0 and loss == "naive PPO")]  # on-
-    # policy (η = 0) the two objectives are the same
+    losses = args.losses.split(",")
+    if unknown := set(losses) - set(LOSSES):
+        p.error(f"--losses: unknown {sorted(unknown)}; known: {', '.join(LOSSES)}")
+    configs = [(loss, eta) for eta in etas for loss in losses if not (eta == 0 and loss != "decoupled")]  # on-
+    # policy (η = 0) every objective is the same (the decoupled run stands for all)
     for loss, eta in configs:
         for seed in seeds:
             record = record_of(args, loss, eta, seed)
@@ -110,17 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         results = [result(record_of(args, loss, eta, seed)) for seed in seeds]
         table[(loss, eta)] = results
         acc = [r["final"] for r in results]
-        print(f"{loss:<10} η={eta:<4} accuracy {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
+        print(f"{loss:<16} η={eta:<4} accuracy {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
               f"(start {results[0]['start']:.3f}; trained at mean staleness "
               f"{statistics.mean(r['staleness'] for r in results):.2f})", flush=True)
-    print(f"\n{'η':>5} {'naive PPO':>16} {'decoupled':>16}")
+    print(f"\n{'η':>5} " + " ".join(f"{loss:>16}" for loss in losses))
     for eta in etas:
         cells = []
-        for loss in LOSSES:
+        for loss in losses:
             results = table.get((loss, eta)) or table.get(("decoupled", eta))
             acc = [r["final"] for r in results]
             cells.append(f"{statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f}")
-        print(f"{eta:>5} {cells[0]:>16} {cells[1]:>16}")
+        print(f"{eta:>5} " + " ".join(f"{c:>16}" for c in cells))
     return 0
 
 
