@@ -171,3 +171,15 @@ def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_appli
     assert stats["nonfinite_skipped"] == 1 and len(calls) == 2  # the third minibatch never ran
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # the first one applied
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_finiteness_check_finds_nan_and_inf_and_passes_a_sum_that_overflows():
+    from asyncrl.trainer.policy import finite
+
+    big = torch.full((4,), 3e38)  # every element finite, their sum is not
+    assert finite(torch.randn(100)) and finite(big) and finite(torch.zeros(0)) and finite(torch.arange(5))
+    for bad in (math.nan, math.inf, -math.inf):
+        x = torch.randn(100)
+        x[37] = bad
+        assert not finite(x) and not finite(x.to(torch.bfloat16))
+    assert not finite(torch.tensor([math.inf, -math.inf]))  # a sum of NaN
