@@ -11,7 +11,9 @@ guesser often gets right:
 and two whose answers a guess almost never hits:
 - ``reverse``: "Write the word 'tobarine' backwards." -> ``eniarbot`` (rewriting a made-up word);
 - ``digitsum``: "What is the sum of the digits of 4725?" -> ``18`` (adding, 3 or 4 digits).
-Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would.
+Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would
+(``--working``: on the steps, then ``The answer is X.``). ``--sft-rows N`` gives SFT the first N rows only, the
+case RL is for: few demonstrations, many questions whose answers can be checked.
 ``--rl`` and ``--sft`` add overrides to the RL and SFT commands. Prints the SFT and RL held-out accuracies
 (greedy, 200 items) and the machine; the run directories keep metrics.jsonl for the curves.
 """
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", choices=sorted(TASKS), required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rows", type=int, default=4000)
+    p.add_argument("--sft-rows", type=int, default=0,
+                   help="SFT on the first N rows only (few demonstrations, many questions to verify); 0: all")
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--rl-seconds", type=int, default=300)
     p.add_argument("--sft", nargs="*", default=[], help="extra overrides of asyncrl sft")
@@ -150,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     rl_tokens = sft_tokens if args.task in NEW else []
     asyncrl = [sys.executable, "-m", "asyncrl.cli"]
     fn = "reward.fn=bench.own_task:reward"
+    demos = train
+    if args.sft_rows:
+        demos = args.out / "data" / f"train-{args.sft_rows}.jsonl"
+        demos.write_text("".join(train.read_text().splitlines(keepends=True)[: args.sft_rows]))
     if not args.skip_sft:
-        run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={train}", f"valid_dataset.path={test}",
+        run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={demos}", f"valid_dataset.path={test}",
                        fn, f"total_train_steps={args.sft_steps}", "evaluator.freq_steps=50",
                        *sft_tokens, f"output_dir={args.out / 'sft'}",
                        *args.sft])
