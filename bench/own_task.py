@@ -8,9 +8,10 @@ Invented tasks of different kinds (nothing in asyncrl knows them). Two with answ
 guesser often gets right:
 - ``vowels``: "How many vowels are in the word 'tobarine'?" -> ``4`` (counting letters of a made-up word);
 - ``first``: "Which letter comes first in the alphabet: k, d, r?" -> ``d`` (ordering);
-and two whose answers a guess almost never hits:
+and three whose answers a guess almost never hits:
 - ``reverse``: "Write the word 'tobarine' backwards." -> ``eniarbot`` (rewriting a made-up word);
-- ``digitsum``: "What is the sum of the digits of 4725?" -> ``18`` (adding, 3 or 4 digits).
+- ``digitsum``: "What is the sum of the digits of 4725?" -> ``18`` (adding, 3 or 4 digits);
+- ``initials``: "Write the first letter of each word: tobar kelime sunopa" -> ``tks`` (picking letters out).
 Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would
 (``--working``: on the steps, then ``The answer is X.``). ``--sft-rows N`` gives SFT the first N rows only, the
 case RL is for: few demonstrations, many questions whose answers can be checked.
@@ -72,8 +73,16 @@ def digitsum_row(rng: random.Random) -> dict:
             "working": f"{steps}. The answer is {sums[-1]}."}
 
 
-TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row}
-NEW = ("reverse", "digitsum")  # answers a guess almost never hits
+def initials_row(rng: random.Random) -> dict:
+    words = [made_up_word(rng) for _ in range(rng.randint(3, 5))]
+    letters = [w[0] for w in words]
+    return {"question": f"Write the first letter of each word: {' '.join(words)}", "answer": "".join(letters),
+            "working": f"The first letters: {', '.join(letters)}. The answer is {''.join(letters)}."}
+
+
+TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
+         "initials": initials_row}
+NEW = ("reverse", "digitsum", "initials")  # answers a guess almost never hits
 
 
 def reward(prompt: str, completion: str, answer: str, **_) -> float:
