@@ -137,6 +137,40 @@ def accuracies(path: Path, key: str = "eval_accuracy") -> list[tuple[int, float,
     return [(r["step"], r.get("elapsed_s", 0.0), r[key]) for r in rows if isinstance(r.get(key), (int, float))]
 
 
+def verified_rows(samples: Path, per_question: int = 2) -> list[dict]:
+    """Rows of SFT data made from ``asyncrl eval`` output: up to ``per_question`` distinct completions the
+    reward scored right, each with its question and answer."""
+    rows = []
+    for line in samples.read_text().splitlines():
+        r = json.loads(line)
+        right = dict.fromkeys(c for c, reward in zip(r["completions"], r["rewards"]) if reward >= 1.0)
+        rows += [{"question": r["question"], "answer": r["answer"], "solution": c} for c in list(right)[:per_question]]
+    return rows
+
+
+def self_distill(args, asyncrl: list[str], fn: str, train: Path, test: Path, demos: Path, tokens: list[str]) -> None:
+    """The verifier without RL: sample 8 answers to each of ``--distill`` training questions the demonstrations
+    do not hold, keep the right ones, and fine-tune the SFT model on them with the demonstrations; beside it,
+    the same steps of SFT on the demonstrations alone (the control)."""
+    out = args.out / "distill"
+    out.mkdir(parents=True, exist_ok=True)
+    pool = out / "questions.jsonl"
+    pool.write_text("".join(train.read_text().splitlines(keepends=True)[args.sft_rows: args.sft_rows + args.distill]))
+    run(asyncrl + ["eval", "--model", str(args.out / "sft"), f"valid_dataset.path={pool}",
+                   f"valid_dataset.size={args.distill}", fn, "gconfig.n_samples=8", "evaluator.greedy=false",
+                   "k=[1,8]", *tokens, f"output={out / 'samples.jsonl'}"])
+    kept = verified_rows(out / "samples.jsonl")
+    data = out / "train.jsonl"
+    data.write_text(demos.read_text() + "".join(json.dumps(r) + "\n" for r in kept))
+    print(f"kept {len(kept)} verified answers to {len({r['question'] for r in kept})} of {args.distill} questions")
+    for name, rows in (("verified", data), ("demos-only", demos)):
+        run(asyncrl + ["sft", f"model.path={args.out / 'sft'}", f"train_dataset.path={rows}",
+                       f"valid_dataset.path={test}", fn, f"total_train_steps={args.sft_steps}",
+                       "evaluator.freq_steps=20", *tokens, f"output_dir={out / name}"])
+        acc = accuracies(out / name / "sft_metrics.jsonl")
+        print(f"{args.task}: SFT on {name} rows, held-out by step: " + ", ".join(f"{s}:{a:.3f}" for s, _, a in acc))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", choices=sorted(TASKS), required=True)
@@ -151,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-sft", action="store_true", help="reuse OUT/sft")
     p.add_argument("--name", default="run", help="the RL run's name: OUT/rl/NAME")
     p.add_argument("--working", action="store_true", help="SFT targets write the steps, then 'The answer is X.'")
+    p.add_argument("--distill", type=int, default=0,
+                   help="instead of RL: sample answers to N more questions, keep the right ones, SFT on them")
     args = p.parse_args(argv)
     from machine import cpu  # bench/ is on the path of a script run from it (not of the reward's importers)
 
@@ -172,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                        fn, f"total_train_steps={args.sft_steps}", "evaluator.freq_steps=50",
                        *sft_tokens, f"output_dir={args.out / 'sft'}",
                        *args.sft])
+    if args.distill:
+        self_distill(args, asyncrl, fn, train, test, demos, sft_tokens)
+        return 0
     run(asyncrl + ["train", f"model.path={args.out / 'sft'}", f"train_dataset.path={train}",
                    f"valid_dataset.path={test}", fn, f"max_train_time_s={args.rl_seconds}", "total_train_steps=100000",
                    "evaluator.freq_steps=10", f"output_dir={args.out}", "experiment_name=rl", f"trial_name={args.name}",
