@@ -242,8 +242,8 @@ class LocalEngine:
     def _enter(self, kind: str | None) -> None:
         """The loop's time goes to phase ``kind`` (an ``EngineStats`` field; None: not counted, the loop is
         not running) from now on; the time since the last change goes to the phase it was in."""
-        now = time.perf_counter()
-        with self._stats_lock:
+        with self._stats_lock:  # the clock read under the lock: no reading falls between it and the change
+            now = time.perf_counter()
             if self._phase is not None:
                 was, since = self._phase
                 self._stats = self._stats.plus(**{was: now - since})

@@ -34,7 +34,7 @@ from asyncrl.lora import is_lora, merged_state_dict
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.parallel import DataParallel
 from asyncrl.trainer import state
-from asyncrl.trainer.base import NonFiniteWeights
+from asyncrl.trainer.base import NonFiniteWeights, finite
 from asyncrl.trainer.critic import ValueHead, critic_step
 from asyncrl.types import Batch
 
@@ -64,13 +64,6 @@ class _MicroBatch:
 def _last_hidden(out) -> torch.Tensor:
     hidden = getattr(out, "last_hidden_state", None)
     return hidden if hidden is not None else out.hidden_states[-1]
-
-
-def finite(t: torch.Tensor) -> bool:
-    """Whether every element of ``t`` is finite. A finite sum proves it (NaN and inf propagate through a sum);
-    only a sum that overflowed or met one needs the element-wise check. A sum reads the tensor once without
-    allocating: 15x faster than ``isfinite(t).all()`` on a ~100M model's weights, paid at every checkpoint."""
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 class PolicyTrainer:

@@ -201,15 +201,19 @@ def test_the_counters_read_at_any_moment_add_up_to_the_time_between_readings():
     try:
         futures = [engine.submit(p, SamplingParams(n=2, max_new_tokens=100)) for p in _prompts(3)]
         readings = []
-        for i in range(40):
+
+        def read():
             before = time.perf_counter()
             stats = engine.stats()
             readings.append((before, time.perf_counter(), stats))
+
+        for i in range(40):
+            read()
             if i == 10:
                 engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()), timeout=10)
             time.sleep(0.003)
         [f.result(timeout=30) for f in futures]
-        readings.append((time.perf_counter(), time.perf_counter(), engine.stats()))
+        read()
     finally:
         engine.stop()
     for (a0, a1, a), (b0, b1, b) in zip(readings, readings[1:]):
