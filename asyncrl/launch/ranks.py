@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import fields, replace
 
 import torch
@@ -141,7 +142,15 @@ class LocalRanks:
                 p.wait()
         os.unlink(self.config_file)
 
-    def failed(self) -> list[int]:
+    def failed(self, grace_s: float = 0.0) -> list[int]:
+        """The exit statuses of ranks that died. ``grace_s``: a failed collective can show a killed rank's closed
+        socket before the rank can be reaped; wait up to that long for it."""
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         return [p.returncode for p in self.procs if p.poll() not in (None, 0)]
 
 

@@ -56,7 +56,7 @@ def train(cfg: TrainConfig) -> dict:
                 finished = True
                 return {**record, "run_dir": str(run_dir), "checkpoint": _latest_checkpoint(run_dir)}
             except Exception as e:
-                dead = ranks.failed() if ranks is not None else []
+                dead = ranks.failed(grace_s=2.0) if ranks is not None else []
                 if dead:  # the collective that failed is the symptom; the rank's death is the cause
                     raise RuntimeError(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
                                        "its last checkpoint") from e
