@@ -32,7 +32,8 @@ LOSSES = {"naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"], "de
           # why they differ: with one optimizer step per batch the proximal policy is the current one, so the
           # decoupled clip never binds and the two objectives differ only on the tokens naive PPO clips (and those
           # above the behaviour cap). Without its clip naive PPO is the decoupled objective without its cap;
-          # masking behaviour weights outside [1 - ε, 1 + ε] gives the decoupled objective a clip of its own.
+          # "decoupled tight" asks whether masking behaviour weights outside [1 - ε, 1 + ε] replaces that clip
+          # (measured in docs/planner.md: it does not, being blind to the advantage's sign).
           "naive no clip": ["actor.policy_loss=ppo", "actor.allow_unsafe=true", "actor.eps_clip=1000"],
           "decoupled tight": ["actor.behav_imp_weight_cap=1.2", "actor.behav_imp_weight_floor=0.8",
                               "actor.behav_imp_weight_mode=mask"]}
