@@ -8,14 +8,21 @@ Invented tasks of different kinds (nothing in asyncrl knows them). Two with answ
 guesser often gets right:
 - ``vowels``: "How many vowels are in the word 'tobarine'?" -> ``4`` (counting letters of a made-up word);
 - ``first``: "Which letter comes first in the alphabet: k, d, r?" -> ``d`` (ordering);
-and three whose answers a guess almost never hits:
+and four whose answers a guess almost never hits:
 - ``reverse``: "Write the word 'tobarine' backwards." -> ``eniarbot`` (rewriting a made-up word);
 - ``digitsum``: "What is the sum of the digits of 4725?" -> ``18`` (adding, 3 or 4 digits);
-- ``initials``: "Write the first letter of each word: tobar kelime sunopa" -> ``tks`` (picking letters out).
+- ``initials``: "Write the first letter of each word: tobar kelime sunopa" -> ``tks`` (picking letters out);
+- ``next``: "What number comes next: 27, 30, 33, 36?" -> ``39`` (finding a pattern, then applying it).
 Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would
 (``--working``: on the steps, then ``The answer is X.``). ``--sft-rows N`` gives SFT the first N rows only, the
 case RL is for: few demonstrations, many questions whose answers can be checked.
-``--rl`` and ``--sft`` add overrides to the RL and SFT commands. Prints the SFT and RL held-out accuracies
+``--rl`` and ``--sft`` add overrides to the RL and SFT commands; ``--rl-from DIR`` starts RL from another model
+(a longer SFT). The recipe that lifted ``digitsum`` and ``next`` (docs/your-task.md):
+
+    python bench/own_task.py --task digitsum --out outputs/own-digitsum --working --sft-rows 200 --sft-steps 120 \
+        --rl total_train_steps=60 max_train_time_s=0
+
+ Prints the SFT and RL held-out accuracies
 (greedy, 200 items) and the machine; the run directories keep metrics.jsonl for the curves.
 """
 
@@ -80,9 +87,17 @@ def initials_row(rng: random.Random) -> dict:
             "working": f"The first letters: {', '.join(letters)}. The answer is {''.join(letters)}."}
 
 
+def next_row(rng: random.Random) -> dict:
+    start, step = rng.randint(1, 99), rng.randint(2, 19)
+    terms = [start + i * step for i in range(4)]
+    return {"question": f"What number comes next: {', '.join(map(str, terms))}?", "answer": str(terms[-1] + step),
+            "working": f"{terms[1]} - {terms[0]} = {step}, {terms[-1]} + {step} = {terms[-1] + step}. "
+                       f"The answer is {terms[-1] + step}."}
+
+
 TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
-         "initials": initials_row}
-NEW = ("reverse", "digitsum", "initials")  # answers a guess almost never hits
+         "initials": initials_row, "next": next_row}
+NEW = ("reverse", "digitsum", "initials", "next")  # answers a guess almost never hits
 
 
 def reward(prompt: str, completion: str, answer: str, **_) -> float:
@@ -101,6 +116,29 @@ def strict_reward(prompt: str, completion: str, answer: str, solution: str = "",
         raise ValueError("strict_reward needs the rows' solution column (make the data with --working)")
     steps = completion.rsplit("The answer is", 1)[0].strip()
     return float(reward(prompt, completion, answer) == 1.0 and steps == solution.rsplit("The answer is", 1)[0].strip())
+
+
+def _steps(text: str) -> list[str]:
+    """The working's steps: what precedes ``The answer is``, split at commas (``4 + 7 = 11``, or one letter)."""
+    body = text.rsplit("The answer is", 1)[0].strip().rstrip(".")
+    return [s.strip() for s in body.split(",") if s.strip()]
+
+
+def steps_reward(prompt: str, completion: str, answer: str, solution: str = "", **_) -> float:
+    """Partial credit for the way to the answer: the share of the reference's steps the completion writes right
+    before its first wrong one, the answer counting as one more step only after all of them. A lucky answer
+    after wrong working earns only the steps before the mistake; 1.0 exactly when ``strict_reward`` gives 1.0
+    (a denser signal than it: groups whose eight samples are all wrong still rank how far each got)."""
+    if not solution:
+        raise ValueError("steps_reward needs the rows' solution column (make the data with --working)")
+    ref, got = _steps(solution), _steps(completion)
+    right = 0
+    for a, b in zip(ref, got):
+        if a != b:
+            break
+        right += 1
+    done = right == len(ref) == len(got) and reward(prompt, completion, answer) == 1.0
+    return (right + done) / (len(ref) + 1)
 
 
 def make_data(task: str, out: Path, n_train: int = 4000, n_test: int = 200, seed: int = 0, working: bool = False
@@ -184,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rl", nargs="*", default=[], help="extra overrides of asyncrl train")
     p.add_argument("--skip-sft", action="store_true", help="reuse OUT/sft")
     p.add_argument("--name", default="run", help="the RL run's name: OUT/rl/NAME")
+    p.add_argument("--rl-from", type=Path, default=None, help="the model RL starts from (default: OUT/sft)")
     p.add_argument("--working", action="store_true", help="SFT targets write the steps, then 'The answer is X.'")
     p.add_argument("--distill", type=int, default=0,
                    help="instead of RL: sample answers to N more questions, keep the right ones, SFT on them")
@@ -211,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.distill:
         self_distill(args, asyncrl, fn, train, test, demos, sft_tokens)
         return 0
-    run(asyncrl + ["train", f"model.path={args.out / 'sft'}", f"train_dataset.path={train}",
+    run(asyncrl + ["train", f"model.path={args.rl_from or args.out / 'sft'}", f"train_dataset.path={train}",
                    f"valid_dataset.path={test}", fn, f"max_train_time_s={args.rl_seconds}", "total_train_steps=100000",
                    "evaluator.freq_steps=10", f"output_dir={args.out}", "experiment_name=rl", f"trial_name={args.name}",
                    "resume=fresh", "progress_bar=false", *rl_tokens, *args.rl])
