@@ -8,22 +8,19 @@ Invented tasks of different kinds (nothing in asyncrl knows them). Two with answ
 guesser often gets right:
 - ``vowels``: "How many vowels are in the word 'tobarine'?" -> ``4`` (counting letters of a made-up word);
 - ``first``: "Which letter comes first in the alphabet: k, d, r?" -> ``d`` (ordering);
-and four whose answers a guess almost never hits:
+and five whose answers a guess seldom hits:
 - ``reverse``: "Write the word 'tobarine' backwards." -> ``eniarbot`` (rewriting a made-up word);
 - ``digitsum``: "What is the sum of the digits of 4725?" -> ``18`` (adding, 3 or 4 digits);
 - ``initials``: "Write the first letter of each word: tobar kelime sunopa" -> ``tks`` (picking letters out);
-- ``next``: "What number comes next: 27, 30, 33, 36?" -> ``39`` (finding a pattern, then applying it).
+- ``next``: "What number comes next: 27, 30, 33, 36?" -> ``39`` (finding a pattern, then applying it);
+- ``story``: "Ana has 7 shells, finds 5 more and gives away 3. How many shells does Ana have now?" -> ``9``
+  (reading which numbers to add and which to take away).
 Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would
 (``--working``: on the steps, then ``The answer is X.``). ``--sft-rows N`` gives SFT the first N rows only, the
 case RL is for: few demonstrations, many questions whose answers can be checked.
 ``--rl`` and ``--sft`` add overrides to the RL and SFT commands; ``--rl-from DIR`` starts RL from another model
-(a longer SFT). The recipe that lifted ``digitsum`` and ``next`` (docs/your-task.md):
-
-    python bench/own_task.py --task digitsum --out outputs/own-digitsum --working --sft-rows 200 --sft-steps 120 \
-        --rl total_train_steps=60 max_train_time_s=0
-
- Prints the SFT and RL held-out accuracies
-(greedy, 200 items) and the machine; the run directories keep metrics.jsonl for the curves.
+(a longer SFT). docs/your-task.md "RL lifts a fresh task" has the commands that took ``digitsum`` from its
+SFT plateau (0.425) to 0.740 held-out with RL.
 """
 
 from __future__ import annotations
@@ -95,9 +92,31 @@ def next_row(rng: random.Random) -> dict:
                        f"The answer is {terms[-1] + step}."}
 
 
-TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
+NAMES = ("Ana", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun")
+THINGS = ("shells", "coins", "stamps", "apples", "marbles", "cards", "pens", "books")
+
+
+def story_row(rng: random.Random) -> dict:
+    name, things = rng.choice(NAMES), rng.choice(THINGS)
+    start, gain = rng.randint(2, 20), rng.randint(2, 20)
+    loss = rng.randint(1, start + gain - 1)
+    if rng.random() < 0.5:
+        text, first = f"{name} has {start} {things}, finds {gain} more and gives away {loss}.", "+"
+        mid = start + gain
+    else:
+        start = max(start, loss + 1)
+        text, first = f"{name} has {start} {things}, gives away {loss} and finds {gain} more.", "-"
+        mid = start - loss
+    end = mid - loss if first == "+" else mid + gain
+    steps = (f"{start} + {gain} = {mid}, {mid} - {loss} = {end}" if first == "+"
+             else f"{start} - {loss} = {mid}, {mid} + {gain} = {end}")
+    return {"question": f"{text} How many {things} does {name} have now?", "answer": str(end),
+            "working": f"{steps}. The answer is {end}."}
+
+
+TASKS = {"vowels": vowels_row, "story": story_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
          "initials": initials_row, "next": next_row}
-NEW = ("reverse", "digitsum", "initials", "next")  # answers a guess almost never hits
+NEW = ("reverse", "digitsum", "initials", "next", "story")  # answers a guess almost never hits
 
 
 def reward(prompt: str, completion: str, answer: str, **_) -> float:
