@@ -114,9 +114,9 @@ def story_row(rng: random.Random) -> dict:
             "working": f"{steps}. The answer is {end}."}
 
 
-TASKS = {"vowels": vowels_row, "story": story_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
-         "initials": initials_row, "next": next_row}
-NEW = ("reverse", "digitsum", "initials", "next", "story")  # answers a guess almost never hits
+TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
+         "initials": initials_row, "next": next_row, "story": story_row}
+NEW = ("reverse", "digitsum", "initials", "next", "story")  # answers a guess seldom hits
 
 
 def reward(prompt: str, completion: str, answer: str, **_) -> float:
