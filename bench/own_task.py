@@ -8,13 +8,16 @@ Invented tasks of different kinds (nothing in asyncrl knows them). Two with answ
 guesser often gets right:
 - ``vowels``: "How many vowels are in the word 'tobarine'?" -> ``4`` (counting letters of a made-up word);
 - ``first``: "Which letter comes first in the alphabet: k, d, r?" -> ``d`` (ordering);
-and five whose answers a guess seldom hits:
+five whose answers a guess seldom hits:
 - ``reverse``: "Write the word 'tobarine' backwards." -> ``eniarbot`` (rewriting a made-up word);
 - ``digitsum``: "What is the sum of the digits of 4725?" -> ``18`` (adding, 3 or 4 digits);
 - ``initials``: "Write the first letter of each word: tobar kelime sunopa" -> ``tks`` (picking letters out);
 - ``next``: "What number comes next: 27, 30, 33, 36?" -> ``39`` (finding a pattern, then applying it);
 - ``story``: "Ana has 7 shells, finds 5 more and gives away 3. How many shells does Ana have now?" -> ``9``
-  (reading which numbers to add and which to take away).
+  (reading which numbers to add and which to take away);
+and two where a guess hits now and then:
+- ``largest``: "Which number is the largest: 58, 36, 72, 13?" -> ``72`` (comparing, keeping the larger);
+- ``maxdigit``: "What is the largest digit of 3416270?" -> ``7`` (the same, over the digits of one number).
 Rows are ``{"question", "answer"}``; SFT trains on the bare answer, as a user's file of short answers would
 (``--working``: on the steps, then ``The answer is X.``). ``--sft-rows N`` gives SFT the first N rows only, the
 case RL is for: few demonstrations, many questions whose answers can be checked.
@@ -114,9 +117,35 @@ def story_row(rng: random.Random) -> dict:
             "working": f"{steps}. The answer is {end}."}
 
 
+def largest_row(rng: random.Random) -> dict:
+    numbers = rng.sample(range(10, 100), rng.randint(3, 5))
+    best, steps = numbers[0], []
+    for n in numbers[1:]:
+        steps.append(f"{best} {'<' if best < n else '>'} {n}")
+        best = max(best, n)
+    return {"question": f"Which number is the largest: {', '.join(map(str, numbers))}?", "answer": str(best),
+            "working": f"{', '.join(steps)}. The answer is {best}."}
+
+
+def maxdigit_row(rng: random.Random) -> dict:
+    # the answer first, uniform over 4-9 (with digits drawn uniformly, 9 would be the answer more than half the
+    # time and a constant guess would score like a model), then 6-9 digits up to it, holding it at least once
+    top = rng.randint(4, 9)
+    digits = [rng.randint(0, top) for _ in range(rng.randint(6, 9))]
+    digits[rng.randrange(len(digits))] = top
+    digits[0] = digits[0] or rng.randint(1, top)
+    best, steps = digits[0], []
+    for d in digits[1:]:
+        steps.append(f"{best} {'<' if best < d else '>' if best > d else '='} {d}")
+        best = max(best, d)
+    return {"question": f"What is the largest digit of {''.join(map(str, digits))}?", "answer": str(best),
+            "working": f"{', '.join(steps)}. The answer is {best}."}
+
+
 TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
-         "initials": initials_row, "next": next_row, "story": story_row}
-NEW = ("reverse", "digitsum", "initials", "next", "story")  # answers a guess seldom hits
+         "initials": initials_row, "next": next_row, "story": story_row, "largest": largest_row,
+         "maxdigit": maxdigit_row}
+NEW = ("reverse", "digitsum", "initials", "next", "story", "largest", "maxdigit")  # added later: token budgets from their rows
 
 
 def reward(prompt: str, completion: str, answer: str, **_) -> float:
@@ -205,18 +234,54 @@ def verified_rows(samples: Path, per_question: int = 2) -> list[dict]:
     return rows
 
 
+def sample_answers(args, asyncrl: list[str], fn: str, train: Path, tokens: list[str], model: Path, n: int,
+                   out: Path) -> Path:
+    """Eight sampled answers of ``model`` to each of ``n`` training questions the demonstrations do not hold
+    (``asyncrl eval`` output rows: question, answer, completions, rewards)."""
+    out.mkdir(parents=True, exist_ok=True)
+    pool, samples = out / "questions.jsonl", out / "samples.jsonl"
+    pool.write_text("".join(train.read_text().splitlines(keepends=True)[args.sft_rows: args.sft_rows + n]))
+    run(asyncrl + ["eval", "--model", str(model), f"valid_dataset.path={pool}", f"valid_dataset.size={n}", fn,
+                   "gconfig.n_samples=8", "evaluator.greedy=false", "k=[1,8]", *tokens, f"output={samples}"])
+    return samples
+
+
+def check_stats(rows: list[dict], solutions: dict[str, str]) -> dict:
+    """What the check before RL reads from sampled answers: how often a sample passes (pass@1) and a question has
+    a passing sample (pass@8); how often a sample passes with every step of the working right (``strict_reward``),
+    and that as a share of the passes (low: the reward mostly pays luck); the share of groups with a signal
+    (neither all right nor all wrong)."""
+    samples = passed = strict = hit = signal = 0
+    for r in rows:
+        solution = solutions[r["question"]]
+        right = [reward >= 1.0 for reward in r["rewards"]]
+        samples += len(right)
+        passed += sum(right)
+        strict += sum(strict_reward(r["question"], c, r["answer"], solution) for c in r["completions"])
+        hit += any(right)
+        signal += 0 < sum(right) < len(right)
+    return {"questions": len(rows), "pass@1": passed / samples, "pass@8": hit / len(rows),
+            "right working": strict / samples, "right working of passes": strict / max(passed, 1),
+            "groups with signal": signal / len(rows)}
+
+
+def check(args, asyncrl: list[str], fn: str, train: Path, tokens: list[str]) -> None:
+    """Step 2 of docs/your-task.md's recipe, before RL: sample the model RL would start from and print what the
+    reward pays for."""
+    model = Path(args.rl_from or args.out / "sft")
+    samples = sample_answers(args, asyncrl, fn, train, tokens, model, args.check, args.out / "check" / model.name)
+    solutions = {r["question"]: r["solution"] for r in map(json.loads, train.read_text().splitlines())}
+    stats = check_stats([json.loads(line) for line in samples.read_text().splitlines()], solutions)
+    print(f"{args.task}: {model}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                               for k, v in stats.items()))
+
+
 def self_distill(args, asyncrl: list[str], fn: str, train: Path, test: Path, demos: Path, tokens: list[str]) -> None:
     """The verifier without RL: sample 8 answers to each of ``--distill`` training questions the demonstrations
     do not hold, keep the right ones, and fine-tune the SFT model on them with the demonstrations; beside it,
     the same steps of SFT on the demonstrations alone (the control)."""
     out = args.out / "distill"
-    out.mkdir(parents=True, exist_ok=True)
-    pool = out / "questions.jsonl"
-    pool.write_text("".join(train.read_text().splitlines(keepends=True)[args.sft_rows: args.sft_rows + args.distill]))
-    run(asyncrl + ["eval", "--model", str(args.out / "sft"), f"valid_dataset.path={pool}",
-                   f"valid_dataset.size={args.distill}", fn, "gconfig.n_samples=8", "evaluator.greedy=false",
-                   "k=[1,8]", *tokens, f"output={out / 'samples.jsonl'}"])
-    kept = verified_rows(out / "samples.jsonl")
+    kept = verified_rows(sample_answers(args, asyncrl, fn, train, tokens, args.out / "sft", args.distill, out))
     data = out / "train.jsonl"
     data.write_text(demos.read_text() + "".join(json.dumps(r) + "\n" for r in kept))
     print(f"kept {len(kept)} verified answers to {len({r['question'] for r in kept})} of {args.distill} questions")
@@ -245,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--working", action="store_true", help="SFT targets write the steps, then 'The answer is X.'")
     p.add_argument("--distill", type=int, default=0,
                    help="instead of RL: sample answers to N more questions, keep the right ones, SFT on them")
+    p.add_argument("--check", type=int, default=0,
+                   help="instead of RL: sample 8 answers of the model RL would start from (--rl-from, else OUT/sft) "
+                        "to N more questions and print what the reward pays for (docs/your-task.md, step 2)")
     args = p.parse_args(argv)
     from machine import cpu  # bench/ is on the path of a script run from it (not of the reward's importers)
 
@@ -268,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
                        *args.sft])
     if args.distill:
         self_distill(args, asyncrl, fn, train, test, demos, sft_tokens)
+        return 0
+    if args.check:
+        if not args.working:
+            raise SystemExit("--check reads the working: make the data with --working")
+        check(args, asyncrl, fn, train, sft_tokens)
         return 0
     run(asyncrl + ["train", f"model.path={args.rl_from or args.out / 'sft'}", f"train_dataset.path={train}",
                    f"valid_dataset.path={test}", fn, f"max_train_time_s={args.rl_seconds}", "total_train_steps=100000",

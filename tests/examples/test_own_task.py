@@ -35,6 +35,27 @@ def test_the_next_task_continues_an_arithmetic_sequence(tmp_path):
         assert int(r["answer"]) == 2 * terms[-1] - terms[-2]
 
 
+def test_the_comparing_tasks_answer_the_largest_and_maxdigit_does_not_favour_nine(tmp_path):
+    train, _ = own_task.make_data("largest", tmp_path / "largest", n_train=50, n_test=10)
+    for r in map(json.loads, train.read_text().splitlines()):
+        assert int(r["answer"]) == max(int(n) for n in r["question"].split(":")[1].strip(" ?").split(", "))
+    train, _ = own_task.make_data("maxdigit", tmp_path / "maxdigit", n_train=600, n_test=10)
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    for r in rows:
+        number = r["question"].rsplit(" ", 1)[1].rstrip("?")
+        assert number[0] != "0" and r["answer"] == max(number)
+    assert max(sum(r["answer"] == d for r in rows) for d in "456789") < 0.25 * len(rows)  # uniform: ~1/6 each
+
+
+def test_the_check_before_rl_tells_passes_from_passes_with_the_right_working():
+    rows = [{"question": "q1", "answer": "13", "rewards": [1.0, 1.0, 0.0, 0.0],
+             "completions": [SOLUTION, "4 + 7 = 11, 10 + 3 = 13. The answer is 13.", "x", "y"]},
+            {"question": "q2", "answer": "13", "rewards": [0.0] * 4, "completions": ["x"] * 4}]
+    stats = own_task.check_stats(rows, {"q1": SOLUTION, "q2": SOLUTION})
+    assert stats == {"questions": 2, "pass@1": 2 / 8, "pass@8": 0.5, "right working": 1 / 8,
+                     "right working of passes": 0.5, "groups with signal": 0.5}
+
+
 @pytest.mark.parametrize("completion, answer_only, strict, steps", [
     (SOLUTION, 1.0, 1.0, 1.0),
     ("4 + 7 = 11, 10 + 3 = 13. The answer is 13.", 1.0, 0.0, 1 / 3),  # a lucky answer after a wrong step
