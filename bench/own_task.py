@@ -145,7 +145,8 @@ def maxdigit_row(rng: random.Random) -> dict:
 TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
          "initials": initials_row, "next": next_row, "story": story_row, "largest": largest_row,
          "maxdigit": maxdigit_row}
-NEW = ("reverse", "digitsum", "initials", "next", "story", "largest", "maxdigit")  # added later: token budgets from their rows
+# added later: their token budgets come from their rows
+NEW = ("reverse", "digitsum", "initials", "next", "story", "largest", "maxdigit")
 
 
 def reward(prompt: str, completion: str, answer: str, **_) -> float:
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         demos = args.out / "data" / f"train-{args.sft_rows}.jsonl"
         demos.write_text("".join(train.read_text().splitlines(keepends=True)[: args.sft_rows]))
     if not args.skip_sft:
-        run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={demos}", f"valid_dataset.path={test}",
+        run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={demos}",
+                       f"valid_dataset.path={test}",
                        fn, f"total_train_steps={args.sft_steps}", "evaluator.freq_steps=50",
                        *sft_tokens, f"output_dir={args.out / 'sft'}",
                        *args.sft])
