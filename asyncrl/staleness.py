@@ -18,10 +18,11 @@ agent benchmark), then, over the last ``window`` steps,
   which it waited before (η rises fast and falls slowly: too small an η costs speed at once, too large one only
   freshness, which the decoupled objective corrects);
 - after a change, the next two steps are skipped (a new η applies from the next version, and its groups are
-  trained the version after) and a full window of steps under it decides the next change; likewise after a
-  step that spent over half its time evaluating or checkpointing (the generator filled the buffer meanwhile:
-  the steps that drain it wait for nothing whatever η is); the first step of a run (it waits for the first
-  batch whatever η is) is not read.
+  trained the version after) and a full window of steps under it decides the next change; a step that spent
+  over half its time evaluating or checkpointing is not read, nor the two after it (the generator filled the
+  buffer meanwhile: the steps that drain it wait for nothing whatever η is), but the steps before it still
+  count (with an evaluation every 5 steps, dropping them too kept η from ever falling); the first step of a
+  run (it waits for the first batch whatever η is) is not read.
 So η settles at the smallest value that keeps the trainer from waiting; where waiting comes from slow
 generation that a larger η cannot hide (the gate was open), η does not grow.
 """
@@ -80,7 +81,7 @@ class AutoStaleness:
             self._warm = True
             return
         if _away(record) > 0.5 * _num(record, "step_time_s"):  # evaluating or saving: the buffer filled meanwhile
-            self._recent, self._skip = [], 2
+            self._skip = 2
             return
         if self._skip:  # the two steps after a change train groups admitted before the new η took hold
             self._skip -= 1
