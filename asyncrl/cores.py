@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from typing import Callable
 
+# The trainer's micro-batches hold at most this many tokens while it shares the cores: it reads its share
+# before each, so when the engine goes idle mid-step (the staleness gate closed) the trainer takes its core
+# within a fraction of the step, not at the next step. Measured on the default run (2 cores, Intel Xeon
+# AVX-512, steps 11-60): one micro-batch a step 2.58 s, at most 2048 tokens 2.13 s, 1024 tokens 2.06 s.
+SHARED_MB_TOKENS = 1024
+
 
 class CoreShare:
     def __init__(self, cores: int, trainer_waiting: Callable[[], bool] = lambda: False,

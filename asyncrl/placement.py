@@ -123,8 +123,9 @@ class ClusterConfig:
     """The rendezvous port of the trainer ranks (0 = a free one)."""
     cpu_split: str = "fixed"
     """fixed: the trainer uses actor.threads and the built-in engine rollout.threads | auto: they share this
-    process's cores, each using all of them while the other waits and half while both work (rollout.backend
-    local on the CPU, one trainer rank)."""
+    process's cores, each using all of them while the other waits and half while both work; the trainer's
+    micro-batches then hold at most 1024 tokens, so that it takes a core the engine leaves within a fraction of
+    a step (rollout.backend local on the CPU, one trainer rank)."""
 
     def validate(self) -> None:
         if self.device not in DEVICES:

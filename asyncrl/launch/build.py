@@ -28,7 +28,7 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
                                 weights_dir)
 from asyncrl.controller import LoopPlan, Parts
-from asyncrl.cores import CoreShare, process_cores
+from asyncrl.cores import SHARED_MB_TOKENS, CoreShare, process_cores
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
@@ -170,7 +170,9 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels,
         device=device, version=start.version))
     policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
-    trainer = build_trainer(cfg.actor, policy, model_path=model_path, temperature=cfg.gconfig.temperature,
+    actor = cfg.actor if share is None else dataclasses.replace(  # re-read the share often (asyncrl.cores)
+        cfg.actor, mb_max_tokens=min(cfg.actor.mb_max_tokens, SHARED_MB_TOKENS))
+    trainer = build_trainer(actor, policy, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=shape.autocast_dtype, max_new_tokens=cfg.gconfig.max_new_tokens,
                             top_p=cfg.gconfig.top_p, top_k=cfg.gconfig.top_k, dp=dp, device=device,
                             init_path=init_path, threads=share and share.trainer_threads)

@@ -8,6 +8,7 @@ import torch
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.controller import run
+from asyncrl.cores import SHARED_MB_TOKENS
 from asyncrl.launch.build import assemble
 
 
@@ -67,3 +68,14 @@ def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in
                                "rollout.max_context=8192"), 32768) == 8192
     with pytest.raises(ConfigError, match="rollout.max_context=9000 exceeds the model's max_position_embeddings"):
         context_len(rollout("rollout.max_context=9000"), 4096)
+
+
+@pytest.mark.parametrize("split, mb_tokens", [("fixed", 8192), ("auto", SHARED_MB_TOKENS)])
+def test_a_trainer_sharing_the_cores_takes_micro_batches_small_enough_to_re_read_its_share(
+        tmp_path, tiny_model_dir, split, mb_tokens):
+    """With cluster.cpu_split=auto the trainer asks for its threads before each micro-batch; at one micro-batch a
+    step it kept one core through a step whose second half the engine spent idle (asyncrl/cores.py)."""
+    cfg = _cfg(tmp_path, tiny_model_dir, f"cluster.cpu_split={split}")
+    with assemble(cfg) as parts:
+        assert parts.trainer.mb_max_tokens == mb_tokens
+        assert (parts.trainer.threads is not None) == (split == "auto")
