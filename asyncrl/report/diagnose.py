@@ -17,11 +17,27 @@ SFT_METRICS = "sft_metrics.jsonl"
 
 
 def run_settings(run) -> dict:
-    """What the rules need to know of a run's configuration (``config.yaml``)."""
-    return {name: run.setting(key) for name, key in (("eta", "rollout.max_head_offpolicyness"),
-                                                    ("n_samples", "gconfig.n_samples"),
-                                                    ("max_new_tokens", "gconfig.max_new_tokens"),
-                                                    ("workers", "reward.workers")) if run.setting(key) is not None}
+    """What the rules need to know of a run's configuration (``config.yaml``); ``cpu_split`` only where the
+    auto split could apply (the built-in engine in the process, one trainer rank, the CPU: config.yaml keeps
+    ``cluster.device=auto`` unresolved, so auto counts as the CPU on a machine without a GPU)."""
+    settings = {name: run.setting(key) for name, key in (("eta", "rollout.max_head_offpolicyness"),
+                                                        ("n_samples", "gconfig.n_samples"),
+                                                        ("max_new_tokens", "gconfig.max_new_tokens"),
+                                                        ("workers", "reward.workers")) if run.setting(key) is not None}
+    device = run.setting("cluster.device")
+    on_cpu = device == "cpu" or (device == "auto" and not _has_gpu())
+    one_rank = str(run.setting("actor.backend")) in ("local", "ddp:d1")
+    if on_cpu and one_rank and run.setting("rollout.backend") == "local":
+        settings["cpu_split"] = run.setting("cluster.cpu_split")
+    return settings
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def diagnose_dir(path: str | Path) -> Verdict:
