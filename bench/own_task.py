@@ -117,14 +117,20 @@ def story_row(rng: random.Random) -> dict:
             "working": f"{steps}. The answer is {end}."}
 
 
+def running_max(values: list[int]) -> tuple[int, str]:
+    """The largest value and the working that finds it: each value compared with the largest so far."""
+    best, steps = values[0], []
+    for v in values[1:]:
+        steps.append(f"{best} {'<' if best < v else '>' if best > v else '='} {v}")
+        best = max(best, v)
+    return best, f"{', '.join(steps)}. The answer is {best}."
+
+
 def largest_row(rng: random.Random) -> dict:
     numbers = rng.sample(range(10, 100), rng.randint(3, 5))
-    best, steps = numbers[0], []
-    for n in numbers[1:]:
-        steps.append(f"{best} {'<' if best < n else '>'} {n}")
-        best = max(best, n)
+    best, working = running_max(numbers)
     return {"question": f"Which number is the largest: {', '.join(map(str, numbers))}?", "answer": str(best),
-            "working": f"{', '.join(steps)}. The answer is {best}."}
+            "working": working}
 
 
 def maxdigit_row(rng: random.Random) -> dict:
@@ -134,12 +140,9 @@ def maxdigit_row(rng: random.Random) -> dict:
     digits = [rng.randint(0, top) for _ in range(rng.randint(6, 9))]
     digits[rng.randrange(len(digits))] = top
     digits[0] = digits[0] or rng.randint(1, top)
-    best, steps = digits[0], []
-    for d in digits[1:]:
-        steps.append(f"{best} {'<' if best < d else '>' if best > d else '='} {d}")
-        best = max(best, d)
+    best, working = running_max(digits)
     return {"question": f"What is the largest digit of {''.join(map(str, digits))}?", "answer": str(best),
-            "working": f"{', '.join(steps)}. The answer is {best}."}
+            "working": working}
 
 
 TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
