@@ -193,8 +193,7 @@ class TrainConfig:
         self.watchdog.validate()
         self.cluster.validate()
         self.saver.validate()
-        if self.cluster.cpu_split == "auto" and (self.rollout.placement.kind != "local" or self.actor.world_size > 1
-                                                 or self.cluster.resolved_device() != "cpu"):
+        if self.cluster.cpu_split == "auto" and not self.cpu_split_applies():
             raise ConfigError("cluster.cpu_split=auto shares this process's CPU cores between the trainer and the "
                               "built-in engine: it needs rollout.backend=local, one trainer rank and the CPU "
                               f"(got rollout.backend={self.rollout.backend}, actor.backend={self.actor.backend})")
@@ -211,6 +210,12 @@ class TrainConfig:
         if self.actor.world_size > self.train_dataset.batch_size:
             raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
                               f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
+
+    def cpu_split_applies(self) -> bool:
+        """Whether cluster.cpu_split=auto can share the cores: the built-in engine in this process, one trainer
+        rank, the CPU."""
+        return (self.rollout.placement.kind == "local" and self.actor.world_size == 1
+                and self.cluster.resolved_device() == "cpu")
 
 
 @dataclass

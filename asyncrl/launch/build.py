@@ -255,11 +255,9 @@ def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
 
 def verdict_settings(cfg: TrainConfig) -> dict:
     """What the verdict's rules know of the configuration."""
-    applies = (cfg.rollout.placement.kind == "local" and cfg.actor.world_size == 1
-               and cfg.cluster.resolved_device() == "cpu")  # where cluster.cpu_split=auto can apply
     return {"eta": cfg.rollout.max_head_offpolicyness, "n_samples": cfg.gconfig.n_samples,
             "max_new_tokens": cfg.gconfig.max_new_tokens, "workers": cfg.reward.workers,
-            **({"cpu_split": cfg.cluster.cpu_split} if applies else {})}
+            **({"cpu_split": cfg.cluster.cpu_split} if cfg.cpu_split_applies() else {})}
 
 
 def _paths(cfg: TrainConfig, resume: Path | None) -> tuple[str | None, str]:
