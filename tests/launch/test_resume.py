@@ -26,7 +26,8 @@ def test_killed_at_any_moment_and_resumed_every_prompt_is_trained_once(tmp_path,
     in generation, training, weight sync, checkpoint writing and evaluation, not in start-up), then let it
     finish: every prompt of the epoch trained exactly once (ledger), each step logged once, and ``latest``
     never names a half-written checkpoint."""
-    n_prompts, steps = 120, 60  # one epoch: 60 steps of 2 prompts (a step takes ~0.1-0.3 s here)
+    n_prompts, steps = 200, 100  # one epoch: 100 steps of 2 prompts (a step takes ~0.1-0.3 s here; with 60, a
+    # fast CPU finished the epoch after 9 kills)
     train, valid = prompt_files(tmp_path, n_prompts)
     args = train_command(tmp_path, tiny_model_dir, train, valid, steps)
     run = tmp_path / "out" / "asyncrl" / "default"
