@@ -117,9 +117,10 @@ class Watchdog:
         failures = record.get("reward_errors", 0) + record.get("reward_timeouts", 0)
         step_calls, step_failures = calls - self._calls, failures - self._failures
         self._calls, self._failures = calls, failures
-        if step_calls <= 0:
+        if calls <= 0:
             return
-        self.reward_failing = self.reward_failing + 1 if step_failures >= step_calls else 0
+        if step_calls > 0:  # a step whose rollouts were all scored before the last record keeps the count
+            self.reward_failing = self.reward_failing + 1 if step_failures >= step_calls else 0
         never_scored = failures >= calls  # not one call of the run has succeeded: a broken reward, not bad luck
         needed = 1 if never_scored else self.reward_failure_steps
         if not self.reward_failure_steps or self.reward_failing < needed:

@@ -81,6 +81,22 @@ def test_watchdog_counts_steps_in_a_row():
         w.check({"version": 5, "reward_calls": 20, "reward_errors": 16, "reward_timeouts": 2})
 
 
+def test_a_step_with_no_new_reward_calls_keeps_the_count_and_still_warns(caplog):
+    """An asynchronous run can score a step's rollouts before the previous record (CI saw 12, 12, 20, 24 calls):
+    that step changes nothing, so warn mode still warns once per step and the count in a row is kept."""
+    w = Watchdog(no_signal_steps=0, reward_failure_steps=2, stop_on_reward_failures=False, max_nonfinite_steps=0)
+    with caplog.at_level(logging.WARNING, logger="asyncrl.watchdog"):
+        for version, calls in enumerate([12, 12, 20, 24], start=1):
+            w.check({"version": version, "reward_calls": calls, "reward_errors": calls})
+    assert sum("every reward call of the run failed" in r.message for r in caplog.records) == 4
+    stop = Watchdog(no_signal_steps=0, reward_failure_steps=2, max_nonfinite_steps=0)
+    stop.check({"version": 1, "reward_calls": 4, "reward_errors": 3})
+    stop.check({"version": 2, "reward_calls": 8, "reward_errors": 7})  # 1 in a row
+    stop.check({"version": 3, "reward_calls": 8, "reward_errors": 7})  # no new calls: still 1
+    with pytest.raises(TrainingHalted, match="in the last 2 steps"):
+        stop.check({"version": 4, "reward_calls": 12, "reward_errors": 11})
+
+
 def test_a_reward_that_never_succeeded_stops_at_the_first_step_with_its_error():
     """A reward function that fails on every call of the first batch is broken (a wrong argument name, say),
     not unlucky: the run stops at once and says what the first call raised."""
