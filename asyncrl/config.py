@@ -193,10 +193,6 @@ class TrainConfig:
         self.watchdog.validate()
         self.cluster.validate()
         self.saver.validate()
-        if self.cluster.cpu_split == "auto" and not self.cpu_split_applies():
-            raise ConfigError("cluster.cpu_split=auto shares this process's CPU cores between the trainer and the "
-                              "built-in engine: it needs rollout.backend=local, one trainer rank and the CPU "
-                              f"(got rollout.backend={self.rollout.backend}, actor.backend={self.actor.backend})")
         if self.launcher not in LAUNCHERS:
             raise ConfigError(f"launcher must be one of {list(LAUNCHERS)}, got '{self.launcher}'")
         self.stats_logger.validate()
@@ -212,8 +208,8 @@ class TrainConfig:
                               f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
 
     def cpu_split_applies(self) -> bool:
-        """Whether cluster.cpu_split=auto can share the cores: the built-in engine in this process, one trainer
-        rank, the CPU."""
+        """Whether cluster.cpu_split=auto shares the cores: the built-in engine in this process, one trainer rank,
+        the CPU (elsewhere the trainer and the engines keep actor.threads and rollout.threads)."""
         return (self.rollout.placement.kind == "local" and self.actor.world_size == 1
                 and self.cluster.resolved_device() == "cpu")
 

@@ -121,11 +121,12 @@ class ClusterConfig:
     local Ray with this machine's cores."""
     master_port: int = 0
     """The rendezvous port of the trainer ranks (0 = a free one)."""
-    cpu_split: str = "fixed"
-    """fixed: the trainer uses actor.threads and the built-in engine rollout.threads | auto: they share this
-    process's cores, each using all of them while the other waits and half while both work; the trainer's
-    micro-batches then hold at most 1024 tokens, so that it takes a core the engine leaves within a fraction of
-    a step (rollout.backend local on the CPU, one trainer rank)."""
+    cpu_split: str = "auto"
+    """auto: where the built-in engine runs in this process beside one trainer rank on the CPU, the two share
+    the process's cores, each using all of them while the other waits and half while both work (the trainer's
+    micro-batches then hold at most 1024 tokens, so that it takes a core the engine leaves within a fraction of a
+    step); at η = 0 each takes every core, as its turns alternate; elsewhere as fixed | fixed: the trainer
+    uses actor.threads and the built-in engine rollout.threads."""
 
     def validate(self) -> None:
         if self.device not in DEVICES:

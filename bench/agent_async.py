@@ -39,7 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_arm(eta: int | str, args: argparse.Namespace, out: Path) -> dict:
     sync = eta == 0
-    threads = ["actor.threads=2", "rollout.threads=2"] if sync else ["actor.threads=1", "rollout.threads=1"]
+    threads = ["cluster.cpu_split=fixed", *(["actor.threads=2", "rollout.threads=2"] if sync else
+                                            ["actor.threads=1", "rollout.threads=1"])]
     if args.task == "lookup":
         task = ["--config", str(REPO / "examples" / "agent_lookup.yaml"),
                 f"agent.options={{max_turns: 6, python: true, tool_latency_s: {args.latency}, "  # the YAML's,

@@ -154,8 +154,8 @@ class Arm:
     runner: str = "asyncrl"  # or "trl"
 
     def all_overrides(self) -> list[str]:
-        return [f"rollout.max_head_offpolicyness={self.eta}", f"actor.threads={self.threads[0]}",
-                f"rollout.threads={self.threads[1]}", *self.overrides]
+        return [f"rollout.max_head_offpolicyness={self.eta}", "cluster.cpu_split=fixed",  # an arm may say auto
+                f"actor.threads={self.threads[0]}", f"rollout.threads={self.threads[1]}", *self.overrides]
 
 
 def sync_arm(cores: int) -> Arm:

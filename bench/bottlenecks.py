@@ -25,7 +25,8 @@ from machine import cpu  # bench/ is on the path of a script run from it
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["progress_bar=false", "report=false", "max_train_time_s=0", "saver.freq_steps=0", "evaluator.freq_steps=0",
-         "valid_dataset.size=20", "watchdog.no_signal_steps=0"]
+         "valid_dataset.size=20", "watchdog.no_signal_steps=0",
+         "cluster.cpu_split=fixed"]  # the threads each case sets (the trainer case's fix: actor.threads) apply
 
 
 @dataclass

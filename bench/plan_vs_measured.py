@@ -32,7 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["progress_bar=false", "report=false", "max_train_time_s=0", "saver.freq_steps=0", "evaluator.freq_steps=0",
-         "valid_dataset.size=20", "watchdog.no_signal_steps=0"]
+         "valid_dataset.size=20", "watchdog.no_signal_steps=0",
+         "cluster.cpu_split=fixed"]  # the planner models fixed threads (actor.threads, rollout.threads)
 AGENT = ["workflow.name=agent", "agent.episode=agent_env:episode", "agent.client=inprocess",
          "agent.options={attempts: 3, tool_latency_s: 0.5, tool_latency_p99_s: 2.0}", "rollout.max_slots=128"]
 CONFIGS = [  # (name, overrides, steps)

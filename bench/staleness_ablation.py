@@ -54,7 +54,8 @@ def train(args, loss: str, eta: int, seed: int) -> None:
            "saver.freq_steps=0", f"output_dir={out}", "resume=fresh", f"total_train_steps={args.steps}",
            f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}", f"actor.lr={args.lr}",
            f"rollout.max_head_offpolicyness={eta}", f"seed={seed}", f"train_dataset.seed={seed}",
-           f"evaluator.freq_steps={args.steps}", "watchdog.no_signal_steps=0", *LOSSES[loss]]
+           f"evaluator.freq_steps={args.steps}", "watchdog.no_signal_steps=0",
+           "cluster.cpu_split=fixed", *LOSSES[loss]]  # 1 + 1 threads, as the table in docs/planner.md
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "bench"))
 def run(name: str, steps: int, out: Path, *overrides: str) -> dict:
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"output_dir={out}", f"trial_name={name}",
            f"total_train_steps={steps}", "max_train_time_s=0", f"evaluator.freq_steps={steps}", "progress_bar=false",
-           "report=false", *overrides]
+           "report=false", "cluster.cpu_split=fixed", *overrides]  # one process with actor.threads=2, not shared
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     wall = time.perf_counter() - t0

@@ -1,6 +1,6 @@
 """cluster.cpu_split=auto (asyncrl/cores.py): the trainer and the engine share the cores, each taking all of them
-while the other waits; the engine and the trainer ask before each step / micro-batch; the configuration is
-refused where it cannot apply."""
+while the other waits (every core each at η = 0); the engine and the trainer ask before each step / micro-batch;
+the default, and where it applies (elsewhere the fixed threads)."""
 
 import pytest
 import torch
@@ -42,11 +42,38 @@ def test_the_engine_and_the_trainer_ask_for_their_threads():
     assert "trainer" in asked and torch.get_num_threads() == 1
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["rollout.backend=asyncrl:d1"], "needs rollout.backend=local"),
-    (["actor.backend=ddp:d2"], "one trainer rank"),
-    (["cluster.cpu_split=sometimes"], "cluster.cpu_split must be one of"),
+def test_at_eta_0_each_side_takes_every_core_whatever_the_other_does():
+    """A synchronous run's turns alternate: constant thread counts, so its replay stays exact."""
+    share = CoreShare(2, trainer_waiting=lambda: False, engine_idle=lambda: False, alternating=True)
+    assert (share.trainer_threads(), share.engine_threads()) == (2, 2)
+
+
+@pytest.mark.parametrize("overrides, applies", [
+    ([], True),
+    (["rollout.backend=asyncrl:d1"], False),  # the engine runs in another process
+    (["actor.backend=ddp:d2"], False),  # several trainer ranks
+    (["cluster.cpu_split=fixed"], False),
 ])
-def test_auto_split_is_refused_where_it_cannot_apply(overrides, match):
-    with pytest.raises(ConfigError, match=match):
-        configlib.load(TrainConfig, None, ["cluster.cpu_split=auto", *overrides])
+def test_the_cores_are_shared_by_default_where_the_engine_and_one_trainer_share_this_process(overrides, applies):
+    from asyncrl.launch.build import _core_share
+
+    cfg = configlib.load(TrainConfig, None, ["cluster.device=cpu", *overrides])  # valid: elsewhere auto = fixed
+    assert (_core_share(cfg)[0] is not None) == applies
+    sync = _core_share(configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=0"]))[0]
+    assert sync is not None and sync.alternating
+
+
+def test_omp_num_threads_caps_the_cores_shared(monkeypatch):
+    from asyncrl.cores import process_cores
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    every = process_cores()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert process_cores() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "not a number")
+    assert process_cores() == every
+
+
+def test_an_unknown_split_is_refused():
+    with pytest.raises(ConfigError, match="cluster.cpu_split must be one of"):
+        configlib.load(TrainConfig, None, ["cluster.cpu_split=sometimes"])

@@ -33,7 +33,8 @@ class RolloutConfig:
     asyncrl serve) 1024, or twice gconfig.max_new_tokens when that is more (room for a prompt as long as the
     completion), at most the model's own."""
     threads: int = 1
-    """Torch threads for generation (the trainer gets actor.threads; keep the sum <= cores)."""
+    """Torch threads for generation where the cores are not shared (cluster.cpu_split; the trainer gets
+    actor.threads; keep the sum <= cores)."""
     native_kernels: bool = True
     """In float32 the built-in engine runs its matrix products, and in decode steps attention, RMSNorm, the SiLU
     gate and sampling, in C kernels compiled on first use (about a second; needs a C compiler, else the engine

@@ -167,10 +167,11 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         version=start.version, threads=share and share.engine_threads))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
-        stop_token_ids=shape.stop_token_ids, threads=cfg.actor.threads, native_kernels=cfg.rollout.native_kernels,
+        stop_token_ids=shape.stop_token_ids, threads=share.trainer_threads if share else cfg.actor.threads,
+        native_kernels=cfg.rollout.native_kernels,
         device=device, version=start.version))
     policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
-    actor = cfg.actor if share is None else dataclasses.replace(  # re-read the share often (asyncrl.cores)
+    actor = cfg.actor if share is None or share.alternating else dataclasses.replace(  # re-read it often (cores)
         cfg.actor, mb_max_tokens=min(cfg.actor.mb_max_tokens, SHARED_MB_TOKENS))
     trainer = build_trainer(actor, policy, model_path=model_path, temperature=cfg.gconfig.temperature,
                             autocast_dtype=shape.autocast_dtype, max_new_tokens=cfg.gconfig.max_new_tokens,
@@ -247,8 +248,10 @@ def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
     """With cluster.cpu_split=auto, the cores shared by the trainer and the engine (and the dict the buffer and
     the engine are put in once built, for it to read)."""
     parts: dict = {}
-    if cfg.cluster.cpu_split != "auto":
+    if cfg.cluster.cpu_split != "auto" or not cfg.cpu_split_applies():
         return None, parts
+    if cfg.rollout.max_head_offpolicyness == 0:
+        return CoreShare(process_cores(), alternating=True), parts
     return CoreShare(process_cores(), trainer_waiting=lambda: "buffer" in parts and parts["buffer"].taking,
                      engine_idle=lambda: "engine" in parts and parts["engine"].idle), parts
 

@@ -80,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
              "staleness_hist": {str(k): v for k, v in sorted(p.staleness_hist.items())},
              "eta": p.eta[-1] if p.eta else None} for point, p in results]
     best = recommend(rows) if len(rows) > 1 else None
+    if cfg.cluster.cpu_split == "auto" and cfg.cpu_split_applies():
+        print(f"note: the plan models fixed threads (actor.threads={cfg.actor.threads}, rollout.threads="
+              f"{cfg.rollout.threads}); this run shares the cores (cluster.cpu_split=auto), which makes a trainer-bound "
+              "run faster than predicted (docs/planner.md); cluster.cpu_split=fixed runs what is predicted",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
     else:

@@ -28,7 +28,7 @@ def run_settings(run) -> dict:
     on_cpu = device == "cpu" or (device == "auto" and not _has_gpu())
     one_rank = str(run.setting("actor.backend")).endswith(":d1")  # ddp:d1 or fsdp:d1
     if on_cpu and one_rank and run.setting("rollout.backend") == "local":
-        settings["cpu_split"] = run.setting("cluster.cpu_split")
+        settings["cpu_split"] = run.setting("cluster.cpu_split") or "fixed"  # runs from before the key: fixed
     return settings
 
 

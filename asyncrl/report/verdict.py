@@ -136,9 +136,11 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
             "trainer-bound", "bottleneck",
             f"the generator idled {g['idle_gate']:.0%} of the time with the staleness gate closed while the trainer "
             f"was busy {busy:.0%} (waiting {t['wait']:.0%}; computing {compute:.0%})",
-            _lend_cores(s, g["idle_gate"]) + "make training faster: more trainer threads (actor.threads) or ranks "
-            f"(actor.backend=ddp:dN), or fewer samples per prompt (gconfig.n_samples{_now(s, 'n_samples')}); a larger "
-            "η would not help",
+            _lend_cores(s, g["idle_gate"]) + "make training faster: "
+            + ("more cores (the trainer already takes the generator's idle ones: cluster.cpu_split=auto)"
+               if s.get("cpu_split") == "auto" else "more trainer threads (actor.threads)")
+            + f" or ranks (actor.backend=ddp:dN), or fewer samples per prompt (gconfig.n_samples"
+            f"{_now(s, 'n_samples')}); a larger η would not help",
             compute * THREADS_GAIN))
     if t["wait"] >= TRAINER_WAIT:
         lens = [(r.get("response_len_max"), r.get("response_len_mean")) for r in steps]
@@ -180,8 +182,11 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                 f"the trainer waited {t['wait']:.0%} of the time; the generator was busy "
                 f"{g['decode'] + g['prefill'] + g['reprefill']:.0%} and the gate seldom closed, so a larger η "
                 "would not help",
-                "make generation faster: more engine threads (rollout.threads) or servers "
-                "(rollout.backend=asyncrl:dN), or fewer tokens (gconfig.n_samples, gconfig.max_new_tokens)",
+                "make generation faster: "
+                + ("more cores (the engine already takes the waiting trainer's: cluster.cpu_split=auto)"
+                   if s.get("cpu_split") == "auto" else "more engine threads (rollout.threads)")
+                + " or servers (rollout.backend=asyncrl:dN), or fewer tokens (gconfig.n_samples, "
+                "gconfig.max_new_tokens)",
                 t["wait"]))
     if t["sync"] >= SYNC_SHARE:
         out.append(Finding(

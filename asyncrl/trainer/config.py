@@ -44,7 +44,7 @@ class ActorConfig:
     """Passes over each training batch (each pass: ppo_n_minibatches optimizer steps); more than one reuses the
     batch, with the proximal policy recomputed once before the first."""
     threads: int = 1
-    """Torch threads for training (per trainer rank)."""
+    """Torch threads for training (per trainer rank), where the cores are not shared (cluster.cpu_split)."""
     backend: str = "ddp:d1"
     """Trainer processes: ddp:dN (N data-parallel ranks, replicated weights, gradients all-reduced) | fsdp:dN
     (FSDP2: weights, gradients and optimizer state sharded over N ranks). One rank per device on GPUs, one

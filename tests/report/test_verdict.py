@@ -45,11 +45,20 @@ def test_a_planted_bottleneck_is_named_with_its_change(phases, name, change):
 @pytest.mark.parametrize("cpu_split, lends", [("fixed", True), ("auto", False), (None, False)])
 def test_a_trainer_bound_run_on_the_cpu_with_a_fixed_split_is_told_to_lend_it_the_idle_cores(cpu_split, lends):
     """The default run is trainer-bound with the engine idle ~60% behind the gate; the auto split took its step
-    from 2.76 to 2.06 s. Suggested only where it applies (settings carry cpu_split there, absent elsewhere)."""
+    from 2.76 to 2.06 s. Suggested only where it applies (settings carry cpu_split there, absent elsewhere); where
+    the cores are already shared, actor.threads (which the shared split does not read) is not suggested."""
     settings = {"eta": 2} if cpu_split is None else {"eta": 2, "cpu_split": cpu_split}
     change = diagnose(_steps(gen_idle_gate_s=0.6, trainer_wait_s=0.0), settings).bottleneck.change
-    assert ("cluster.cpu_split=auto" in change) == lends and "actor.threads" in change
-    assert not lends or "(60% of the time)" in change
+    assert ("lend the generator's idle cores" in change) == lends and "(60% of the time)" in change or not lends
+    assert ("actor.threads" in change) == (cpu_split != "auto")
+    assert ("already takes the generator's idle ones" in change) == (cpu_split == "auto")
+
+
+@pytest.mark.parametrize("cpu_split", ["fixed", "auto"])
+def test_a_generator_bound_run_sharing_the_cores_is_not_told_to_set_rollout_threads(cpu_split):
+    change = diagnose(_steps(trainer_wait_s=0.4, gen_idle_gate_s=0.0), {"eta": 2, "cpu_split": cpu_split})
+    assert ("rollout.threads" in change.bottleneck.change) == (cpu_split == "fixed")
+    assert "rollout.backend=asyncrl:dN" in change.bottleneck.change
 
 
 def test_the_bottleneck_is_the_finding_with_the_largest_gain():
@@ -133,4 +142,4 @@ def test_diagnose_reads_from_config_yaml_whether_the_auto_split_applies(tmp_path
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _steps(gen_idle_gate_s=0.5)))
     (tmp_path / "config.yaml").write_text(f"{cluster}rollout:\n  backend: {rollout}\nactor:\n  backend: ddp:d1\n")
     assert diagnose_main([str(tmp_path)]) == 0
-    assert ("cluster.cpu_split=auto" in capsys.readouterr().out) == lends
+    assert ("lend the generator's idle cores" in capsys.readouterr().out) == lends
