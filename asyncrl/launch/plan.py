@@ -80,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
              "staleness_hist": {str(k): v for k, v in sorted(p.staleness_hist.items())},
              "eta": p.eta[-1] if p.eta else None} for point, p in results]
     best = recommend(rows) if len(rows) > 1 else None
-    if cfg.cluster.cpu_split == "auto" and cfg.cpu_split_applies():
-        print(f"note: the plan models fixed threads (actor.threads={cfg.actor.threads}, rollout.threads="
-              f"{cfg.rollout.threads}); this run shares the cores (cluster.cpu_split=auto), which makes a trainer-bound "
-              "run faster than predicted (docs/planner.md); cluster.cpu_split=fixed runs what is predicted",
+    costs = fitted.profile.costs
+    if _cpu_split(cfg) != "fixed" and costs.train_all_cores_x == costs.decode_all_cores_x == 1.0:
+        print("note: this run shares the CPU's cores (cluster.cpu_split=auto), but the profile has no all-core "
+              "speedups (measured with fixed threads, or fitted from a run): the plan takes them as 1, so a "
+              "trainer-bound run will be faster than predicted; `asyncrl plan --profile` measures them",
               file=sys.stderr)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
@@ -165,13 +166,21 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
                          float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))
         if agent else ToolLatency(), tool_after_last=agent and fitted.tool_after_last,
         fresh_calls=agent and fitted.fresh_calls,
-        reward_workers=max(1, cfg.reward.workers), seed=cfg.seed)
+        reward_workers=max(1, cfg.reward.workers), cpu_split=_cpu_split(cfg), seed=cfg.seed)
+
+
+def _cpu_split(cfg: TrainConfig) -> str:
+    """How the run's trainer and engine use the CPU's cores (``asyncrl.launch.build._core_share``)."""
+    if cfg.cluster.cpu_split != "auto" or not cfg.cpu_split_applies():
+        return "fixed"
+    return "alternating" if cfg.rollout.max_head_offpolicyness == 0 else "shared"
 
 
 def measure_profile(cfg: TrainConfig) -> Fitted:
     """Measure the configured model's costs on this machine (``asyncrl.plan.calibrate.measure``)."""
     import torch
 
+    from asyncrl.cores import CoreShare, process_cores
     from asyncrl.data.config import dataset_from_config
     from asyncrl.launch.build import context_len
     from asyncrl.models import check_model_dir, load_model, load_tokenizer
@@ -209,10 +218,15 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
         m.save_pretrained(directory)
         torch.save(torch.optim.AdamW(m.parameters()).state_dict(), Path(directory) / "trainer.pt")
 
+    engine_threads, trainer_threads, all_cores = cfg.rollout.threads, cfg.actor.threads, 0
+    if _cpu_split(cfg) != "fixed":  # each side's share while both work, and every core (asyncrl.cores)
+        share = CoreShare(process_cores())
+        engine_threads, trainer_threads, all_cores = share.engine_threads(), share.trainer_threads(), share.cores
     return measure(model, tokenizer, prompts, max_slots=cfg.rollout.max_slots, max_len=max_len,
                    max_new_tokens=cfg.gconfig.max_new_tokens, n_samples=cfg.gconfig.n_samples,
                    temperature=cfg.gconfig.temperature, stop_token_ids=(tokenizer.eos_token_id,),
-                   engine_threads=cfg.rollout.threads, trainer_threads=cfg.actor.threads, make_trainer=make_trainer,
+                   engine_threads=engine_threads, trainer_threads=trainer_threads, all_cores=all_cores,
+                   make_trainer=make_trainer,
                    publish=publish if cfg.rollout.placement.kind == "local" else None,
                    reward=lambda text: call_reward(fn, items[0], text), save=save,
                    eval_items=cfg.valid_dataset.size, name=cfg.model.path)

@@ -16,7 +16,11 @@ What it simulates, as the system does it:
 - rewards: ``reward_workers`` servers, ``reward_s`` per sample, first come first served;
 - the trainer: takes B groups as soon as the buffer's rule allows, trains (``train_s`` of their tokens, times
   ``epochs``, plus the proximal recompute when asked), publishes (``sync_s``), raises the version, evaluates and
-  saves when due.
+  saves when due;
+- the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cores`` shares them: the trainer looks before each
+  micro-batch of ``shared_mb_tokens`` and runs ``train_all_cores_x`` times as fast while every engine is idle,
+  an engine looks before each chunk of decode steps and runs ``decode_all_cores_x`` times as fast while the
+  trainer waits; alternating (η = 0): both always as fast.
 """
 
 from __future__ import annotations
@@ -79,6 +83,8 @@ class Workload:
     fresh_calls: bool = False  # each call of an episode is a new conversation (the same prompt: retries, votes)
     tool_result_tokens: int = 16
     reward_workers: int = 1
+    cpu_split: str = "fixed"  # fixed | shared | alternating (cluster.cpu_split=auto on the CPU, η > 0 | η = 0)
+    shared_mb_tokens: int = 1024  # the trainer's micro-batches while it shares the cores (asyncrl.cores)
     seed: int = 0
 
 
@@ -197,9 +203,15 @@ class _Engine:
         if len(self.seqs):
             steps = int(min(self.rem.min(), sim.chunk))
             cost += costs.decode_steps_s(steps, len(self.seqs), int(self.ctx.sum()))
+        cost /= sim.engine_speedup()
         self.busy = True
         self.busy_s += cost
         sim.at(sim.t + held + cost, lambda: self._step_done(steps))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting (as ``LocalEngine.idle``)."""
+        return not self.waiting and not len(self.seqs)
 
     def _step_done(self, steps: int) -> None:
         self.busy = False
@@ -344,10 +356,28 @@ class Simulation:
                 self.hist[self.version - v] += n
         self.trained_tokens += tokens
         train = self.costs.train_s(tokens * self.w.epochs, self.w.recompute or self.w.epochs > 1)
-        self.at(self.t + train, self._synced_later)
+        chunks = math.ceil(tokens * self.w.epochs / self.w.shared_mb_tokens) if self.w.cpu_split == "shared" else 1
+        self._train_chunks(max(1, chunks), train / max(1, chunks))
 
-    def _synced_later(self) -> None:
-        self.at(self.t + self.costs.sync_s, self._published)
+    def _train_chunks(self, left: int, each_s: float) -> None:
+        """The step's micro-batches one at a time, each at the speed the cores give it when it starts."""
+        if left == 0:
+            self.at(self.t + self.costs.sync_s, self._published)
+            return
+        self.at(self.t + each_s / self.trainer_speedup(), lambda: self._train_chunks(left - 1, each_s))
+
+    def trainer_speedup(self, x: float | None = None) -> float:
+        """How much faster the trainer thread's work runs now (``x``: for work other than training, e.g. the
+        evaluation engine, which runs on the trainer's share)."""
+        x = self.costs.train_all_cores_x if x is None else x
+        split = self.w.cpu_split
+        every_core = split == "alternating" or (split == "shared" and all(e.idle for e in self.engines))
+        return x if every_core and x > 0 else 1.0
+
+    def engine_speedup(self) -> float:
+        split, x = self.w.cpu_split, self.costs.decode_all_cores_x
+        every_core = split == "alternating" or (split == "shared" and not self.trainer_busy)
+        return x if every_core and x > 0 else 1.0
 
     def _published(self) -> None:
         self.version += 1
@@ -364,7 +394,7 @@ class Simulation:
         self._admit()
         extra = 0.0
         if self.w.eval_every and self.version % self.w.eval_every == 0:
-            extra += self.costs.eval_s
+            extra += self.costs.eval_s / self.trainer_speedup(self.costs.decode_all_cores_x)  # on its share
         if self.w.save_every and self.version % self.w.save_every == 0:
             extra += self.costs.save_s
         self.at(self.t + extra, self._trainer_free)
