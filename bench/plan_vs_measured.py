@@ -6,8 +6,9 @@
 
 Part 1, this machine: one hardware profile is measured (``asyncrl plan --profile``, the default task's model),
 then for each configuration (η 0..8, the single-turn default task and the agentic slow-tool environment of
-bench/agent_env.py, two batch shapes) the planner predicts the run and ``asyncrl train`` measures it. Printed:
-step time, generator busy fraction and trainer wait, predicted vs measured, the error, and the median absolute
+bench/agent_env.py, two batch shapes; fixed 1 + 1 threads, and two rows with the cores shared, the CPU default,
+predicted from a second profile measured for it) the planner predicts the run and ``asyncrl train`` measures it.
+Printed: step time, generator busy fraction and trainer wait, predicted vs measured, the error, and the median absolute
 error of the step time (goal: <= 15%, none worse than 30%; busy fraction within 0.10). The agent
 configurations give the planner the calls per episode the η = 0 run measured (``--calls-per-episode``: an
 input the planner cannot know from the configuration, said in the table).
@@ -33,7 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 QUIET = ["progress_bar=false", "report=false", "max_train_time_s=0", "saver.freq_steps=0", "evaluator.freq_steps=0",
          "valid_dataset.size=20", "watchdog.no_signal_steps=0",
-         "cluster.cpu_split=fixed"]  # the planner models fixed threads (actor.threads, rollout.threads)
+         "cluster.cpu_split=fixed"]  # 1 + 1 threads; the rows marked shared override it (cluster.cpu_split=auto)
+SHARED = "cluster.cpu_split=auto"
 AGENT = ["workflow.name=agent", "agent.episode=agent_env:episode", "agent.client=inprocess",
          "agent.options={attempts: 3, tool_latency_s: 0.5, tool_latency_p99_s: 2.0}", "rollout.max_slots=128"]
 CONFIGS = [  # (name, overrides, steps)
@@ -42,6 +44,8 @@ CONFIGS = [  # (name, overrides, steps)
     ("default eta=2", ["rollout.max_head_offpolicyness=2"], 12),
     ("default eta=4", ["rollout.max_head_offpolicyness=4"], 12),
     ("default eta=8", ["rollout.max_head_offpolicyness=8"], 12),
+    ("shared eta=0", ["rollout.max_head_offpolicyness=0", SHARED], 12),
+    ("shared eta=2", ["rollout.max_head_offpolicyness=2", SHARED], 12),
     ("B8 n4 eta=0", ["rollout.max_head_offpolicyness=0", "train_dataset.batch_size=8", "gconfig.n_samples=4"], 16),
     ("B8 n4 eta=2", ["rollout.max_head_offpolicyness=2", "train_dataset.batch_size=8", "gconfig.n_samples=4"], 16),
     ("agent eta=0", ["rollout.max_head_offpolicyness=0", "train_dataset.batch_size=8", "gconfig.n_samples=4", *AGENT], 8),
@@ -75,11 +79,15 @@ def part_machine(out: Path, only: str = "") -> None:
     from machine import cpu
 
     print(cpu())
-    profile = out / "profile.yaml"
-    asyncrl("plan", "--profile", str(profile), *QUIET)
-    print(f"profile: {profile}")
+    configs = [c for c in CONFIGS if only in c[0]]
+    profiles = {False: out / "profile.yaml", True: out / "profile-shared.yaml"}  # fixed threads; the shared split
+    for shared, profile in profiles.items():
+        if any((SHARED in c[1]) == shared for c in configs):
+            asyncrl("plan", "--profile", str(profile), *QUIET, *([SHARED] if shared else []))
+            print(f"profile: {profile}")
     rows, calls = [], None
-    for name, overrides, steps in [c for c in CONFIGS if only in c[0]]:
+    for name, overrides, steps in configs:
+        profile = profiles[SHARED in overrides]
         run_dir = out / "runs" / name.replace(" ", "_").replace("=", "")
         asyncrl("train", *QUIET, *overrides, f"total_train_steps={steps}", f"output_dir={run_dir}", "resume=fresh")
         m = measured(run_dir / "asyncrl" / "default")
