@@ -37,6 +37,9 @@ def test_the_engine_and_the_trainer_ask_for_their_threads():
     finally:
         engine.stop()
     assert asked.count("engine") >= 2  # at start, and before its steps
+    in_caller = LocalEngine(make_model(), max_slots=4, max_len=64, threads=lambda: asked.append("caller") or 1)
+    in_caller.generate_batch([[1, 2, 3]], SamplingParams(max_new_tokens=4))  # not started: runs in this thread
+    assert asked.count("caller") >= 3  # before each step too (asyncrl plan --profile measures decode this way)
     trainer = PolicyTrainer(make_model(), threads=lambda: asked.append("trainer") or 1)
     trainer.step(make_batch([9, 12, 14, 16]), version=0)
     assert "trainer" in asked and torch.get_num_threads() == 1

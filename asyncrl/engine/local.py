@@ -326,6 +326,7 @@ class LocalEngine:
     def run_until_idle(self) -> None:
         """Run the loop in the calling thread until no request is waiting or running."""
         while self._waiting or self._active:
+            self._set_threads()  # as the loop does: a callable ``threads`` is asked before each step
             self.step()
         self._enter(None)
 
