@@ -207,6 +207,13 @@ class TrainConfig:
             raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
                               f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
 
+    def cpu_sharing(self) -> str:
+        """How the trainer and the built-in engine use the CPU's cores (``asyncrl.cores``): fixed (their own
+        threads), shared (each takes the other's while that one waits) or alternating (η = 0: every core each)."""
+        if self.cluster.cpu_split != "auto" or not self.cpu_split_applies():
+            return "fixed"
+        return "alternating" if self.rollout.max_head_offpolicyness == 0 else "shared"
+
     def cpu_split_applies(self) -> bool:
         """Whether cluster.cpu_split=auto shares the cores: the built-in engine in this process, one trainer rank,
         the CPU (elsewhere the trainer and the engines keep actor.threads and rollout.threads)."""

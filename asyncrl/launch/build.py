@@ -248,9 +248,10 @@ def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
     """With cluster.cpu_split=auto, the cores shared by the trainer and the engine (and the dict the buffer and
     the engine are put in once built, for it to read)."""
     parts: dict = {}
-    if cfg.cluster.cpu_split != "auto" or not cfg.cpu_split_applies():
+    sharing = cfg.cpu_sharing()
+    if sharing == "fixed":
         return None, parts
-    if cfg.rollout.max_head_offpolicyness == 0:
+    if sharing == "alternating":
         return CoreShare(process_cores(), alternating=True), parts
     return CoreShare(process_cores(), trainer_waiting=lambda: "buffer" in parts and parts["buffer"].taking,
                      engine_idle=lambda: "engine" in parts and parts["engine"].idle), parts

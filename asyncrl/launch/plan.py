@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
              "eta": p.eta[-1] if p.eta else None} for point, p in results]
     best = recommend(rows) if len(rows) > 1 else None
     costs = fitted.profile.costs
-    if _cpu_split(cfg) != "fixed" and costs.train_all_cores_x == costs.decode_all_cores_x == 1.0:
+    if cfg.cpu_sharing() != "fixed" and costs.train_all_cores_x == costs.decode_all_cores_x == 1.0:
         print("note: this run shares the CPU's cores (cluster.cpu_split=auto), but the profile has no all-core "
               "speedups (measured with fixed threads, or fitted from a run): the plan takes them as 1, so a "
               "trainer-bound run will be faster than predicted; `asyncrl plan --profile` measures them",
@@ -166,14 +166,7 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
                          float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))
         if agent else ToolLatency(), tool_after_last=agent and fitted.tool_after_last,
         fresh_calls=agent and fitted.fresh_calls,
-        reward_workers=max(1, cfg.reward.workers), cpu_split=_cpu_split(cfg), seed=cfg.seed)
-
-
-def _cpu_split(cfg: TrainConfig) -> str:
-    """How the run's trainer and engine use the CPU's cores (``asyncrl.launch.build._core_share``)."""
-    if cfg.cluster.cpu_split != "auto" or not cfg.cpu_split_applies():
-        return "fixed"
-    return "alternating" if cfg.rollout.max_head_offpolicyness == 0 else "shared"
+        reward_workers=max(1, cfg.reward.workers), cpu_split=cfg.cpu_sharing(), seed=cfg.seed)
 
 
 def measure_profile(cfg: TrainConfig) -> Fitted:
@@ -219,7 +212,7 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
         torch.save(torch.optim.AdamW(m.parameters()).state_dict(), Path(directory) / "trainer.pt")
 
     engine_threads, trainer_threads, all_cores = cfg.rollout.threads, cfg.actor.threads, 0
-    if _cpu_split(cfg) != "fixed":  # each side's share while both work, and every core (asyncrl.cores)
+    if cfg.cpu_sharing() != "fixed":  # each side's share while both work, and every core (asyncrl.cores)
         share = CoreShare(process_cores())
         engine_threads, trainer_threads, all_cores = share.engine_threads(), share.trainer_threads(), share.cores
     return measure(model, tokenizer, prompts, max_slots=cfg.rollout.max_slots, max_len=max_len,

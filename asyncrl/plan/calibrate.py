@@ -89,8 +89,8 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     points = _decode_points(engine, prompt, batches, steps)
     base, per_seq, per_ctx = _least_squares([[1.0, b, c] for b, c, _ in points], [s for _, _, s in points])
     decode_x = 1.0
-    if all_cores > engine_threads:  # the full batch, the longer length: on its own threads, then on every core
-        own = _decode_points(engine, prompt, [max_slots], steps[-1:])[0][2]
+    if all_cores > engine_threads:  # the full batch, the longer length (the fit's last point), on every core
+        own = points[-1][2]
         threads[0] = all_cores
         decode_x = own / _decode_points(engine, prompt, [max_slots], steps[-1:])[0][2]
         threads[0] = engine_threads

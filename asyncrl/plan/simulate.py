@@ -203,7 +203,7 @@ class _Engine:
         if len(self.seqs):
             steps = int(min(self.rem.min(), sim.chunk))
             cost += costs.decode_steps_s(steps, len(self.seqs), int(self.ctx.sum()))
-        cost /= sim.engine_speedup()
+        cost /= _faster(costs.decode_all_cores_x, sim.engine_every_core())
         self.busy = True
         self.busy_s += cost
         sim.at(sim.t + held + cost, lambda: self._step_done(steps))
@@ -364,20 +364,17 @@ class Simulation:
         if left == 0:
             self.at(self.t + self.costs.sync_s, self._published)
             return
-        self.at(self.t + each_s / self.trainer_speedup(), lambda: self._train_chunks(left - 1, each_s))
+        each = each_s / _faster(self.costs.train_all_cores_x, self.trainer_every_core())
+        self.at(self.t + each, lambda: self._train_chunks(left - 1, each_s))
 
-    def trainer_speedup(self, x: float | None = None) -> float:
-        """How much faster the trainer thread's work runs now (``x``: for work other than training, e.g. the
-        evaluation engine, which runs on the trainer's share)."""
-        x = self.costs.train_all_cores_x if x is None else x
+    def trainer_every_core(self) -> bool:
+        """Whether the trainer thread (training, and the evaluation engine on its share) has every core now."""
         split = self.w.cpu_split
-        every_core = split == "alternating" or (split == "shared" and all(e.idle for e in self.engines))
-        return x if every_core and x > 0 else 1.0
+        return split == "alternating" or (split == "shared" and all(e.idle for e in self.engines))
 
-    def engine_speedup(self) -> float:
-        split, x = self.w.cpu_split, self.costs.decode_all_cores_x
-        every_core = split == "alternating" or (split == "shared" and not self.trainer_busy)
-        return x if every_core and x > 0 else 1.0
+    def engine_every_core(self) -> bool:
+        split = self.w.cpu_split
+        return split == "alternating" or (split == "shared" and not self.trainer_busy)
 
     def _published(self) -> None:
         self.version += 1
@@ -394,7 +391,7 @@ class Simulation:
         self._admit()
         extra = 0.0
         if self.w.eval_every and self.version % self.w.eval_every == 0:
-            extra += self.costs.eval_s / self.trainer_speedup(self.costs.decode_all_cores_x)  # on its share
+            extra += self.costs.eval_s / _faster(self.costs.decode_all_cores_x, self.trainer_every_core())
         if self.w.save_every and self.version % self.w.save_every == 0:
             extra += self.costs.save_s
         self.at(self.t + extra, self._trainer_free)
@@ -421,6 +418,11 @@ class Simulation:
             staleness_hist=dict(self.hist), tokens_per_s=sum(e.tokens for e in self.engines) / wall,
             trained_tokens_per_s=self.trained_tokens / wall, eta=[r["max_staleness"] for r in steps],
             step_times=times)
+
+
+def _faster(x: float, every_core: bool) -> float:
+    """How many times faster work runs now: ``x`` on every core, else 1."""
+    return x if every_core and x > 0 else 1.0
 
 
 def simulate(workload: Workload, costs: Costs, chunk: int = 16) -> Prediction:

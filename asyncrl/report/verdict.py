@@ -137,8 +137,8 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
             f"the generator idled {g['idle_gate']:.0%} of the time with the staleness gate closed while the trainer "
             f"was busy {busy:.0%} (waiting {t['wait']:.0%}; computing {compute:.0%})",
             _lend_cores(s, g["idle_gate"]) + "make training faster: "
-            + ("more cores (the trainer already takes the generator's idle ones: cluster.cpu_split=auto)"
-               if s.get("cpu_split") == "auto" else "more trainer threads (actor.threads)")
+            + _more_threads(s, "more trainer threads (actor.threads)",
+                            "the trainer already takes the generator's idle ones")
             + f" or ranks (actor.backend=ddp:dN), or fewer samples per prompt (gconfig.n_samples"
             f"{_now(s, 'n_samples')}); a larger η would not help",
             compute * THREADS_GAIN))
@@ -183,8 +183,8 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                 f"{g['decode'] + g['prefill'] + g['reprefill']:.0%} and the gate seldom closed, so a larger η "
                 "would not help",
                 "make generation faster: "
-                + ("more cores (the engine already takes the waiting trainer's: cluster.cpu_split=auto)"
-                   if s.get("cpu_split") == "auto" else "more engine threads (rollout.threads)")
+                + _more_threads(s, "more engine threads (rollout.threads)",
+                                "the engine already takes the waiting trainer's")
                 + " or servers (rollout.backend=asyncrl:dN), or fewer tokens (gconfig.n_samples, "
                 "gconfig.max_new_tokens)",
                 t["wait"]))
@@ -282,6 +282,12 @@ def _lend_cores(settings: dict, idle: float) -> str:
     if settings.get("cpu_split") != "fixed":
         return ""
     return f"lend the generator's idle cores ({idle:.0%} of the time) to the trainer: cluster.cpu_split=auto; or "
+
+
+def _more_threads(settings: dict, fixed: str, shared: str) -> str:
+    """More threads for one side, or, where the sides share the cores (and its threads key is not read), more
+    cores."""
+    return f"more cores ({shared}: cluster.cpu_split=auto)" if settings.get("cpu_split") == "auto" else fixed
 
 
 def _now(settings: dict, name: str, eq: str = ", now ") -> str:
