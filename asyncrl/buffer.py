@@ -69,7 +69,6 @@ class RolloutBuffer:
         self.max_staleness = self.policy.bound()  # η of the current version
         self._gate_closed_s = 0.0  # time admission was refused by the staleness bound (not by max_concurrent)
         self._clock = clock  # what measures it (the planner's simulation passes its own)
-        self.taking = False  # the trainer is blocked in take()
         self._closed_since: float | None = None
         self.version = 0
         self.accepted = 0  # groups accepted so far (consumed ones included), as in AReaL
@@ -185,11 +184,7 @@ class RolloutBuffer:
         seconds without a batch."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            self.taking = True  # read by cluster.cpu_split=auto: the trainer is waiting
-            try:
-                return self._take(deadline, timeout)
-            finally:
-                self.taking = False
+            return self._take(deadline, timeout)
 
     def _take(self, deadline: float | None, timeout: float | None) -> list[TrajectoryGroup]:
         """``take``'s wait (holding the lock, released while waiting)."""

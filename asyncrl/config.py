@@ -209,7 +209,8 @@ class TrainConfig:
 
     def cpu_sharing(self) -> str:
         """How the trainer and the built-in engine use the CPU's cores (``asyncrl.cores``): fixed (their own
-        threads), shared (each takes the other's while that one waits) or alternating (η = 0: every core each)."""
+        threads), shared (the trainer borrows a core of the engine's while the engine idles) or alternating (η = 0:
+        the trainer always borrows it)."""
         if self.cluster.cpu_split != "auto" or not self.cpu_split_applies():
             return "fixed"
         return "alternating" if self.rollout.max_head_offpolicyness == 0 else "shared"

@@ -123,9 +123,10 @@ class ClusterConfig:
     """The rendezvous port of the trainer ranks (0 = a free one)."""
     cpu_split: str = "auto"
     """auto: where the built-in engine runs in this process beside one trainer rank on the CPU, the two share
-    the process's cores, each using all of them while the other waits and half while both work (the trainer's
-    micro-batches then hold at most 1024 tokens, so that it takes a core the engine leaves within a fraction of a
-    step); at η = 0 each takes every core, as its turns alternate; elsewhere as fixed | fixed: the trainer
+    the process's cores: the engine keeps half of them, the trainer the rest and one of the engine's while the
+    engine idles (its micro-batches then hold at most 1024 tokens, so that it takes that core within a fraction of
+    a step; on 2 cores: 1 + 1 threads, the trainer 2 while the engine idles); at η = 0 the trainer always takes it,
+    as the turns alternate; the evaluation engine one thread (asyncrl/cores.py says why) | fixed: the trainer
     uses actor.threads and the built-in engine rollout.threads."""
 
     def validate(self) -> None:

@@ -187,8 +187,8 @@ def suite_arms(suite: str, cores: int) -> list[Arm]:
     threads = [sync, async_arm(2, cores),
                Arm("eta2-t21", f"async η=2 ({cores}+1 threads)", 2, threads=(cores, 1)),
                Arm("eta2-t22", f"async η=2 ({cores}+{cores} threads)", 2, threads=(cores, cores))]
-    # η tuned online against every fixed η; and with the cores shared by need (cluster.cpu_split=auto: each side
-    # takes all of them while the other waits)
+    # η tuned online against every fixed η; and with the cores shared by need (cluster.cpu_split=auto: the trainer
+    # borrows the engine's core while the engine idles)
     auto = headline + [async_arm("auto", cores, "rollout.max_staleness_limit=8", name="eta-auto",
                                  label="async η=auto (≤8)"),
                        Arm("eta-auto-split", "async η=auto, cpu_split=auto", "auto",

@@ -1,6 +1,6 @@
-"""cluster.cpu_split=auto (asyncrl/cores.py): the trainer and the engine share the cores, each taking all of them
-while the other waits (every core each at η = 0); the engine and the trainer ask before each step / micro-batch;
-the default, and where it applies (elsewhere the fixed threads)."""
+"""cluster.cpu_split=auto (asyncrl/cores.py): the engine keeps half the cores, the trainer the rest and one of the
+engine's while the engine idles (always at η = 0), the evaluation engine one; the engine and the trainer ask
+before each step / micro-batch; the default, and where it applies (elsewhere the fixed threads)."""
 
 import pytest
 import torch
@@ -16,16 +16,29 @@ from conftest import make_model
 from trainers_for_tests import make_batch
 
 
-def test_each_side_takes_every_core_while_the_other_waits():
-    state = {"waiting": False, "idle": False}
-    share = CoreShare(4, trainer_waiting=lambda: state["waiting"], engine_idle=lambda: state["idle"])
-    assert (share.trainer_threads(), share.engine_threads()) == (2, 2)  # both working
+def test_the_trainer_borrows_one_of_the_engines_cores_while_the_engine_idles():
+    state = {"idle": False}
+    two = CoreShare(2, engine_idle=lambda: state["idle"])
+    assert (two.trainer_threads(), two.engine_threads(), two.eval_threads()) == (1, 1, 1)  # both working
     state["idle"] = True
-    assert share.trainer_threads() == 4
-    state.update(idle=False, waiting=True)
-    assert share.engine_threads() == 4
+    assert (two.trainer_threads(), two.engine_threads()) == (2, 1)  # every core: the engine's one is idle
+    eight = CoreShare(8, engine_idle=lambda: state["idle"])
+    assert (eight.trainer_threads(), eight.engine_threads()) == (5, 4)
+    state["idle"] = False
+    assert (eight.trainer_threads(), eight.engine_threads()) == (4, 4)
     one = CoreShare(1)
     assert (one.trainer_threads(), one.engine_threads()) == (1, 1)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 7, 8, 16])
+def test_the_shares_never_hold_more_openmp_workers_than_cores(cores):
+    """libgomp's workers sleep between operators once the process holds more than its cores (asyncrl/cores.py):
+    each thread on n > 1 threads keeps n - 1 workers, the process one thread more than their sum."""
+    for alternating in (False, True):
+        share = CoreShare(cores, engine_idle=lambda: True, alternating=alternating)
+        workers = sum(n - 1 for n in (share.trainer_threads(), share.engine_threads(), share.eval_threads()))
+        assert workers + 1 <= cores
+        assert share.trainer_threads() >= share.engine_threads()
 
 
 def test_the_engine_and_the_trainer_ask_for_their_threads():
@@ -45,10 +58,10 @@ def test_the_engine_and_the_trainer_ask_for_their_threads():
     assert "trainer" in asked and torch.get_num_threads() == 1
 
 
-def test_at_eta_0_each_side_takes_every_core_whatever_the_other_does():
+def test_at_eta_0_the_trainer_takes_its_most_whatever_the_engine_does():
     """A synchronous run's turns alternate: constant thread counts, so its replay stays exact."""
-    share = CoreShare(2, trainer_waiting=lambda: False, engine_idle=lambda: False, alternating=True)
-    assert (share.trainer_threads(), share.engine_threads()) == (2, 2)
+    share = CoreShare(2, engine_idle=lambda: False, alternating=True)
+    assert (share.trainer_threads(), share.engine_threads()) == (2, 1)
 
 
 @pytest.mark.parametrize("overrides, applies", [

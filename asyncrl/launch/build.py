@@ -167,7 +167,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         version=start.version, threads=share and share.engine_threads))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
-        stop_token_ids=shape.stop_token_ids, threads=share.trainer_threads if share else cfg.actor.threads,
+        stop_token_ids=shape.stop_token_ids, threads=share.eval_threads() if share else cfg.actor.threads,
         native_kernels=cfg.rollout.native_kernels,
         device=device, version=start.version))
     policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
@@ -201,7 +201,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     policy = (AutoStaleness(cfg.rollout.max_staleness_limit) if cfg.rollout.max_head_offpolicyness == "auto"
               else FixedStaleness(max_staleness))
     buffer = RolloutBuffer(batch_size, policy, cfg.rollout.max_concurrent_rollouts)
-    sharing.update(buffer=buffer, engine=engine)
+    sharing.update(engine=engine)
     # a resumed run: the groups that were ready, then the items that were in flight, then the stream goes on
     buffer.restore(start.version, start.ready, start.accepted, start.rejected, start.drawn - len(start.inflight))
     items = itertools.chain(start.inflight, itertools.islice(data.train, start.drawn, None))
@@ -245,16 +245,15 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
 
 
 def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
-    """With cluster.cpu_split=auto, the cores shared by the trainer and the engine (and the dict the buffer and
-    the engine are put in once built, for it to read)."""
+    """With cluster.cpu_split=auto, the cores shared by the trainer and the engine (and the dict the engine is
+    put in once built, for it to read)."""
     parts: dict = {}
     sharing = cfg.cpu_sharing()
     if sharing == "fixed":
         return None, parts
     if sharing == "alternating":
         return CoreShare(process_cores(), alternating=True), parts
-    return CoreShare(process_cores(), trainer_waiting=lambda: "buffer" in parts and parts["buffer"].taking,
-                     engine_idle=lambda: "engine" in parts and parts["engine"].idle), parts
+    return CoreShare(process_cores(), engine_idle=lambda: "engine" in parts and parts["engine"].idle), parts
 
 
 def verdict_settings(cfg: TrainConfig) -> dict:

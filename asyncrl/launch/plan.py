@@ -81,10 +81,10 @@ def run(args: argparse.Namespace) -> int:
              "eta": p.eta[-1] if p.eta else None} for point, p in results]
     best = recommend(rows) if len(rows) > 1 else None
     costs = fitted.profile.costs
-    if cfg.cpu_sharing() != "fixed" and costs.train_all_cores_x == costs.decode_all_cores_x == 1.0:
-        print("note: this run shares the CPU's cores (cluster.cpu_split=auto), but the profile has no all-core "
-              "speedups (measured with fixed threads, or fitted from a run): the plan takes them as 1, so a "
-              "trainer-bound run will be faster than predicted; `asyncrl plan --profile` measures them",
+    if cfg.cpu_sharing() != "fixed" and costs.train_borrow_x == 1.0:
+        print("note: this run shares the CPU's cores (cluster.cpu_split=auto), but the profile has no speedup for "
+              "the trainer's borrowed core (measured with fixed threads, or fitted from a run): the plan takes it "
+              "as 1, so a trainer-bound run will be faster than predicted; `asyncrl plan --profile` measures it",
               file=sys.stderr)
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
@@ -199,7 +199,7 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
     def publish(state_dict, version):
         from asyncrl.engine.local import LocalEngine
 
-        engine = LocalEngine(model, max_slots=2, max_len=max_len).start()
+        engine = LocalEngine(model, max_slots=2, max_len=max_len, threads=1).start()  # no pool of workers
         publisher = build_publisher(cfg.rollout.resolved_transport, [engine], timeout_s=60.0)
         try:
             return publisher.publish(state_dict, version)
@@ -211,14 +211,14 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
         m.save_pretrained(directory)
         torch.save(torch.optim.AdamW(m.parameters()).state_dict(), Path(directory) / "trainer.pt")
 
-    engine_threads, trainer_threads, all_cores = cfg.rollout.threads, cfg.actor.threads, 0
-    if cfg.cpu_sharing() != "fixed":  # each side's share while both work, and every core (asyncrl.cores)
+    engine_threads, trainer_threads, trainer_most = cfg.rollout.threads, cfg.actor.threads, 0
+    if cfg.cpu_sharing() != "fixed":  # each side's share while both work, and the trainer's most (asyncrl.cores)
         share = CoreShare(process_cores())
-        engine_threads, trainer_threads, all_cores = share.engine_threads(), share.trainer_threads(), share.cores
+        engine_threads, trainer_threads, trainer_most = share.engine_threads(), share.trainer_threads(), share.most
     return measure(model, tokenizer, prompts, max_slots=cfg.rollout.max_slots, max_len=max_len,
                    max_new_tokens=cfg.gconfig.max_new_tokens, n_samples=cfg.gconfig.n_samples,
                    temperature=cfg.gconfig.temperature, stop_token_ids=(tokenizer.eos_token_id,),
-                   engine_threads=engine_threads, trainer_threads=trainer_threads, all_cores=all_cores,
+                   engine_threads=engine_threads, trainer_threads=trainer_threads, trainer_most=trainer_most,
                    make_trainer=make_trainer,
                    publish=publish if cfg.rollout.placement.kind == "local" else None,
                    reward=lambda text: call_reward(fn, items[0], text), save=save,

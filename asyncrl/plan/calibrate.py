@@ -71,12 +71,13 @@ def _decode_points(engine: LocalEngine, prompt: list[int], batches: list[int], l
 def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_len: int, max_new_tokens: int,
             n_samples: int, temperature: float, stop_token_ids: tuple[int, ...], engine_threads: int,
             trainer_threads: int, make_trainer, publish=None, reward=None, save=None, eval_items: int = 0,
-            name: str = "", all_cores: int = 0) -> Fitted:
+            name: str = "", trainer_most: int = 0) -> Fitted:
     """Measure the costs on this machine. ``make_trainer(model) -> Trainer`` builds the configured trainer on a
     copy of the model; ``publish(state_dict, version) -> seconds`` is the configured transport into an engine
     (None: in process), ``reward(text) -> float`` the configured reward, ``save(model, directory)`` a checkpoint.
-    With ``all_cores`` (the shared split), also how much faster decode steps and training run on that many
-    threads than on their own (``Costs.decode_all_cores_x``, ``train_all_cores_x``)."""
+    With ``trainer_most`` (the shared split: the trainer's threads while it borrows the idle engine's core), also
+    how much faster training runs on that many threads than on its own (``Costs.train_borrow_x``). Decode is
+    timed in this thread, which runs no other pool of workers at the same time (``asyncrl.cores``)."""
     torch.set_num_threads(engine_threads)
     threads = [engine_threads]  # the engine asks before each step
     engine = LocalEngine(copy.deepcopy(model), max_slots=max_slots, max_len=max_len, stop_token_ids=stop_token_ids,
@@ -88,12 +89,6 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     steps = sorted({min(room, 16), min(room, max(32, max_new_tokens))})
     points = _decode_points(engine, prompt, batches, steps)
     base, per_seq, per_ctx = _least_squares([[1.0, b, c] for b, c, _ in points], [s for _, _, s in points])
-    decode_x = 1.0
-    if all_cores > engine_threads:  # the full batch, the longer length (the fit's last point), on every core
-        own = points[-1][2]
-        threads[0] = all_cores
-        decode_x = own / _decode_points(engine, prompt, [max_slots], steps[-1:])[0][2]
-        threads[0] = engine_threads
     # prefill: the engine's own counter over requests of real prompts (their first token included)
     before = engine.stats()
     sample = prompts[:16]
@@ -111,8 +106,8 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     torch.set_num_threads(trainer_threads)
     train_base, train_per_token = _train_costs(make_trainer, model, prompts, lengths, n_samples)
     train_x = 1.0
-    if all_cores > trainer_threads:  # the per-token cost on every core
-        torch.set_num_threads(all_cores)
+    if trainer_most > trainer_threads:  # the per-token cost with the borrowed core
+        torch.set_num_threads(trainer_most)
         all_per_token = _train_costs(make_trainer, model, prompts, lengths, n_samples)[1]
         train_x = train_per_token / all_per_token if all_per_token > 0 else 1.0
         torch.set_num_threads(trainer_threads)
@@ -131,16 +126,16 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     costs = Costs(decode_base_s=base, decode_per_seq_s=per_seq, decode_per_ctx_s=per_ctx,
                   prefill_per_token_s=prefill_per_token, train_base_s=train_base, train_per_token_s=train_per_token,
                   recompute_per_token_s=train_per_token / 3, sync_s=sync, save_s=save_s, reward_s=reward_s,
-                  train_all_cores_x=train_x, decode_all_cores_x=decode_x)
+                  train_borrow_x=train_x)
     costs.eval_s = eval_cost(costs, eval_items, max_slots, int(statistics.mean(len(p) for p in prompts)),
                              statistics.mean(lengths) if lengths else max_new_tokens)
     notes = [f"decode steps measured at batch sizes {batches} and {steps} new tokens ({len(points)} points)",
              f"prefill over {len(sample)} prompts; training on batches of real prompt lengths and the sampled "
              f"response lengths; engine {engine_threads} thread(s), trainer {trainer_threads}, each alone",
              f"response lengths: {len(lengths)} samples of {min(8, len(prompts))} prompts at temperature {temperature}"]
-    if all_cores:
-        notes.append(f"on all {all_cores} cores (the shared split): training {train_x:.2f}x as fast per token, "
-                     f"decode steps of {max_slots} sequences {decode_x:.2f}x")
+    if trainer_most:
+        notes.append(f"the shared split: training on {trainer_most} threads {train_x:.2f}x as fast per token as on "
+                     f"{trainer_threads}")
     return Fitted(Profile(name or "measured", costs, f"measured on {_machine()}", notes), empirical(lengths, max_new_tokens),
                   int(statistics.mean(len(p) for p in prompts)))
 

@@ -28,8 +28,8 @@ class Costs:
     ``recompute_per_token_s * t`` more when the proximal policy is recomputed; publishing weights ``sync_s``
     (the engines are paused for ``pause_s`` of it); an evaluation ``eval_s``, a checkpoint ``save_s``; one
     reward call ``reward_s``. Where the trainer and the engine share the CPU's cores (``cluster.cpu_split=auto``)
-    the costs above are at each side's share, and each side runs ``train_all_cores_x`` / ``decode_all_cores_x``
-    times as fast while it has every core (1: no gain, or not measured)."""
+    the costs above are at each side's share (``asyncrl.cores``), and the trainer runs ``train_borrow_x`` times as
+    fast while it borrows the idle engine's core (1: no gain, or not measured)."""
 
     decode_base_s: float = 0.0
     decode_per_seq_s: float = 0.0
@@ -44,8 +44,7 @@ class Costs:
     eval_s: float = 0.0
     save_s: float = 0.0
     reward_s: float = 0.0
-    train_all_cores_x: float = 1.0
-    decode_all_cores_x: float = 1.0
+    train_borrow_x: float = 1.0
 
     def decode_steps_s(self, steps: int, running: int, context: int) -> float:
         """``steps`` decode steps of ``running`` sequences whose contexts total ``context`` tokens at the first

@@ -17,10 +17,9 @@ What it simulates, as the system does it:
 - the trainer: takes B groups as soon as the buffer's rule allows, trains (``train_s`` of their tokens, times
   ``epochs``, plus the proximal recompute when asked), publishes (``sync_s``), raises the version, evaluates and
   saves when due;
-- the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cores`` shares them: the trainer looks before each
-  micro-batch of ``shared_mb_tokens`` and runs ``train_all_cores_x`` times as fast while every engine is idle,
-  an engine looks before each chunk of decode steps and runs ``decode_all_cores_x`` times as fast while the
-  trainer waits; alternating (η = 0): both always as fast.
+- the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cores`` shares them: the engine keeps its share;
+  the trainer looks before each micro-batch of ``shared_mb_tokens`` and runs ``train_borrow_x`` times as fast
+  while every engine is idle; alternating (η = 0): always as fast.
 """
 
 from __future__ import annotations
@@ -203,7 +202,6 @@ class _Engine:
         if len(self.seqs):
             steps = int(min(self.rem.min(), sim.chunk))
             cost += costs.decode_steps_s(steps, len(self.seqs), int(self.ctx.sum()))
-        cost /= _faster(costs.decode_all_cores_x, sim.engine_every_core())
         self.busy = True
         self.busy_s += cost
         sim.at(sim.t + held + cost, lambda: self._step_done(steps))
@@ -364,17 +362,13 @@ class Simulation:
         if left == 0:
             self.at(self.t + self.costs.sync_s, self._published)
             return
-        each = each_s / _faster(self.costs.train_all_cores_x, self.trainer_every_core())
+        each = each_s / _faster(self.costs.train_borrow_x, self.trainer_borrows())
         self.at(self.t + each, lambda: self._train_chunks(left - 1, each_s))
 
-    def trainer_every_core(self) -> bool:
-        """Whether the trainer thread (training, and the evaluation engine on its share) has every core now."""
+    def trainer_borrows(self) -> bool:
+        """Whether the trainer has the engine's idle core now (``asyncrl.cores``)."""
         split = self.w.cpu_split
         return split == "alternating" or (split == "shared" and all(e.idle for e in self.engines))
-
-    def engine_every_core(self) -> bool:
-        split = self.w.cpu_split
-        return split == "alternating" or (split == "shared" and not self.trainer_busy)
 
     def _published(self) -> None:
         self.version += 1
@@ -391,7 +385,7 @@ class Simulation:
         self._admit()
         extra = 0.0
         if self.w.eval_every and self.version % self.w.eval_every == 0:
-            extra += self.costs.eval_s / _faster(self.costs.decode_all_cores_x, self.trainer_every_core())
+            extra += self.costs.eval_s
         if self.w.save_every and self.version % self.w.save_every == 0:
             extra += self.costs.save_s
         self.at(self.t + extra, self._trainer_free)
@@ -420,9 +414,9 @@ class Simulation:
             step_times=times)
 
 
-def _faster(x: float, every_core: bool) -> float:
-    """How many times faster work runs now: ``x`` on every core, else 1."""
-    return x if every_core and x > 0 else 1.0
+def _faster(x: float, borrowing: bool) -> float:
+    """How many times faster work runs now: ``x`` with the borrowed core, else 1."""
+    return x if borrowing and x > 0 else 1.0
 
 
 def simulate(workload: Workload, costs: Costs, chunk: int = 16) -> Prediction:

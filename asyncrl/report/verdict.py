@@ -138,7 +138,8 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
             f"was busy {busy:.0%} (waiting {t['wait']:.0%}; computing {compute:.0%})",
             _lend_cores(s, g["idle_gate"]) + "make training faster: "
             + _more_threads(s, "more trainer threads (actor.threads)",
-                            "the trainer already takes the generator's idle ones")
+                            "more cores (the trainer already borrows the generator's core while it idles: "
+                            "cluster.cpu_split=auto)")
             + f" or ranks (actor.backend=ddp:dN), or fewer samples per prompt (gconfig.n_samples"
             f"{_now(s, 'n_samples')}); a larger η would not help",
             compute * THREADS_GAIN))
@@ -184,7 +185,8 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                 "would not help",
                 "make generation faster: "
                 + _more_threads(s, "more engine threads (rollout.threads)",
-                                "the engine already takes the waiting trainer's")
+                                "more engine threads (cluster.cpu_split=fixed with rollout.threads set to every "
+                                "core: the shared split keeps the engine at half of them)")
                 + " or servers (rollout.backend=asyncrl:dN), or fewer tokens (gconfig.n_samples, "
                 "gconfig.max_new_tokens)",
                 t["wait"]))
@@ -285,9 +287,9 @@ def _lend_cores(settings: dict, idle: float) -> str:
 
 
 def _more_threads(settings: dict, fixed: str, shared: str) -> str:
-    """More threads for one side, or, where the sides share the cores (and its threads key is not read), more
-    cores."""
-    return f"more cores ({shared}: cluster.cpu_split=auto)" if settings.get("cpu_split") == "auto" else fixed
+    """More threads for one side: ``fixed`` names its threads key, ``shared`` what to do where the sides share the
+    cores (and that key is not read)."""
+    return shared if settings.get("cpu_split") == "auto" else fixed
 
 
 def _now(settings: dict, name: str, eq: str = ", now ") -> str:

@@ -101,20 +101,20 @@ def test_spec_costs_scale_with_the_hardware():
     assert all("TFLOP/s" in n or n for n in spec_costs(GPUS["h200"], small, engine_gpus=1, train_gpus=8).notes)
 
 
-def test_the_shared_split_speeds_each_side_while_the_other_waits():
+def test_the_shared_split_speeds_the_trainer_while_the_engine_idles():
     """cluster.cpu_split=auto as asyncrl.cores shares the cores (a step trains 16 samples of 24 + 50 tokens,
-    1184 tokens: 1 s on the trainer's own threads). At η = 0 (alternating) every phase runs on every core:
-    generation 0.5 s / 2, training 1 s / 4, sync unchanged. At η = 2 the trainer-bound run's generator is idle
-    behind the gate for most of a step, and the trainer's micro-batches run on every core from then on: faster
-    than fixed threads, slower than every micro-batch at every core. With speedups of 1 nothing changes."""
-    costs = Costs(decode_base_s=0.01, train_per_token_s=1 / 1184, sync_s=0.1, train_all_cores_x=4.0,
-                  decode_all_cores_x=2.0)
+    1184 tokens: 1 s on the trainer's own threads). At η = 0 (alternating) the trainer always has the engine's
+    core: generation 0.5 s as before, training 1 s / 4, sync unchanged. At η = 2 the trainer-bound run's
+    generator is idle behind the gate for most of a step, and the trainer's micro-batches run with its core from
+    then on: faster than fixed threads, slower than every micro-batch with it. With a speedup of 1 nothing
+    changes."""
+    costs = Costs(decode_base_s=0.01, train_per_token_s=1 / 1184, sync_s=0.1, train_borrow_x=4.0)
     assert simulate(_workload(max_staleness=0), costs).step_time_s == pytest.approx(0.5 + 1.0 + 0.1)
     assert simulate(_workload(max_staleness=0, cpu_split="alternating"), costs).step_time_s == pytest.approx(
-        0.25 + 0.25 + 0.1)
+        0.5 + 0.25 + 0.1)
     fixed_run = simulate(_workload(max_staleness=2, steps=20), costs)
     shared_run = simulate(_workload(max_staleness=2, steps=20, cpu_split="shared", shared_mb_tokens=64), costs)
     assert fixed_run.step_time_s == pytest.approx(1.1)
     assert 0.25 + 0.1 < shared_run.step_time_s < 1.1 - 0.3
-    plain = dataclasses.replace(costs, train_all_cores_x=1.0, decode_all_cores_x=1.0)
+    plain = dataclasses.replace(costs, train_borrow_x=1.0)
     assert simulate(_workload(max_staleness=2, steps=20, cpu_split="shared"), plain).step_time_s == pytest.approx(1.1)

@@ -52,13 +52,15 @@ def test_a_trainer_bound_run_on_the_cpu_with_a_fixed_split_is_told_to_lend_it_th
     assert ("lend the generator's idle cores" in change) == lends
     assert not lends or "(60% of the time)" in change
     assert ("actor.threads" in change) == (cpu_split != "auto")
-    assert ("already takes the generator's idle ones" in change) == (cpu_split == "auto")
+    assert ("already borrows the generator's core while it idles" in change) == (cpu_split == "auto")
 
 
 @pytest.mark.parametrize("cpu_split", ["fixed", "auto"])
-def test_a_generator_bound_run_sharing_the_cores_is_not_told_to_set_rollout_threads(cpu_split):
+def test_a_generator_bound_run_sharing_the_cores_is_told_to_give_the_engine_every_core_with_fixed_threads(cpu_split):
+    """The shared split keeps the engine at half the cores (asyncrl/cores.py), where rollout.threads is not read."""
     change = diagnose(_steps(trainer_wait_s=0.4, gen_idle_gate_s=0.0), {"eta": 2, "cpu_split": cpu_split})
-    assert ("rollout.threads" in change.bottleneck.change) == (cpu_split == "fixed")
+    assert "rollout.threads" in change.bottleneck.change
+    assert ("cluster.cpu_split=fixed" in change.bottleneck.change) == (cpu_split == "auto")
     assert "rollout.backend=asyncrl:dN" in change.bottleneck.change
 
 
