@@ -12,7 +12,9 @@ Every arm is one ``asyncrl train`` process (``bench/trl_grpo.py`` for TRL) on th
 held-out split and batch shape; only η, the loss, the interrupt mode and the thread split differ. Same total
 CPU: the synchronous arm gets both cores for each phase (``actor.threads=2 rollout.threads=2``; its phases
 alternate), the asynchronous arms one core each for the trainer and the generator (1 + 1, at the same time),
-TRL both cores.
+TRL both cores. The auto suite adds a synchronous arm with the CPU default (``cluster.cpu_split=auto``: the
+trainer on both cores, the generator on one, which on 2 cores avoids libgomp's sleeping workers: asyncrl/cores.py)
+and the asynchronous arm with it.
 
 The prompts are chain-arithmetic problems with a long-tailed length mix (``--mix``, number of terms: mostly
 short, a tail of long ones whose worked answers take 2-3x as many tokens), written to
@@ -189,7 +191,9 @@ def suite_arms(suite: str, cores: int) -> list[Arm]:
                Arm("eta2-t22", f"async η=2 ({cores}+{cores} threads)", 2, threads=(cores, cores))]
     # η tuned online against every fixed η; and with the cores shared by need (cluster.cpu_split=auto: the trainer
     # borrows the engine's core while the engine idles)
-    auto = headline + [async_arm("auto", cores, "rollout.max_staleness_limit=8", name="eta-auto",
+    auto = headline + [Arm("eta0-sync-split", "sync η=0, cpu_split=auto", 0, ("cluster.cpu_split=auto",),
+                           threads=(cores, cores)),
+                       async_arm("auto", cores, "rollout.max_staleness_limit=8", name="eta-auto",
                                  label="async η=auto (≤8)"),
                        Arm("eta-auto-split", "async η=auto, cpu_split=auto", "auto",
                            ("rollout.max_staleness_limit=8", "cluster.cpu_split=auto"), threads=(cores, cores))]
