@@ -3,7 +3,9 @@
 - ``measure``: runs the built-in engine and the trainer on the configured model, alone, with their configured
   threads, and fits the linear costs of ``asyncrl.plan.costs.Costs`` (decode steps at several batch sizes and
   context lengths, prefill per token, training per token, a weight sync through the configured transport, a
-  checkpoint, a reward call); the response lengths are those the model writes for real prompts;
+  checkpoint, a reward call), then times a full decode batch and a training step once more with the other side
+  working beside them in another thread (they share the memory bandwidth); the response lengths are those the
+  model writes for real prompts;
 - ``fit_run``: the same costs and lengths read off a run directory's ``metrics.jsonl`` (its account).
 """
 
@@ -13,8 +15,10 @@ import copy
 import random
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -100,9 +104,7 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     outs = engine.generate_batch(prompts[:8], params)
     lengths = [len(c.output_ids) for group in outs for c in group]
     texts = [c.output_ids for group in outs for c in group]
-    t0 = time.perf_counter()
     sync = publish(model.state_dict(), 1) if publish is not None else _in_process_sync(engine, model)
-    engine.stop()
     torch.set_num_threads(trainer_threads)
     train_base, train_per_token = _train_costs(make_trainer, model, prompts, lengths, n_samples)
     train_x = 1.0
@@ -111,6 +113,25 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
         all_per_token = _train_costs(make_trainer, model, prompts, lengths, n_samples)[1]
         train_x = train_per_token / all_per_token if all_per_token > 0 else 1.0
         torch.set_num_threads(trainer_threads)
+    # side by side: a full decode batch while the trainer steps in another thread, and a training step while
+    # the engine decodes in another thread, each against the same work alone (each side at its own threads)
+    trainer = make_trainer(copy.deepcopy(model))
+    batch = _train_batch(prompts, lengths, n_samples, groups=8)
+
+    def decode() -> float:
+        return _decode_points(engine, prompt, [max_slots], steps[-1:])[0][2]
+
+    def train() -> float:
+        t0 = time.perf_counter()
+        trainer.step(batch, version=0)
+        return time.perf_counter() - t0
+
+    train()  # warm-up
+    torch.set_num_threads(engine_threads)
+    decode_x = _median_of(3, lambda: _beside(decode, train, trainer_threads)) / max(1e-9, _median_of(3, decode))
+    torch.set_num_threads(trainer_threads)
+    train_overlap_x = _median_of(3, lambda: _beside(train, decode, engine_threads)) / max(1e-9, _median_of(3, train))
+    engine.stop()
     reward_s = 0.0
     if reward is not None:
         t0 = time.perf_counter()
@@ -126,13 +147,15 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     costs = Costs(decode_base_s=base, decode_per_seq_s=per_seq, decode_per_ctx_s=per_ctx,
                   prefill_per_token_s=prefill_per_token, train_base_s=train_base, train_per_token_s=train_per_token,
                   recompute_per_token_s=train_per_token / 3, sync_s=sync, save_s=save_s, reward_s=reward_s,
-                  train_borrow_x=train_x)
+                  train_borrow_x=train_x, decode_overlap_x=decode_x, train_overlap_x=train_overlap_x)
     costs.eval_s = eval_cost(costs, eval_items, max_slots, int(statistics.mean(len(p) for p in prompts)),
                              statistics.mean(lengths) if lengths else max_new_tokens)
     notes = [f"decode steps measured at batch sizes {batches} and {steps} new tokens ({len(points)} points)",
              f"prefill over {len(sample)} prompts; training on batches of real prompt lengths and the sampled "
              f"response lengths; engine {engine_threads} thread(s), trainer {trainer_threads}, each alone",
-             f"response lengths: {len(lengths)} samples of {min(8, len(prompts))} prompts at temperature {temperature}"]
+             f"response lengths: {len(lengths)} samples of {min(8, len(prompts))} prompts at temperature {temperature}",
+             f"side by side (each in its own thread): decode steps of {max_slots} sequences {decode_x:.2f}x as long "
+             f"as alone while the trainer steps, a training step {train_overlap_x:.2f}x while the engine decodes"]
     if trainer_most:
         notes.append(f"the shared split: training on {trainer_most} threads {train_x:.2f}x as fast per token as on "
                      f"{trainer_threads}")
@@ -156,25 +179,56 @@ def _in_process_sync(engine: LocalEngine, model) -> float:
     return time.perf_counter() - t0
 
 
-def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[float, float]:
-    """(seconds per step, seconds per token) of the configured trainer, fitted on two batch sizes."""
+def _median_of(n: int, timed: Callable[[], float]) -> float:
+    return statistics.median(timed() for _ in range(n))
+
+
+def _beside(timed: Callable[[], float], work: Callable[[], object], threads: int) -> float:
+    """``timed()`` while ``work()`` runs again and again in another thread on ``threads`` torch threads (from
+    the end of its first round, so that both are warm)."""
+    stop, warm = threading.Event(), threading.Event()
+
+    def loop():
+        torch.set_num_threads(threads)
+        while not stop.is_set():
+            work()
+            warm.set()
+
+    thread = threading.Thread(target=loop, name="asyncrl-profile-beside", daemon=True)
+    thread.start()
+    warm.wait()
+    try:
+        return timed()
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _train_batch(prompts, lengths, n_samples, groups: int, rng: random.Random | None = None):
+    """A collated batch of ``groups`` groups of real prompts and responses of the sampled lengths."""
     from asyncrl.data.collate import collate
     from asyncrl.types import Trajectory, TrajectoryGroup
 
+    rng = rng or random.Random(0)
+    batch = []
+    for g in range(groups):
+        prompt = prompts[g % len(prompts)]
+        trajs = []
+        for j in range(n_samples):
+            n = rng.choice(lengths) if lengths else 8
+            out = [rng.randrange(1, 100) for _ in range(max(1, n))]
+            trajs.append(Trajectory(prompt, out, [-1.0] * len(out), [0] * len(out), float(j % 2)))
+        batch.append(TrajectoryGroup(trajs))
+    return collate(batch, pad_id=0)
+
+
+def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[float, float]:
+    """(seconds per step, seconds per token) of the configured trainer, fitted on two batch sizes."""
     trainer = make_trainer(copy.deepcopy(model))
     rng = random.Random(0)
     points = []
     for groups in (2, 8):
-        batch = []
-        for g in range(groups):
-            prompt = prompts[g % len(prompts)]
-            trajs = []
-            for j in range(n_samples):
-                n = rng.choice(lengths) if lengths else 8
-                out = [rng.randrange(1, 100) for _ in range(max(1, n))]
-                trajs.append(Trajectory(prompt, out, [-1.0] * len(out), [0] * len(out), float(j % 2)))
-            batch.append(TrajectoryGroup(trajs))
-        collated = collate(batch, pad_id=0)
+        collated = _train_batch(prompts, lengths, n_samples, groups, rng)
         trainer.step(collated, version=0)  # warm-up (allocator, kernels)
         t0 = time.perf_counter()
         trainer.step(collated, version=0)

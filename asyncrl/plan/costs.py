@@ -29,7 +29,10 @@ class Costs:
     (the engines are paused for ``pause_s`` of it); an evaluation ``eval_s``, a checkpoint ``save_s``; one
     reward call ``reward_s``. Where the trainer and the engine share the CPU's cores (``cluster.cpu_split=auto``)
     the costs above are at each side's share (``asyncrl.cores``), and the trainer runs ``train_borrow_x`` times as
-    fast while it borrows the idle engine's core (1: no gain, or not measured)."""
+    fast while it borrows the idle engine's core (1: no gain, or not measured). Where the two run side by side on
+    one machine they share its memory bandwidth: decode steps take ``decode_overlap_x`` times as long while the
+    trainer works, training ``train_overlap_x`` times as long while an engine decodes (1: separate devices, or
+    not measured)."""
 
     decode_base_s: float = 0.0
     decode_per_seq_s: float = 0.0
@@ -45,6 +48,8 @@ class Costs:
     save_s: float = 0.0
     reward_s: float = 0.0
     train_borrow_x: float = 1.0
+    decode_overlap_x: float = 1.0
+    train_overlap_x: float = 1.0
 
     def decode_steps_s(self, steps: int, running: int, context: int) -> float:
         """``steps`` decode steps of ``running`` sequences whose contexts total ``context`` tokens at the first

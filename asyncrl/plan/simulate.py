@@ -19,7 +19,10 @@ What it simulates, as the system does it:
   saves when due;
 - the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cores`` shares them: the engine keeps its share;
   the trainer looks before each micro-batch of ``shared_mb_tokens`` and runs ``train_borrow_x`` times as fast
-  while every engine is idle; alternating (η = 0): always as fast.
+  while every engine is idle; alternating (η = 0): always as fast;
+- the memory bandwidth the two share on one machine: an engine's decode steps are ``decode_overlap_x`` times as
+  long while the trainer works, the trainer's micro-batches ``train_overlap_x`` times as long while an engine is
+  busy (each looked at when the piece of work starts).
 """
 
 from __future__ import annotations
@@ -202,6 +205,7 @@ class _Engine:
         if len(self.seqs):
             steps = int(min(self.rem.min(), sim.chunk))
             cost += costs.decode_steps_s(steps, len(self.seqs), int(self.ctx.sum()))
+            cost *= costs.decode_overlap_x if sim.trainer_working else 1.0
         self.busy = True
         self.busy_s += cost
         sim.at(sim.t + held + cost, lambda: self._step_done(steps))
@@ -248,6 +252,7 @@ class Simulation:
         self.reward_free = [0.0] * max(1, workload.reward_workers)
         self.version = 0
         self.trainer_busy = False
+        self.trainer_working = False  # training, syncing, evaluating or saving (the machine's other user)
         self.idle_since = 0.0
         self.wait_s = 0.0
         self.steps: list[dict] = []
@@ -346,7 +351,7 @@ class Simulation:
         if batch is None:
             return
         self.wait_s += self.t - self.idle_since
-        self.trainer_busy = True
+        self.trainer_busy = self.trainer_working = True
         samples = [s for g in batch for s in g.samples]
         tokens = sum(s.context for s in samples)  # prompt + response of every sample (agent: every call)
         for s in samples:
@@ -354,15 +359,17 @@ class Simulation:
                 self.hist[self.version - v] += n
         self.trained_tokens += tokens
         train = self.costs.train_s(tokens * self.w.epochs, self.w.recompute or self.w.epochs > 1)
-        chunks = math.ceil(tokens * self.w.epochs / self.w.shared_mb_tokens) if self.w.cpu_split == "shared" else 1
+        varies = self.w.cpu_split == "shared" or self.costs.train_overlap_x != 1.0  # speed read per piece
+        chunks = min(64, math.ceil(tokens * self.w.epochs / self.w.shared_mb_tokens)) if varies else 1
         self._train_chunks(max(1, chunks), train / max(1, chunks))
 
     def _train_chunks(self, left: int, each_s: float) -> None:
-        """The step's micro-batches one at a time, each at the speed the cores give it when it starts."""
+        """The step's micro-batches (pieces of it) one at a time, each at the speed it has when it starts."""
         if left == 0:
             self.at(self.t + self.costs.sync_s, self._published)
             return
         each = each_s / _faster(self.costs.train_borrow_x, self.trainer_borrows())
+        each *= self.costs.train_overlap_x if any(not e.idle for e in self.engines) else 1.0
         self.at(self.t + each, lambda: self._train_chunks(left - 1, each_s))
 
     def trainer_borrows(self) -> bool:
@@ -372,9 +379,13 @@ class Simulation:
 
     def _published(self) -> None:
         self.version += 1
+        extra = 0.0  # the trainer's work after the sync: an evaluation, a checkpoint
+        if self.w.eval_every and self.version % self.w.eval_every == 0:
+            extra += self.costs.eval_s
+        if self.w.save_every and self.version % self.w.save_every == 0:
+            extra += self.costs.save_s
         for e in self.engines:
             e.pending = self.version
-            e.kick()
         self.buffer.set_version(self.version)
         gate = self.buffer.gate_closed_s()
         record = {"step": self.version, "step_time_s": self.t - self.last_record, "trainer_wait_s": self.wait_s,
@@ -382,16 +393,14 @@ class Simulation:
         self.steps.append(record)
         self.policy.observe(record)
         self.last_record, self.last_gate, self.wait_s = self.t, gate, 0.0
-        self._admit()
-        extra = 0.0
-        if self.w.eval_every and self.version % self.w.eval_every == 0:
-            extra += self.costs.eval_s
-        if self.w.save_every and self.version % self.w.save_every == 0:
-            extra += self.costs.save_s
-        self.at(self.t + extra, self._trainer_free)
+        self.trainer_working = extra > 0
+        self.at(self.t + extra, self._trainer_free)  # at once when nothing follows: it takes its next batch (if
+        self.at(self.t, self._admit)  # ready) before the engines go on, so they see whether it works beside them
+        for e in self.engines:
+            self.at(self.t, e.kick)
 
     def _trainer_free(self) -> None:
-        self.trainer_busy = False
+        self.trainer_busy = self.trainer_working = False
         self.idle_since = self.t
         self._train()
 

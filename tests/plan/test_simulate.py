@@ -118,3 +118,20 @@ def test_the_shared_split_speeds_the_trainer_while_the_engine_idles():
     assert 0.25 + 0.1 < shared_run.step_time_s < 1.1 - 0.3
     plain = dataclasses.replace(costs, train_borrow_x=1.0)
     assert simulate(_workload(max_staleness=2, steps=20, cpu_split="shared"), plain).step_time_s == pytest.approx(1.1)
+
+
+def test_side_by_side_slowdowns_apply_only_while_the_other_side_works():
+    """Decode steps twice as long while the trainer works: at η = 0 the phases never overlap, so nothing changes;
+    at η = 2 the trainer-bound run keeps its step time and its generator is busy about twice as long (0.5 -> 1 s
+    of each 1.1 s step, the first batch generated alone). Training 1.5x as long while an engine decodes: the
+    η = 2 step grows, by less than 1.5x, as the engine idles behind the gate for the rest of the step."""
+    slow_decode = dataclasses.replace(PHASES, decode_overlap_x=2.0)
+    assert simulate(_workload(max_staleness=0), slow_decode).step_time_s == pytest.approx(1.6)
+    base = simulate(_workload(max_staleness=2, steps=20), PHASES)
+    both = simulate(_workload(max_staleness=2, steps=20), slow_decode)
+    assert both.step_time_s == pytest.approx(1.1)
+    assert both.gen_busy_frac == pytest.approx(2 * base.gen_busy_frac, rel=0.05)
+    slow_train = dataclasses.replace(PHASES, train_overlap_x=1.5)
+    assert simulate(_workload(max_staleness=0), slow_train).step_time_s == pytest.approx(1.6)
+    grown = simulate(_workload(max_staleness=2, steps=20, shared_mb_tokens=64), slow_train).step_time_s
+    assert 1.1 + 0.1 < grown < 1.5 * 1.0 + 0.1
