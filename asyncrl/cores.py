@@ -46,8 +46,14 @@ class CoreShare:
         return self.engine
 
     def eval_threads(self) -> int:
-        """The evaluation engine's: one, so that its thread keeps no pool of workers beside the other two."""
-        return 1
+        """The evaluation engine's: what the trainer's most and the engine's share leave (one on 2 cores)."""
+        return spare_threads(self.cores, self.most, self.engine)
+
+
+def spare_threads(cores: int, *threads: int) -> int:
+    """The most threads one more thread may run torch on beside threads running on ``threads`` each, before the
+    process holds more OpenMP workers than ``cores`` (at least 1: one thread keeps no workers)."""
+    return max(1, cores - sum(max(0, n - 1) for n in threads))
 
 
 def process_cores() -> int:

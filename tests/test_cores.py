@@ -93,3 +93,24 @@ def test_omp_num_threads_caps_the_cores_shared(monkeypatch):
 def test_an_unknown_split_is_refused():
     with pytest.raises(ConfigError, match="cluster.cpu_split must be one of"):
         configlib.load(TrainConfig, None, ["cluster.cpu_split=sometimes"])
+
+
+@pytest.mark.parametrize("threads, cores, expected, warns", [
+    ((1, 1), 2, 1, False),
+    ((2, 1), 2, 1, False),  # the trainer's pool takes the one spare worker
+    ((2, 2), 2, 1, True),  # the trainer's and the engine's pools alone outnumber the cores
+    ((4, 4), 16, 4, False),
+])
+def test_with_fixed_threads_the_evaluation_engine_takes_what_the_other_two_leave(monkeypatch, caplog, threads, cores,
+                                                                                  expected, warns):
+    from asyncrl.launch import build
+
+    monkeypatch.setattr(build, "process_cores", lambda: cores)
+    cfg = configlib.load(TrainConfig, None, ["cluster.device=cpu", "cluster.cpu_split=fixed",
+                                             f"actor.threads={threads[0]}", f"rollout.threads={threads[1]}"])
+    with caplog.at_level("WARNING", logger="asyncrl.launch.build"):
+        assert build._fixed_eval_threads(cfg) == expected
+    assert ("OpenMP workers outnumber the cores" in caplog.text) == warns
+    servers = configlib.load(TrainConfig, None, ["cluster.device=cpu", "cluster.cpu_split=fixed", "actor.threads=2",
+                                                 "rollout.backend=asyncrl:d1"])
+    assert build._fixed_eval_threads(servers) == 2  # the engine in another process: the trainer's threads

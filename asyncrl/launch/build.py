@@ -28,7 +28,7 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
                                 weights_dir)
 from asyncrl.controller import LoopPlan, Parts
-from asyncrl.cores import SHARED_MB_TOKENS, CoreShare, process_cores
+from asyncrl.cores import SHARED_MB_TOKENS, CoreShare, process_cores, spare_threads
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
@@ -167,7 +167,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         version=start.version, threads=share and share.engine_threads))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
-        stop_token_ids=shape.stop_token_ids, threads=share.eval_threads() if share else cfg.actor.threads,
+        stop_token_ids=shape.stop_token_ids, threads=share.eval_threads() if share else _fixed_eval_threads(cfg),
         native_kernels=cfg.rollout.native_kernels,
         device=device, version=start.version))
     policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
@@ -242,6 +242,21 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
                           w.max_nonfinite_steps, LiveVerdict(verdict_settings(cfg), w.verdict_steps),
                           first_reward_failure=lambda: reward.first_failure),
     )
+
+
+def _fixed_eval_threads(cfg: TrainConfig) -> int:
+    """The evaluation engine's threads with fixed threads: the trainer's, at most what the trainer and the engine
+    leave of the process's cores where both run here on the CPU (asyncrl/cores.py); a warning where they alone
+    already hold more OpenMP workers than cores."""
+    if not cfg.cpu_split_applies():
+        return cfg.actor.threads
+    cores, actor, engine = process_cores(), cfg.actor.threads, cfg.rollout.threads
+    if actor + engine > cores + 1:
+        log.warning("cluster.cpu_split=fixed with actor.threads=%d and rollout.threads=%d on %d cores: torch's "
+                    "OpenMP workers outnumber the cores, and libgomp then makes them sleep between operators "
+                    "(each pays a wake-up: asyncrl/cores.py); keep actor.threads + rollout.threads <= %d, or use "
+                    "cluster.cpu_split=auto", actor, engine, cores, cores + 1)
+    return min(actor, spare_threads(cores, actor, engine))
 
 
 def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
