@@ -50,6 +50,15 @@ class CoreShare:
         return spare_threads(self.cores, self.most, self.engine)
 
 
+def use_threads(n: int) -> None:
+    """Run this thread's torch operators on ``n`` threads (0: leave it). Compared with the thread's own count, not
+    a cache: the trainer and an evaluation engine may both set it in one thread."""
+    import torch
+
+    if n and n != torch.get_num_threads():
+        torch.set_num_threads(n)
+
+
 def spare_threads(cores: int, *threads: int) -> int:
     """The most threads one more thread may run torch on beside threads running on ``threads`` each, before the
     process holds more OpenMP workers than ``cores`` (at least 1: one thread keeps no workers)."""

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: SamplingParams,
              default: float = 0.0, success_threshold: float = 1.0) -> dict:
-    """Generate one answer per item with ``engine`` (started; this thread waits) and score it.
+    """Generate one answer per item with ``engine`` (started: this thread waits; a local engine not started
+    generates in this thread, on its torch threads) and score it.
 
     Prompts are the items' ``prompt_ids`` where present, else the chat-formatted ``question`` (``tokenizer``
     must belong to the calling thread: fast tokenizers are not safe to share across threads). A failed score
@@ -32,7 +33,10 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
     default (carried by :class:`RewardFailure` from ``RewardService.eval_fn``), else ``default``."""
     t0 = time.perf_counter()
     prompts = [item_prompt_ids(tokenizer, it) for it in items]
-    results = asyncio.run(_generate_all(engine, prompts, params))
+    if getattr(engine, "started", True):
+        results = asyncio.run(_generate_all(engine, prompts, params))
+    else:
+        results = [group[0] for group in engine.generate_batch(prompts, params)]
     scores, lengths, errors = [], [], 0
     for item, c in zip(items, results):
         text = tokenizer.decode(c.output_ids, skip_special_tokens=True)

@@ -36,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from asyncrl.cores import use_threads
 from asyncrl.engine.base import EngineStats, continue_all
 from asyncrl.engine.decoder import Decoder, Weights, resolve_device
 from asyncrl.engine.requests import (CPU, INTERRUPT_MODES, MAX_VERSION, PendingUpdate, Request, SampleState,
@@ -73,7 +74,6 @@ class LocalEngine:
         self.default_stop = tuple(stop_token_ids)
         self.recompute_chunk = recompute_chunk
         self.threads = threads  # torch threads of the engine thread (a callable: asked before each step)
-        self._torch_threads = 0
         self.tokenizer = tokenizer  # only needed for stop strings
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -230,6 +230,11 @@ class LocalEngine:
     def stopped(self) -> bool:
         return self._stopped
 
+    @property
+    def started(self) -> bool:
+        """Whether the loop runs in a thread of its own (else ``generate_batch`` runs it in the caller's)."""
+        return self._thread is not None
+
     def stats(self) -> EngineStats:
         """The counters now, the phase the loop is in counted up to this moment: two readings a window apart
         differ by exactly the window's time, however the loop's iterations straddle its edges."""
@@ -273,10 +278,7 @@ class LocalEngine:
         return self._phase is not None and self._phase[0] == "idle_s" or self._paused
 
     def _set_threads(self) -> None:
-        n = self.threads() if callable(self.threads) else self.threads
-        if n and n != self._torch_threads:
-            torch.set_num_threads(n)
-            self._torch_threads = n
+        use_threads(self.threads() if callable(self.threads) else self.threads)
 
     def _loop(self) -> None:
         self._set_threads()

@@ -168,8 +168,8 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
         stop_token_ids=shape.stop_token_ids, threads=share.eval_threads() if share else _fixed_eval_threads(cfg),
-        native_kernels=cfg.rollout.native_kernels,
-        device=device, version=start.version))
+        native_kernels=cfg.rollout.native_kernels, device=device, version=start.version),
+        start=False)  # below, unless it evaluates in the trainer's thread
     policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
     actor = cfg.actor if share is None or share.alternating else dataclasses.replace(  # re-read it often (cores)
         cfg.actor, mb_max_tokens=min(cfg.actor.mb_max_tokens, SHARED_MB_TOKENS))
@@ -223,6 +223,10 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     if cfg.evaluator.background and not background_eval:
         log.info("evaluator.background: the agent workflow evaluates in the foreground (its episodes share the "
                  "rollout side's proxy and tools)")
+    if share is not None and not background_eval and not isinstance(workflow, Evaluating):
+        eval_engine.threads = share.trainer_threads  # single-turn, in the trainer's thread: on its cores and pool
+    else:
+        eval_engine.start()
     evaluate = _evaluator(cfg, workflow, eval_engine, trainer, copy.deepcopy(tokenizer) if background_eval else
                           tokenizer, data.valid, reward, shape)
     return Parts(
@@ -342,14 +346,16 @@ def _serve_agent_proxy(proxy, host: str, port: int, admin_key: str | None):
     return serve_proxy(proxy, host, port, admin_key)
 
 
-def _start(stack: contextlib.ExitStack, backend: str, build: Callable[[], Lifecycle]):
-    """Build and start an engine, closed by ``stack``; a model it cannot run, or servers that do not come
-    up, are start-up refusals that name ``rollout.backend``."""
+def _start(stack: contextlib.ExitStack, backend: str, build: Callable[[], Lifecycle], start: bool = True):
+    """Build and start an engine (``start``), closed by ``stack``; a model it cannot run, or servers that do
+    not come up, are start-up refusals that name ``rollout.backend``."""
     try:
         engine = build()
     except ValueError as e:  # the model's shape (decoder.DecoderShape) or the engine's arguments
         raise ConfigError(f"rollout.backend={backend}: {e}") from e
     stack.callback(engine.stop)
+    if not start:
+        return engine
     try:
         engine.start()
     except (TimeoutError, RuntimeError, OSError) as e:  # servers that did not come up

@@ -29,6 +29,7 @@ from asyncrl.algo.algorithm import Algorithm
 from asyncrl.algo.losses import clipped_value_loss
 from asyncrl.algo.offpolicy import loglinear_prox_logprobs
 from asyncrl.algo.shaping import place_at_last_token, shape_rewards
+from asyncrl.cores import use_threads
 from asyncrl.logprobs import logprobs_from_logits
 from asyncrl.lora import is_lora, merged_state_dict
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
@@ -137,7 +138,7 @@ class PolicyTrainer:
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step
         self.optim_s = 0.0  # time in the optimizer during the current step
-        self.threads, self._torch_threads = threads, 0  # threads(): torch threads for the next micro-batch
+        self.threads = threads  # threads(): torch threads for the next micro-batch
         self._mismatch = [0.0, 0]  # |behaviour - proximal log-prob| summed over tokens of the current version
         self._full: dict[str, torch.Tensor] | None = None  # gathered weights of the last step (FSDP)
 
@@ -221,9 +222,8 @@ class PolicyTrainer:
 
     def _set_threads(self) -> None:
         """With a share of the cores (``threads``), as many torch threads as it gives this thread now."""
-        if self.threads is not None and (n := self.threads()) != self._torch_threads:
-            torch.set_num_threads(n)
-            self._torch_threads = n
+        if self.threads is not None:
+            use_threads(self.threads())
 
     def _micro_batches(self, batch: Batch, rows: list[int]) -> list:
         """(positions in ``rows``, global sample ids, packed rows local to them) for each micro-batch, then

@@ -79,3 +79,18 @@ def test_a_trainer_sharing_the_cores_takes_micro_batches_small_enough_to_re_read
     with assemble(cfg) as parts:
         assert parts.trainer.mb_max_tokens == mb_tokens
         assert (parts.trainer.threads is not None) == (split == "auto")
+
+
+@pytest.mark.parametrize("split, background, in_trainer_thread", [
+    ("auto", False, True), ("auto", True, False), ("fixed", False, False)])
+def test_sharing_the_cores_the_evaluation_runs_in_the_trainers_thread(tmp_path, tiny_model_dir, split, background,
+                                                                      in_trainer_thread):
+    """A foreground single-turn evaluation under cluster.cpu_split=auto generates in the trainer's thread, on its
+    threads and its pool of OpenMP workers; an engine thread of its own would add a pool (asyncrl/cores.py)."""
+    cfg = _cfg(tmp_path, tiny_model_dir, f"cluster.cpu_split={split}", f"evaluator.background={background}")
+    with assemble(cfg) as parts:
+        engine = parts.evaluate.engine
+        assert engine.started == (not in_trainer_thread)
+        assert (engine.threads == parts.trainer.threads) == in_trainer_thread
+        if in_trainer_thread:
+            assert parts.evaluate(1)["eval_accuracy"] >= 0.0  # generates here, not waiting on a loop
