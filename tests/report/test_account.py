@@ -39,9 +39,10 @@ def test_each_side_sums_to_the_wall_time_within_two_percent(tmp_path, tiny_model
         assert sum(r[key("trainer", p)] for p in TRAINER) == pytest.approx(r["step_time_s"], rel=1e-6)
     acc = account(records)
     assert 0.98 < sum(acc.fractions("trainer").values()) < 1.02, acc.fractions("trainer")
-    # bookkeeping and the time between spans: ~2% alone, a few % more beside other busy tests (threads wait for a
-    # core and for the GIL)
-    assert acc.fractions("trainer")["other"] < 0.15, acc.fractions("trainer")
+    # bookkeeping and the time between spans, a few ms a step against this tiny run's steps of ~50 ms: 8-15% alone
+    # (2 cores of an AMD EPYC, 2026-12-05; the default run's is 1%), more beside other busy tests (threads wait for
+    # a core and for the GIL); a span left unrecorded would show as far more
+    assert acc.fractions("trainer")["other"] < 0.25, acc.fractions("trainer")
     assert 0.98 < sum(acc.fractions("gen").values()) < 1.02, acc.fractions("gen")
     assert acc.fractions("gen")["other"] < 0.02, acc.fractions("gen")  # what the engine's counters did not claim
     t = acc.seconds["trainer"]
