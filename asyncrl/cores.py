@@ -11,8 +11,8 @@ and the trainer each borrowing every core would make two pools on a 2-core machi
 with AVX-512, the built-in model), a decode step of one sequence on 2 threads took 1.68 ms with the other pool
 there against 0.49 ms without it (64 sequences: 5.2 against 3.5 ms), slower than on one thread (0.58 ms); the
 default run's median step was 1.90 s with both sides borrowing and 1.74 s with the trainer alone borrowing
-(η = 2, steps 3-40). So the shares keep ``trainer's most + engine's - 1 <= cores``, and the evaluation engine
-runs on one thread."""
+(η = 2, steps 3-40). So the shares keep ``trainer's most + engine's - 1 <= cores``; a foreground evaluation
+generates in the trainer's own thread (on its threads and pool), one in a thread of its own on one thread."""
 
 from __future__ import annotations
 

@@ -126,7 +126,7 @@ class ClusterConfig:
     the process's cores: the engine keeps half of them, the trainer the rest and one of the engine's while the
     engine idles (its micro-batches then hold at most 1024 tokens, so that it takes that core within a fraction of
     a step; on 2 cores: 1 + 1 threads, the trainer 2 while the engine idles); at η = 0 the trainer always takes it,
-    as the turns alternate; the evaluation engine one thread (asyncrl/cores.py says why) | fixed: the trainer
+    as the turns alternate; evaluations in the trainer's thread (asyncrl/cores.py says why) | fixed: the trainer
     uses actor.threads and the built-in engine rollout.threads."""
 
     def validate(self) -> None:
