@@ -39,7 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measure the costs on this machine for the configured model (a couple of minutes) and write "
                         "them to FILE (default outputs/plan/profile.yaml)")
     p.add_argument("--hardware", metavar="FILE", help="a hardware profile written by --profile (or edited by hand)")
-    p.add_argument("--from-run", metavar="DIR", help="fit the costs and lengths from a run directory's metrics")
+    p.add_argument("--from-run", metavar="DIR", help="fit the costs and lengths from a run directory's metrics; with "
+                                                     "--hardware or --profile, only its workload (response lengths, "
+                                                     "prompt size, calls and tool time per episode)")
     p.add_argument("--calls-per-episode", type=float, default=None, metavar="N",
                    help="agent workflows: LLM calls per episode (default: what --from-run measured, else 1); tool "
                         "latency comes from agent.options tool_latency_s / tool_latency_p99_s")
@@ -107,14 +109,26 @@ def _sweep_values(specs: list[str]) -> list[list[tuple[str, str]]]:
 
 
 def _fitted(cfg: TrainConfig, args) -> Fitted:
-    if args.from_run:
-        from asyncrl.metrics import read_metrics
+    """The costs and the workload: from a run (``--from-run``), a profile (``--profile``, ``--hardware``), or the
+    profile's costs with the run's workload when both are named (a run's lengths after RL has lengthened them)."""
+    run = _from_run(cfg, args.from_run) if args.from_run else None
+    if run is not None and args.profile is None and not args.hardware:
+        return run
+    hardware = _from_profile(cfg, args)
+    return hardware if run is None else dataclasses.replace(run, profile=hardware.profile)
 
-        try:
-            records = read_metrics(args.from_run)
-        except OSError as e:
-            raise ValueError(f"--from-run {args.from_run}: {e.strerror or e}") from None
-        return fit_run(records, cfg.gconfig.max_new_tokens, cfg.gconfig.n_samples, name=str(args.from_run))
+
+def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
+    from asyncrl.metrics import read_metrics
+
+    try:
+        records = read_metrics(run_dir)
+    except OSError as e:
+        raise ValueError(f"--from-run {run_dir}: {e.strerror or e}") from None
+    return fit_run(records, cfg.gconfig.max_new_tokens, cfg.gconfig.n_samples, name=str(run_dir))
+
+
+def _from_profile(cfg: TrainConfig, args) -> Fitted:
     if args.profile is not None:
         fitted = measure_profile(cfg)
         path = save_fitted(fitted, Path(args.profile) if args.profile else DEFAULT_PROFILE)

@@ -70,3 +70,25 @@ def test_agent_calls_asked_afresh_train_fewer_tokens_than_a_continued_conversati
     chained, fresh = outs
     per_step = [o["trained_tokens_per_s"] * o["time_for_steps_s"] / o["steps"] for o in (fresh, chained)]
     assert per_step[0] < 0.8 * per_step[1] and fresh["step_time_s"] < chained["step_time_s"]
+
+
+def test_a_profile_with_a_runs_workload_takes_the_profiles_costs_and_the_runs_lengths(profile, tmp_path, capsys):
+    """RL lengthens the answers a profile sampled from the starting policy: --hardware (or --profile) with
+    --from-run prices the run's own lengths at the profile's costs; --from-run alone takes the run's costs too."""
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"step_time_s": 3.0, "gen_decode_s": 1.0, "gen_prefill_s": 0.1, "gen_tokens_per_s": 600.0,
+              "n_samples": 64, "response_len_mean": 60.0, "response_len_max": 60, "train_tokens": 5376,
+              "trainer_fwd_bwd_s": 2.0, "trainer_recompute_s": 0.0, "trainer_optim_s": 0.05, "trainer_other_s": 0.0,
+              "trainer_sync_s": 0.01}
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **record}) + "\n" for s in range(1, 6)))
+
+    def predict(*args):
+        assert cli.main(["plan", "--json", *args, "total_train_steps=20", "gconfig.max_new_tokens=96"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    own = predict("--hardware", profile)  # the profile has no lengths: half the cap, 48 tokens
+    both = predict("--hardware", profile, "--from-run", str(run))
+    run_only = predict("--from-run", str(run))
+    assert both["step_time_s"] > own["step_time_s"]  # 60 tokens an answer, at the same costs
+    assert both["step_time_s"] != pytest.approx(run_only["step_time_s"], rel=0.05)  # the profile's costs, not the run's
