@@ -167,9 +167,8 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         version=start.version, threads=share and share.engine_threads))
     eval_engine = _start(stack, "local (the evaluation engine)", lambda: LocalEngine(
         model, max_slots=cfg.rollout.max_slots, max_len=shape.max_len, dtype=shape.dtype, seed=cfg.seed + 1,
-        stop_token_ids=shape.stop_token_ids, threads=share.eval_threads() if share else _fixed_eval_threads(cfg),
-        native_kernels=cfg.rollout.native_kernels, device=device, version=start.version),
-        start=False)  # below, unless it evaluates in the trainer's thread
+        stop_token_ids=shape.stop_token_ids, native_kernels=cfg.rollout.native_kernels, device=device,
+        version=start.version), start=False)  # its threads and start below, once the workflow is known
     policy = _policy(cfg, model, init_path, resume)  # after the engines copied the plain weights
     actor = cfg.actor if share is None or share.alternating else dataclasses.replace(  # re-read it often (cores)
         cfg.actor, mb_max_tokens=min(cfg.actor.mb_max_tokens, SHARED_MB_TOKENS))
@@ -223,9 +222,11 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     if cfg.evaluator.background and not background_eval:
         log.info("evaluator.background: the agent workflow evaluates in the foreground (its episodes share the "
                  "rollout side's proxy and tools)")
-    if share is not None and not background_eval and not isinstance(workflow, Evaluating):
-        eval_engine.threads = share.trainer_threads  # single-turn, in the trainer's thread: on its cores and pool
+    in_trainer_thread = share is not None and not background_eval and not isinstance(workflow, Evaluating)
+    if in_trainer_thread:  # single-turn, in the trainer's thread: on its cores and pool (asyncrl/cores.py)
+        eval_engine.threads = share.trainer_threads
     else:
+        eval_engine.threads = share.eval_threads() if share else _fixed_eval_threads(cfg)
         eval_engine.start()
     evaluate = _evaluator(cfg, workflow, eval_engine, trainer, copy.deepcopy(tokenizer) if background_eval else
                           tokenizer, data.valid, reward, shape)

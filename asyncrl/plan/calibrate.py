@@ -83,9 +83,8 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     how much faster training runs on that many threads than on its own (``Costs.train_borrow_x``). Decode is
     timed in this thread, which runs no other pool of workers at the same time (``asyncrl.cores``)."""
     torch.set_num_threads(engine_threads)
-    threads = [engine_threads]  # the engine asks before each step
     engine = LocalEngine(copy.deepcopy(model), max_slots=max_slots, max_len=max_len, stop_token_ids=stop_token_ids,
-                         threads=lambda: threads[0], seed=0)
+                         threads=engine_threads, seed=0)
     prompt = prompts[0][: max(1, max_len // 4)]
     engine.generate_batch([prompt], SamplingParams(n=2, max_new_tokens=8, stop_token_ids=NO_STOP_TOKENS))  # warm
     batches = sorted({1, min(8, max_slots), min(32, max_slots), max_slots})
