@@ -55,6 +55,7 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
         "eval_reward_mean": sum(scores) / len(scores),
         "eval_reward_errors": errors,
         "eval_len_mean": sum(lengths) / len(lengths),
+        "eval_items": len(scores),
         **by_source(items, scores, success_threshold),
         "eval_time_s": time.perf_counter() - t0,
     }

@@ -60,19 +60,23 @@ class TrainingHalted(RuntimeError):
 class LiveVerdict:
     """The verdict's rules (``asyncrl.report.verdict``) over the last steps, every ``every`` steps; a finding
     seen at two checks in a row (a condition that persists) is warned about once, with its evidence and the
-    change it suggests."""
+    change it suggests. Evaluations older than the window are kept too (the held-out rule compares with the best)."""
 
     def __init__(self, settings: dict, every: int = 10):
         self.settings, self.every = settings, every
         self.records: list[dict] = []
+        self.evals: list[dict] = []  # evaluation records that left the window
         self._seen: set[str] = set()  # findings at the previous check
         self._warned: set[str] = set()
 
     def check(self, record: dict) -> None:
-        self.records = (self.records + [record])[-WINDOW:]
+        self.records = self.records + [record]
+        if len(self.records) > WINDOW:
+            self.evals += [r for r in self.records[:-WINDOW] if "eval_accuracy" in r]
+            self.records = self.records[-WINDOW:]
         if not self.every or record.get("step", 0) % self.every:
             return
-        found = {f.name: f for f in diagnose(self.records, self.settings).findings}
+        found = {f.name: f for f in diagnose(self.evals + self.records, self.settings).findings}
         for name in (found.keys() & self._seen) - self._warned:
             self._warned.add(name)
             log.warning("%s (for %d steps now; warned once): %s", name, 2 * self.every, found[name].line())

@@ -203,7 +203,8 @@ class AgentWorkflow:
                         type(failures[0]).__name__, failures[0])
         return {"eval_accuracy": sum(s >= success_threshold for s in scores) / len(scores),
                 "eval_reward_mean": sum(scores) / len(scores), "eval_episode_failures": len(failures),
-                "eval_calls_per_episode": proxy.calls / len(items), "eval_time_s": time.perf_counter() - t0}
+                "eval_calls_per_episode": proxy.calls / len(items), "eval_items": len(scores),
+                "eval_time_s": time.perf_counter() - t0}
 
     def _client(self, key: str):
         if not self.use_http:

@@ -279,7 +279,7 @@ def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
 def verdict_settings(cfg: TrainConfig) -> dict:
     """What the verdict's rules know of the configuration."""
     return {"eta": cfg.rollout.max_head_offpolicyness, "n_samples": cfg.gconfig.n_samples,
-            "max_new_tokens": cfg.gconfig.max_new_tokens, "workers": cfg.reward.workers,
+            "max_new_tokens": cfg.gconfig.max_new_tokens, "workers": cfg.reward.workers, "lr": cfg.actor.lr,
             **({"cpu_split": cfg.cluster.cpu_split} if cfg.cpu_split_applies() else {})}
 
 

@@ -23,7 +23,8 @@ def run_settings(run) -> dict:
     settings = {name: run.setting(key) for name, key in (("eta", "rollout.max_head_offpolicyness"),
                                                         ("n_samples", "gconfig.n_samples"),
                                                         ("max_new_tokens", "gconfig.max_new_tokens"),
-                                                        ("workers", "reward.workers")) if run.setting(key) is not None}
+                                                        ("workers", "reward.workers"),
+                                                        ("lr", "actor.lr")) if run.setting(key) is not None}
     device = run.setting("cluster.device")
     on_cpu = device == "cpu" or (device == "auto" and not _has_gpu())
     one_rank = str(run.setting("actor.backend")).endswith(":d1")  # ddp:d1 or fsdp:d1

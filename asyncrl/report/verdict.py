@@ -8,7 +8,7 @@ Two kinds of findings:
   the most step time, ``gain``): trainer-bound, generator-bound, tool-bound, sync-bound, eval/checkpoint-bound,
   reward-bound, long-tail-bound;
 - **learning health**: no learning signal, entropy collapse, clipping, the behaviour-weight cap, truncation,
-  train/inference mismatch, staleness at its bound; for SFT, memorising (training loss near zero while held-out
+  train/inference mismatch, staleness at its bound, held-out accuracy falling from its best; for SFT, memorising (training loss near zero while held-out
   accuracy stays low).
 
 Rules read the last ``WINDOW`` training steps (the run as it ends, or as it is now), never the first (which waits
@@ -42,6 +42,9 @@ CAP_FRAC = 0.05  # share of tokens whose behaviour weight hit its cap (or was ma
 TRUNCATED = 0.2  # share of samples cut at gconfig.max_new_tokens
 MISMATCH = 0.02  # mean |behaviour - recomputed log-prob| on tokens of the current version (float32: ~1e-6)
 STALE_NEAR = 0.8  # mean staleness over the bound
+HELD_OUT_LAST = 3  # held-out falling: the mean of the last this many evaluations...
+HELD_OUT_SIGMAS = 4.0  # ...this many standard errors of one evaluation below the best one...
+HELD_OUT_DROP = 0.05  # ...and at least this far (the best of many noisy evaluations is itself ~2.4 errors high)
 SFT_LOSS = 0.01  # an SFT loss this low...
 SFT_ACCURACY = 0.2  # ...with held-out accuracy below this: memorised
 THREADS_GAIN = 0.4  # the share of the trainer's compute that more threads/ranks save (bench/bottlenecks.py: twice
@@ -262,7 +265,29 @@ def _health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
                            f"mean staleness {m['staleness_mean']:.2f} with η = {eta:g}",
                            "generation runs as far ahead as allowed: fine if the trainer does not wait; a larger η "
                            "trades freshness for speed"))
-    return out
+    falling = _held_out_falling(records, s)
+    return out + ([falling] if falling else [])
+
+
+def _held_out_falling(records: list[dict], s: dict) -> Finding | None:
+    """Held-out accuracy well below its best over the last evaluations: the updates undo what the run had learnt
+    (too large a learning rate: at actor.lr=1e-4 the default run fell from 0.440 at step 40 to 0.165 at step 100). An evaluation
+    of n items has a standard error of sqrt(p(1-p)/n); runs from before ``eval_items`` was logged are not read."""
+    evals = [r for r in records if _finite(r.get("eval_accuracy")) is not None and r.get("eval_items")]
+    if len(evals) < HELD_OUT_LAST + 1:
+        return None
+    best = max(evals[:-HELD_OUT_LAST], key=lambda r: r["eval_accuracy"])
+    last = sum(r["eval_accuracy"] for r in evals[-HELD_OUT_LAST:]) / HELD_OUT_LAST
+    p, n = best["eval_accuracy"], best["eval_items"]
+    error = math.sqrt(p * (1 - p) / n)
+    if best["eval_accuracy"] - last < max(HELD_OUT_DROP, HELD_OUT_SIGMAS * error):
+        return None
+    return Finding("held-out falling", "health",
+                   f"held-out accuracy {last:.3f} over the last {HELD_OUT_LAST} evaluations, best {p:.3f} at step "
+                   f"{best['step']} (one evaluation of {n} items: ±{error:.3f})",
+                   f"the updates undo what the run learnt: lower actor.lr{_now(s, 'lr')}; "
+                   + ("the starting model was better" if best["step"] == 0 else
+                      f"the checkpoint of step {best['step']} is the one to keep, where it was saved (saver.freq_steps)"))
 
 
 # ---- helpers --------------------------------------------------------------------------------------------

@@ -146,3 +146,57 @@ def test_diagnose_reads_from_config_yaml_whether_the_auto_split_applies(tmp_path
     (tmp_path / "config.yaml").write_text(f"{cluster}rollout:\n  backend: {rollout}\nactor:\n  backend: ddp:d1\n")
     assert diagnose_main([str(tmp_path)]) == 0
     assert ("lend the generator's idle cores" in capsys.readouterr().out) == lends
+
+
+def _evaluated(accuracies: list[float], items: int = 200, every: int = 10) -> list[dict]:
+    """Training steps with an evaluation every ``every`` steps, of ``items`` items, giving ``accuracies`` in turn
+    (the first at step 0, before training)."""
+    records = _steps(n=every * (len(accuracies) - 1))
+    for i, accuracy in enumerate(accuracies):
+        records[i * every].update(eval_accuracy=accuracy, eval_items=items)
+    return records
+
+
+@pytest.mark.parametrize("accuracies, items, falls", [
+    ([0.265, 0.355, 0.385, 0.400, 0.440, 0.325, 0.360, 0.335, 0.330, 0.180, 0.165], 200, True),  # actor.lr=1e-4
+    ([0.265, 0.455, 0.435, 0.440, 0.455, 0.400, 0.395, 0.400, 0.420, 0.400, 0.425], 200, False),  # 5e-5: noise
+    ([0.265, 0.425, 0.435, 0.390, 0.405, 0.410, 0.395, 0.380, 0.335, 0.355, 0.405], 200, False),  # 7 points: noise
+    ([0.265, 0.425, 0.435, 0.390, 0.405, 0.410, 0.395, 0.380, 0.335, 0.355, 0.345], 2000, True),  # on 2000 items
+    ([0.265, 0.300, 0.350, 0.400, 0.450, 0.500], 200, False),  # rising
+    ([0.5, 0.2, 0.2, 0.2], 200, True),  # below the starting model
+])
+def test_held_out_accuracy_falling_from_its_best_is_named(accuracies, items, falls):
+    """Measured curves (the default run at two learning rates, 200 items: ±0.035 an evaluation) and made ones:
+    the mean of the last three evaluations must be 4 standard errors (and 5 points) under the best before."""
+    verdict = diagnose(_evaluated(accuracies, items), {"eta": 2, "lr": 1e-4})
+    found = {f.name: f for f in verdict.findings}
+    assert ("held-out falling" in found) == falls, verdict.lines()
+    if falls:
+        best = max(range(len(accuracies) - 3), key=lambda i: accuracies[i])
+        assert f"step {best * 10}" in found["held-out falling"].evidence
+        assert "lower actor.lr, now 0.0001" in found["held-out falling"].change
+        assert ("starting model" in found["held-out falling"].change) == (best == 0)
+
+
+def test_a_run_without_evaluation_counts_is_not_judged_on_held_out_accuracy():
+    """Runs from before ``eval_items`` was logged: the standard error is unknown, so the rule does not read them."""
+    records = _evaluated([0.265, 0.440, 0.325, 0.180, 0.165])
+    assert "held-out falling" in _names(diagnose(records, {"eta": 2}))
+    for r in records:
+        r.pop("eval_items", None)
+    assert "held-out falling" not in _names(diagnose(records, {"eta": 2}))
+
+
+def test_the_live_verdict_warns_once_about_a_condition_that_persists_and_remembers_older_evaluations(caplog):
+    """Checked every 10 steps over the last 20; a finding seen at two checks in a row is warned about once. The
+    held-out rule sees the evaluations that have left the window (the best one was 60 steps before)."""
+    from asyncrl.watchdog import LiveVerdict
+
+    live = LiveVerdict({"eta": 2, "lr": 1e-4}, every=10)
+    with caplog.at_level("WARNING", logger="asyncrl.watchdog"):
+        for record in _evaluated([0.265, 0.440, 0.325, 0.360, 0.180, 0.165, 0.170, 0.160, 0.150])[1:]:
+            live.check(record)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len([w for w in warnings if w.startswith("held-out falling")]) == 1, warnings
+    assert "best 0.440 at step 10" in next(w for w in warnings if w.startswith("held-out falling"))
+    assert len(live.records) == 20

@@ -63,6 +63,7 @@ async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *,
         "eval_episode_failures": sum(f for _, f, *_ in results),
         "eval_calls_mean": sum(c for *_, c, _ in results) / n,
         "eval_len_mean": sum(t for *_, t in results) / n,
+        "eval_items": len(results),
         "eval_time_s": time.perf_counter() - t0,
     }
 
