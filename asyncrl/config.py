@@ -44,11 +44,13 @@ SMALL_MODEL_RECIPE = {"train": {"gconfig.max_new_tokens": 64}, "eval": {"gconfig
 for each key the user leaves unset (a file or the command line sets it otherwise)."""
 
 
-def small_model_recipe(model_path: str, command: str) -> dict:
-    """The keys and values of ``SMALL_MODEL_RECIPE[command]`` when ``model_path`` is a small model, else none."""
-    from asyncrl.models import is_small_model
+def model_recipe(model_path: str, command: str) -> dict:
+    """The defaults ``model_path`` gets for ``command``, for each key the user leaves unset: ``SMALL_MODEL_RECIPE``
+    when it is a small model, then what its directory asks for (``asyncrl.models.RECIPE_FILE``: the shipped
+    ``tiny-sft`` trains RL at ``actor.lr=1e-5``, docs/algorithms.md "The learning rate")."""
+    from asyncrl.models import is_small_model, own_recipe
 
-    return SMALL_MODEL_RECIPE[command] if is_small_model(model_path) else {}
+    return {**(SMALL_MODEL_RECIPE[command] if is_small_model(model_path) else {}), **own_recipe(model_path, command)}
 
 
 @dataclass
@@ -164,7 +166,7 @@ class TrainConfig:
     """Run-health checks: no learning signal, failing rewards, non-finite updates."""
 
     def recipe(self) -> dict:
-        return small_model_recipe(self.model.path, "train")
+        return model_recipe(self.model.path, "train")
 
     def validate(self) -> None:
         _positive(self, ["train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens",
@@ -282,7 +284,7 @@ class SFTConfig:
     evaluation, saving and threads may differ) | fresh: start over."""
 
     def recipe(self) -> dict:
-        return small_model_recipe(self.model.path, "sft")
+        return model_recipe(self.model.path, "sft")
 
     def validate(self) -> None:
         _positive(self, ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads",
@@ -376,7 +378,7 @@ class EvalConfig:
     """Sampling seed."""
 
     def recipe(self) -> dict:
-        return small_model_recipe(self.model.path, "eval")
+        return model_recipe(self.model.path, "eval")
 
     def validate(self) -> None:
         _positive(self, ["gconfig.max_new_tokens", "threads", "valid_dataset.size", "gconfig.n_samples"])

@@ -53,8 +53,9 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None, other
         _merge(cfg, nested, "", lambda _k: "command line", all_keys(cls), given)
     for key, value in (cfg.recipe() if hasattr(cfg, "recipe") else {}).items():
         if key not in given:  # the model's recipe fills what the user left at its default
-            section, _, name = key.rpartition(".")
-            setattr(_section(cfg, section), name, value)
+            for part in reversed(key.split(".")):
+                value = {part: value}
+            _merge(cfg, value, "", lambda _k: f"the recipe of model.path={cfg.model.path}", all_keys(cls), set())
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
@@ -255,12 +256,6 @@ def _override_value(item: str, raw: str):
         return yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"command line: override '{item}': not valid YAML: {_yaml_problem(e)}") from None
-
-
-def _section(cfg, dotted: str):
-    for part in dotted.split(".") if dotted else []:
-        cfg = getattr(cfg, part)
-    return cfg
 
 
 def _merge(cfg, data: dict, prefix: str, where, valid: list[str], given: set[str]) -> None:

@@ -85,6 +85,29 @@ def is_small_model(path: str) -> bool:
     return vocab * h + layers * (4 * h * h + 3 * h * inner) < SMALL_MODEL_PARAMETERS
 
 
+RECIPE_FILE = "asyncrl_recipe.json"
+"""A model directory's own defaults, per command, for the keys the user leaves unset:
+``{"train": {"actor.lr": 1e-05}}`` (the shipped ``tiny-sft`` has one; a checkpoint saved from it does not)."""
+
+
+def own_recipe(path: str, command: str) -> dict:
+    """The defaults ``path``'s directory asks for when ``command`` runs it (its ``RECIPE_FILE``), or none."""
+    try:
+        file = Path(resolve_model_path(path)) / RECIPE_FILE
+    except FileNotFoundError:
+        return {}  # a missing model is refused later, with its key
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"model.path: {file} is not JSON ({e})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"model.path: {file} must map each command to its keys and values, e.g. "
+                          '{"train": {"actor.lr": 1e-05}}')
+    return data.get(command, {})
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

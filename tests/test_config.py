@@ -63,3 +63,38 @@ def test_a_small_model_gets_the_small_recipe_and_a_real_one_the_real_defaults(tm
     cfg = tmp_path / "run.yaml"
     cfg.write_text(f"model:\n  path: {real}\ngconfig:\n  max_new_tokens: 64\n")
     assert configlib.load(TrainConfig, str(cfg), []).gconfig.max_new_tokens == 64  # set in a file: kept
+
+
+def test_a_model_directory_can_carry_its_own_defaults(tmp_path):
+    """The shipped tiny-sft asks for RL at actor.lr=1e-5 (asyncrl_recipe.json; docs/algorithms.md "The learning
+    rate"); a directory without one (an SFT output made from it) keeps the default 5e-5; a value the user sets wins;
+    a recipe's keys and values are checked like a file's, and a broken recipe is refused with its path."""
+    import json
+    import shutil
+
+    from asyncrl.config import SFTConfig
+    from asyncrl.models import BUILTIN_DIR, RECIPE_FILE
+
+    assert configlib.load(TrainConfig).actor.lr == 1e-5
+    assert configlib.load(TrainConfig, None, ["actor.lr=5e-5"]).actor.lr == 5e-5
+    assert configlib.load(SFTConfig).actor.lr == 2e-3  # the recipe names train only
+    own = tmp_path / "own"
+    shutil.copytree(BUILTIN_DIR / "tiny-sft", own)
+    (own / RECIPE_FILE).unlink()
+    assert configlib.load(TrainConfig, None, [f"model.path={own}"]).actor.lr == 5e-5
+    (own / RECIPE_FILE).write_text(json.dumps({"train": {"actor.lr": 3e-5, "gconfig.temperature": 0.8}}))
+    cfg = configlib.load(TrainConfig, None, [f"model.path={own}"])
+    assert (cfg.actor.lr, cfg.gconfig.temperature, cfg.gconfig.max_new_tokens) == (3e-5, 0.8, 64)
+    (own / RECIPE_FILE).write_text(json.dumps({"train": {"actor.lrr": 3e-5}}))
+    with pytest.raises(ConfigError, match=f"the recipe of model.path={own}: unknown config key 'actor.lrr'; did you "
+                                          "mean 'actor.lr'"):
+        configlib.load(TrainConfig, None, [f"model.path={own}"])
+    (own / RECIPE_FILE).write_text(json.dumps({"train": {"actor.lr": "fast"}}))
+    with pytest.raises(ConfigError, match="the recipe of model.path=.*actor.lr"):
+        configlib.load(TrainConfig, None, [f"model.path={own}"])
+    (own / RECIPE_FILE).write_text("{train: 1")
+    with pytest.raises(ConfigError, match=f"model.path: {own / RECIPE_FILE} is not JSON"):
+        configlib.load(TrainConfig, None, [f"model.path={own}"])
+    (own / RECIPE_FILE).write_text('{"train": 1}')
+    with pytest.raises(ConfigError, match="must map each command to its keys and values"):
+        configlib.load(TrainConfig, None, [f"model.path={own}"])
