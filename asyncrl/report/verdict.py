@@ -8,8 +8,8 @@ Two kinds of findings:
   the most step time, ``gain``): trainer-bound, generator-bound, tool-bound, sync-bound, eval/checkpoint-bound,
   reward-bound, long-tail-bound;
 - **learning health**: no learning signal, entropy collapse, clipping, the behaviour-weight cap, truncation,
-  train/inference mismatch, staleness at its bound, held-out accuracy falling from its best; for SFT, memorising (training loss near zero while held-out
-  accuracy stays low).
+  train/inference mismatch, staleness at its bound, held-out accuracy falling from its best; for SFT, memorising
+  (training loss near zero while held-out accuracy stays low).
 
 Rules read the last ``WINDOW`` training steps (the run as it ends, or as it is now), never the first (which waits
 for the first batch whatever the settings), so a warm-up does not decide the verdict.
@@ -271,8 +271,9 @@ def _health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
 
 def _held_out_falling(records: list[dict], s: dict) -> Finding | None:
     """Held-out accuracy well below its best over the last evaluations: the updates undo what the run had learnt
-    (too large a learning rate: at actor.lr=1e-4 the default run fell from 0.440 at step 40 to 0.165 at step 100). An evaluation
-    of n items has a standard error of sqrt(p(1-p)/n); runs from before ``eval_items`` was logged are not read."""
+    (too large a learning rate: at actor.lr=1e-4 the default run fell from 0.440 at step 40 to 0.165 at step 100).
+    An evaluation of n items has a standard error of sqrt(p(1-p)/n); runs from before ``eval_items`` was logged
+    are not read."""
     evals = [r for r in records if _finite(r.get("eval_accuracy")) is not None and r.get("eval_items")]
     if len(evals) < HELD_OUT_LAST + 1:
         return None
