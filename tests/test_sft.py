@@ -275,6 +275,41 @@ def test_save_every_writes_step_checkpoints_loadable_with_transformers(tmp_path,
     assert all(torch.equal(a, b) for a, b in zip(step4.state_dict().values(), final.state_dict().values()))
 
 
+def test_the_best_held_out_model_is_kept_and_survives_a_resume(tmp_path, tiny_model_dir, monkeypatch):
+    """OUTPUT/best is the model of the best evaluation so far (best.json: step and accuracy), loadable; a resumed
+    run keeps a best saved before its resume point and replaces one saved at steps it trains again."""
+    import asyncrl.sft as sft_module
+    from transformers import AutoModelForCausalLM
+
+    accuracies = iter([0.2, 0.6, 0.4, 0.5, 0.3, 0.7])
+
+    def scored(self, model):
+        return {"eval_accuracy": next(accuracies)}
+
+    monkeypatch.setattr(sft_module._Scorer, "__call__", scored)
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=4", "saver.freq_steps=2",
+                 "evaluator.freq_steps=1")
+    sft(cfg)  # evaluations 0.2, 0.6, 0.4, 0.5 at steps 1-4
+    best = Path(cfg.output_dir) / "best"
+    assert json.loads((best / "best.json").read_text()) == {"step": 2, "eval_accuracy": 0.6}
+    step2 = AutoModelForCausalLM.from_pretrained(Path(cfg.output_dir) / "step2").state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(AutoModelForCausalLM.from_pretrained(best).state_dict().values(),
+                                                 step2.values()))
+    sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
+               "evaluator.freq_steps=1"))  # resumes at step 5: 0.3, then 0.7 at step 6
+    assert json.loads((best / "best.json").read_text()) == {"step": 6, "eval_accuracy": 0.7}
+    (best / "best.json").write_text(json.dumps({"step": 5, "eval_accuracy": 0.9}))  # as if saved after step 4
+    accuracies = iter([0.1, 0.05])
+    sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
+               "evaluator.freq_steps=1"))  # resumes from step6: nothing to train, the best stays
+    assert json.loads((best / "best.json").read_text())["step"] == 5
+    (Path(cfg.output_dir) / "step6" / "sft_state.pt").unlink()  # now it resumes at step 5, which it trains again
+    sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
+               "evaluator.freq_steps=1"))
+    assert json.loads((best / "best.json").read_text()) == {"step": 5, "eval_accuracy": 0.1}
+
+
 def test_a_stopped_sft_run_resumes_from_its_step_checkpoint_with_the_same_losses(tmp_path, tiny_model_dir,
                                                                                    monkeypatch, caplog):
     """Stopped after step 4 (saved at 2 and 4), the same command continues at step 5 from the weights, optimizer,

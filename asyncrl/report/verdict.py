@@ -121,7 +121,7 @@ def diagnose_sft(records: list[dict]) -> Verdict:
                 f"training loss {loss:.4f} over the last {len(tail)} steps, held-out accuracy {last:.3f} (best "
                 f"{best['eval_accuracy']:.3f} at step {best['step']})",
                 f"the model learnt its {records[-1].get('examples', 'few')} examples by heart: give it more data, "
-                f"fewer steps, or start RL from step {best['step']} (save_every keeps it)"))
+                f"fewer steps, or start RL from the best held-out model (step {best['step']}: OUTPUT/best)"))
     return Verdict(findings, Account(), {})
 
 

@@ -17,13 +17,12 @@ Examples longer than ``max_length`` are skipped and counted (``sft_skipped_long`
 over its target tokens, computed in micro-batches of at most ``MICRO_BATCH_TOKENS`` positions, packed side by
 side (``pack``; :mod:`asyncrl.packing`) or padded: the same number either way (:func:`micro_batch_losses`).
 Held-out answers are scored by ``reward.fn`` or the data's own verifier. ``OUTPUT/sft_metrics.jsonl`` holds a
-record per step; checkpoints go to ``OUTPUT`` at the end and ``OUTPUT/stepN`` every ``saver.freq_steps`` steps
-(with ``model.lora``: the adapter, and the merged model in ``merged/`` beside it; see :mod:`asyncrl.lora`); a step
-checkpoint also holds ``sft_state.pt`` (trained weights, optimizer, data position, RNG), from which the same
-command resumes a stopped run (``resume=auto``, :mod:`asyncrl.sft.state`) with the losses it would have had. The
-training stream is seeded by ``seed`` and steps take ``batch_size`` examples (``train_dataset.seed`` and
-``train_dataset.batch_size`` are not used).
-"""
+record per step; checkpoints go to ``OUTPUT`` at the end, ``OUTPUT/stepN`` every ``saver.freq_steps`` steps and
+``OUTPUT/best`` at each evaluation better than those before (with ``model.lora``: the adapter, and the merged model
+in ``merged/`` beside it; see :mod:`asyncrl.lora`); a step checkpoint also holds ``sft_state.pt`` (trained weights,
+optimizer, data position, RNG), from which the same command resumes a stopped run (``resume=auto``,
+:mod:`asyncrl.sft.state`) with the losses it would have had. The training stream is seeded by ``seed`` and steps
+take ``batch_size`` examples (``train_dataset.seed`` and ``train_dataset.batch_size`` are not used)."""
 
 from __future__ import annotations
 
@@ -49,7 +48,8 @@ from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, 
 from asyncrl.types import SamplingParams
 from asyncrl.data.formats import chat_prompt_ids, item_prompt_ids
 from asyncrl.sft.agent import agent_task, scoring_engine
-from asyncrl.sft.state import records, restore, resume_point, save_model, save_step
+from asyncrl.sft.state import (BEST_DIR, best_before, records, restore, resume_point, save_best, save_model,
+                               save_step)
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,10 @@ def sft(cfg: SFTConfig) -> dict:
     held_out = f", held-out accuracy {record['eval_accuracy']:.3f}" if "eval_accuracy" in record else ""
     log.info("sft done: %d steps in %.0f s, loss %.4f%s; the model is in %s", record["step"], record["elapsed_s"],
              record["loss"], held_out, out)
+    best = best_before(out, record["step"] + 1)
+    if best is not None:
+        log.info("the best held-out model (%.3f at step %d) is in %s", best["eval_accuracy"], best["step"],
+                 out / BEST_DIR)
     return record
 
 
@@ -244,6 +248,8 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
         t0 -= float(record.get("elapsed_s", 0.0))
         log.info("sft: resuming from %s (step %d of %d)%s; resume=fresh starts over", start, first - 1,
                  cfg.total_train_steps, ": nothing left to train" if first > cfg.total_train_steps else "")
+    best = best_before(out, first)
+    best_accuracy = best["eval_accuracy"] if best else -math.inf
     model.train()
     bar = _progress_bar(cfg, first - 1)
     with (out / METRICS_FILE).open("a" if start is not None else "w") as metrics:
@@ -266,6 +272,9 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
                 model.eval()
                 record.update(score(engine_model()))
                 model.train()
+                if record["eval_accuracy"] > best_accuracy:
+                    best_accuracy = record["eval_accuracy"]
+                    save_best(model, tokenizer, out, step, best_accuracy, engine_model.lora)
                 _say(bar, f"sft step {step} | loss {loss:.4f} | eval_acc {record['eval_accuracy']:.3f} | "
                           f"{record['elapsed_s']:.0f}s")
             elif step % cfg.log_every == 0:

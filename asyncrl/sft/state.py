@@ -1,6 +1,7 @@
 """An SFT run's step checkpoints and their resumption: ``OUTPUT/stepN`` is a loadable checkpoint plus
 ``sft_state.pt`` (the trained weights, optimizer, data position and RNG), written aside and renamed into place;
-``resume=auto`` continues from the newest one when the configuration matches."""
+``resume=auto`` continues from the newest one when the configuration matches. ``OUTPUT/best`` is the model of the
+best held-out evaluation so far (``best.json``: its step and accuracy)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
 
 STATE_FILE = "sft_state.pt"  # in a step checkpoint: what a resume needs beyond the weights
+BEST_DIR, BEST_FILE = "best", "best.json"  # OUTPUT/best: the model of the best held-out evaluation so far
 RESUME_SETTABLE = ("total_train_steps", "log_every", "evaluator.", "saver.", "progress_bar", "resume",
                    "actor.threads")
 """Keys a resumed SFT run may change: how long it runs and how it is watched, evaluated, saved and threaded."""
@@ -54,6 +56,30 @@ def save_step(model, tokenizer, optimizer, examples, out: Path, step: int, lora:
                 "counts": dict(examples.counts), "rng": torch.get_rng_state()}, tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+
+
+def save_best(model, tokenizer, out: Path, step: int, accuracy: float, lora: bool) -> None:
+    """``out/best``: the model of step ``step``, whose held-out accuracy is the best so far, written aside and
+    renamed into place (loadable as ``out`` is; ``best.json`` says which step and what accuracy)."""
+    final, tmp = out / BEST_DIR, out / f".{BEST_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tokenizer, tmp, lora)
+    (tmp / BEST_FILE).write_text(json.dumps({"step": step, "eval_accuracy": accuracy}) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+
+def best_before(out: Path, first: int) -> dict | None:
+    """``out/best``'s ``best.json`` when it was saved before step ``first`` (a resumed run keeps it); one saved at
+    or after ``first`` (steps a resumed run trains again, or a run started over) is removed."""
+    try:
+        best = json.loads((out / BEST_DIR / BEST_FILE).read_text())
+        if int(best["step"]) < first:
+            return best
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+    return None
 
 
 def restore(point: Path, model, optimizer, examples) -> int:
