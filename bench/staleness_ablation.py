@@ -8,10 +8,11 @@ objective holds). Run by hand, alone (about an hour):
     python bench/staleness_ablation.py & python bench/staleness_ablation.py; wait   # two at once share the runs
 
 Each run is ``asyncrl train`` on the built-in task from builtin:tiny-sft with a small batch (so that many steps
-fit: ``--batch`` groups of ``--n`` samples) at the default learning rate (``--lr``; stale samples hurt in
-proportion to how far each step moves the policy, but 2e-4 collapses the built-in model even at η = 0: reward 0
-from step 60 of 150 on an AMD EPYC, so nothing is left to compare). Printed: the held-out accuracy (greedy, 200
-problems) at the end, mean ± sd over seeds, per loss and η; the mean staleness each run trained at; the machine.
+fit: ``--batch`` groups of ``--n`` samples) at ``--lr`` 5e-5 (the global default; the shipped model's own is 1e-5,
+docs/algorithms.md "The learning rate"; stale samples hurt in proportion to how far each step moves the policy, but
+2e-4 collapses the built-in model even at η = 0: reward 0 from step 60 of 150 on an AMD EPYC, so nothing is left to
+compare). Printed: the held-out accuracy (greedy, 200 problems) at the end, mean ± sd over seeds, per loss and η;
+the mean staleness each run trained at; the machine.
 """
 
 from __future__ import annotations
