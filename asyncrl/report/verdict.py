@@ -288,7 +288,8 @@ def _held_out_falling(records: list[dict], s: dict) -> Finding | None:
                    f"{best['step']} (one evaluation of {n} items: ±{error:.3f})",
                    f"the updates undo what the run learnt: lower actor.lr{_now(s, 'lr')}; "
                    + ("the starting model was better" if best["step"] == 0 else
-                      f"the checkpoint of step {best['step']} is the one to keep, where it was saved (saver.freq_steps)"))
+                      f"the checkpoint of step {best['step']} is the one to keep, where it was saved "
+                      "(saver.freq_steps)"))
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
