@@ -205,7 +205,7 @@ class _Engine:
         if len(self.seqs):
             steps = int(min(self.rem.min(), sim.chunk))
             cost += costs.decode_steps_s(steps, len(self.seqs), int(self.ctx.sum()))
-            cost *= costs.decode_overlap_x if sim.trainer_working else 1.0
+            cost *= costs.decode_overlap_x if sim.trainer_busy else 1.0
         self.busy = True
         self.busy_s += cost
         sim.at(sim.t + held + cost, lambda: self._step_done(steps))
@@ -251,8 +251,7 @@ class Simulation:
         self.engines = [_Engine(self, i) for i in range(workload.engines)]
         self.reward_free = [0.0] * max(1, workload.reward_workers)
         self.version = 0
-        self.trainer_busy = False
-        self.trainer_working = False  # training, syncing, evaluating or saving (the machine's other user)
+        self.trainer_busy = False  # training, syncing, evaluating or saving (the machine's other user)
         self.idle_since = 0.0
         self.wait_s = 0.0
         self.steps: list[dict] = []
@@ -351,7 +350,7 @@ class Simulation:
         if batch is None:
             return
         self.wait_s += self.t - self.idle_since
-        self.trainer_busy = self.trainer_working = True
+        self.trainer_busy = True
         samples = [s for g in batch for s in g.samples]
         tokens = sum(s.context for s in samples)  # prompt + response of every sample (agent: every call)
         for s in samples:
@@ -393,14 +392,13 @@ class Simulation:
         self.steps.append(record)
         self.policy.observe(record)
         self.last_record, self.last_gate, self.wait_s = self.t, gate, 0.0
-        self.trainer_working = extra > 0
         self.at(self.t + extra, self._trainer_free)  # at once when nothing follows: it takes its next batch (if
         self.at(self.t, self._admit)  # ready) before the engines go on, so they see whether it works beside them
         for e in self.engines:
             self.at(self.t, e.kick)
 
     def _trainer_free(self) -> None:
-        self.trainer_busy = self.trainer_working = False
+        self.trainer_busy = False
         self.idle_since = self.t
         self._train()
 
