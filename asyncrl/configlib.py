@@ -45,17 +45,12 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None, other
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
-        value = _override_value(item, raw)
-        parts = key.strip().split(".")
-        nested: Any = value
-        for part in reversed(parts):
-            nested = {part: nested}
-        _merge(cfg, nested, "", lambda _k: "command line", all_keys(cls), given)
+        _merge(cfg, _nested(key.strip(), _override_value(item, raw)), "", lambda _k: "command line", all_keys(cls),
+               given)
     for key, value in (cfg.recipe() if hasattr(cfg, "recipe") else {}).items():
         if key not in given:  # the model's recipe fills what the user left at its default
-            for part in reversed(key.split(".")):
-                value = {part: value}
-            _merge(cfg, value, "", lambda _k: f"the recipe of model.path={cfg.model.path}", all_keys(cls), set())
+            _merge(cfg, _nested(key, value), "", lambda _k: f"the recipe of model.path={cfg.model.path}",
+                   all_keys(cls), set())
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
@@ -256,6 +251,13 @@ def _override_value(item: str, raw: str):
         return yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"command line: override '{item}': not valid YAML: {_yaml_problem(e)}") from None
+
+
+def _nested(dotted: str, value: Any) -> dict:
+    """``a.b.c``, v -> ``{"a": {"b": {"c": v}}}``."""
+    for part in reversed(dotted.split(".")):
+        value = {part: value}
+    return value
 
 
 def _merge(cfg, data: dict, prefix: str, where, valid: list[str], given: set[str]) -> None:
