@@ -278,7 +278,8 @@ class DistPublisher:
     server (names, dtypes, shapes) and one broadcast per tensor. The last bucket carries ``weight_version``;
     a server swaps the staged tensors in whole when it arrives.
 
-    The group is created on the first ``publish`` with the servers alive then; a failure closes it (the next
+    The group is created on the first ``publish`` with the servers that take part in it, and again whenever that
+    set changes (a server retired, or back from a failed request's cool-down); a failure closes it (the next
     publish builds a new one) and raises ``WeightSyncError``."""
 
     def __init__(self, engines: list[ServerFleet], backend: str = "gloo", bucket_mb: int = 64, timeout_s: float = 60.0,
@@ -298,13 +299,15 @@ class DistPublisher:
         t0 = time.perf_counter()
         with self._lock:
             try:
-                if self._group is None:
-                    self._connect(version)
                 device = "cuda" if self.backend == "nccl" else "cpu"
                 tensors = {k: v.detach().to(device).contiguous() for k, v in state_dict.items()}
                 with contextlib.ExitStack() as updating:
-                    for engine in self.engines:  # pause (if they abort in-flight requests), then send once
-                        updating.enter_context(engine.updating(version, self.timeout_s))
+                    # pause (if they abort in-flight requests) and learn which servers take this version
+                    servers = [(e, a) for e in self.engines
+                               for a in updating.enter_context(e.updating(version, self.timeout_s))]
+                    if self._group is None or servers != self._servers:
+                        self._close_group()
+                        self._connect(servers, version)
                     self._send(tensors, version)
             except Exception as e:  # noqa: BLE001 - every failure names the version and drops the group
                 self._drop_group()
@@ -314,10 +317,10 @@ class DistPublisher:
                                       f"{type(e).__name__}: {e}") from e
         return time.perf_counter() - t0
 
-    def _connect(self, version: int) -> None:
+    def _connect(self, servers: list[tuple[ServerFleet, str]], version: int) -> None:
         import torch.distributed as dist
 
-        self._servers = [(e, a) for e in self.engines for a in e.live_addrs()]
+        self._servers = servers
         if not self._servers:
             raise WeightSyncError(f"no live server to send weights of version {version} to")
         world = len(self._servers) + 1
@@ -352,14 +355,18 @@ class DistPublisher:
     def _drop_group(self) -> None:
         self._group, self._store = None, None
 
-    def close(self) -> None:
+    def _close_group(self) -> None:
+        """Ask the servers of the current group, if any, to leave it (best effort), and forget it."""
         if self._group is not None:
             for e, a in self._servers:
                 try:
                     e.post(a, "/destroy_weights_update_group", {"group_name": self._group_name}, 5.0)
-                except Exception as err:  # noqa: BLE001 - best effort at shutdown
+                except Exception as err:  # noqa: BLE001 - best effort: the server may be the one that left
                     log.debug("destroying the weight group on %s failed: %s", a, err)
         self._drop_group()
+
+    def close(self) -> None:
+        self._close_group()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -1,6 +1,7 @@
 """Weight transports: in-process, disk (atomic versioned directories) and torch.distributed (gloo) broadcast."""
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -113,6 +114,41 @@ def test_dist_broadcast_to_a_server_process(tiny_model_dir, tokenizer, tmp_path)
         publisher.close()
         engine.stop()
         server.close()
+
+
+def test_the_broadcast_group_follows_the_servers_that_take_each_update(monkeypatch):
+    """The group is built again when the servers that take a version change (one retired, one back from a
+    failed request's cool-down): a server left out of the group would keep serving old weights."""
+    import asyncrl.publish as publish
+
+    monkeypatch.setattr(publish, "new_group", lambda *a, **k: "group")
+    monkeypatch.setattr(publish, "broadcast", lambda *a, **k: None)
+
+    class Fleet:
+        addrs, posts = ["a", "b"], []
+
+        def live_addrs(self):
+            return list(self.addrs)
+
+        def post(self, url, path, body=None, timeout=None):
+            self.posts.append((url, path, (body or {}).get("weight_version")))
+            return {}
+
+        @contextlib.contextmanager
+        def updating(self, version, timeout):
+            yield list(self.addrs)
+
+    fleet, state = Fleet(), {"w": torch.zeros(2)}
+    publisher = DistPublisher([fleet], timeout_s=5)
+    try:
+        for version, addrs in [(1, ["a", "b"]), (2, ["a", "b"]), (3, ["a"]), (4, ["a", "b"])]:
+            fleet.addrs = addrs
+            publisher.publish(state, version)
+            assert sorted(u for u, p, v in fleet.posts if v == str(version)) == addrs
+    finally:
+        publisher.close()
+    joins = [u for u, p, _ in fleet.posts if p == "/init_weights_update_group"]
+    assert joins == ["a", "b", "a", "a", "b"]
 
 
 def test_a_corrupt_weights_file_is_a_value_error_naming_it(tmp_path):

@@ -268,7 +268,9 @@ class RemoteEngine:
 
     def _retire_unreachable(self, version: int) -> None:
         """Before an update: a server that does not answer ``/health`` now is retired for good (it would miss
-        this version and serve stale weights), however long ago it died."""
+        this version and serve stale weights), however long ago it died; one that answers is live again, even
+        within the cool-down of a failed request, so that it receives this version (left out, it would serve the
+        old weights when its cool-down ended)."""
         import httpx
 
         def healthy(server: _Server) -> bool:
@@ -279,7 +281,9 @@ class RemoteEngine:
 
         candidates = [s for s in self._servers if s.retired is None]
         for server, ok in zip(candidates, self._pool.map(healthy, candidates)):
-            if not ok:
+            if ok:
+                server.dead_until = 0.0
+            else:
                 self._retire(server, f"did not answer /health before the update to version {version}")
 
     def _retire(self, server: _Server, why: str) -> None:

@@ -195,6 +195,24 @@ def test_a_hung_server_times_out_and_the_request_moves(two_servers):
         http.close()
 
 
+def test_a_server_cooling_down_after_a_failed_request_still_gets_the_update(two_servers, models, tmp_path):
+    """A request that timed out marks its server dead for a while; if it answers /health when weights are
+    published it takes the new version too, instead of coming back after its cool-down with the old weights
+    (tokens older than the staleness gate allows)."""
+    engine = RemoteEngine(two_servers.urls, dead_cooldown_s=60).start()
+    publisher = DiskPublisher([engine], str(tmp_path / "w"))
+    try:
+        engine._servers[0].dead_until = time.monotonic() + 60  # what a timed-out request does
+        publisher.publish(models[1].state_dict(), 1)
+        served = [int(httpx.get(f"{url}/get_model_info").json()["weight_version"]) for url in two_servers.urls]
+        assert served == [1, 1] and engine.live_addrs() == two_servers.urls
+        results = _run(engine, _prompts(8), SamplingParams(max_new_tokens=4, greedy=True))
+        assert {v for (c,) in results for v in c.versions} == {1}
+    finally:
+        publisher.close()
+        engine.stop()
+
+
 def test_all_servers_down_fails_with_a_reason(models):
     servers = _Servers(models[0], 1)
     engine = RemoteEngine(servers.urls, request_timeout_s=2.0, max_attempts=2, dead_cooldown_s=0.1).start()
