@@ -238,7 +238,7 @@ class SFTConfig:
         "max_new_tokens": "gconfig.max_new_tokens"}
     """asyncrl sft's earlier key names, still read (with a deprecation line) for one release."""
 
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(path="builtin:tiny-init"))
+    model: ModelConfig = field(default_factory=ModelConfig)
     """The model to fine-tune (model.lora.rank > 0: train LoRA adapters only)."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The built-in task whose reference solutions are the training targets (when train_dataset.path is empty
@@ -246,7 +246,8 @@ class SFTConfig:
     train_dataset: TrainDatasetConfig = field(default_factory=lambda: TrainDatasetConfig(batch_size=64))
     """Training examples, read as `asyncrl train` reads them (path, type, fields, prompt_template, ...):
     prompt + response rows (question/prompt with solution/response/answer) or chat rows (messages: loss on
-    the assistant turns only); batch_size = examples per step."""
+    the assistant turns only); batch_size = examples per step. The stream is shuffled by the top-level seed
+    (train_dataset.seed is not used)."""
     valid_dataset: ValidDatasetConfig = field(default_factory=ValidDatasetConfig)
     """Held-out prompts for evaluation during SFT (a file, or held out of the training source)."""
     reward: RewardConfig = field(default_factory=lambda: RewardConfig(workers=0))

@@ -109,14 +109,17 @@ def all_keys(cls, prefix: str = "") -> list[str]:
     return keys
 
 
-def describe(cls, prefix: str = "") -> str:
-    """Every key with its type, default and documentation, for ``--help-config``."""
-    out, docs, default = [], field_docs(cls), cls()
+def describe(cls, prefix: str = "", default=None) -> str:
+    """Every key with its type, default and documentation, for ``--help-config``. A section's defaults are those
+    of the enclosing config (``default``, an instance of ``cls``; ``cls()`` when not given), which may differ from
+    the section class's own (``asyncrl sft``'s ``actor.lr``)."""
+    out, docs = [], field_docs(cls)
+    default = cls() if default is None else default
     for f in dataclasses.fields(cls):
         typ = _resolve(cls, f)
         if dataclasses.is_dataclass(typ):
             out.append(f"\n[{prefix}{f.name}]  {docs.get(f.name, '')}".rstrip())
-            out.append(describe(typ, prefix + f.name + "."))
+            out.append(describe(typ, prefix + f.name + ".", getattr(default, f.name)))
         else:
             value = getattr(default, f.name)
             out.append(f"{prefix}{f.name} = {value!r}  ({_type_name(typ)})")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl import configlib
-from asyncrl.config import EvalConfig, SFTConfig, TrainConfig
+from asyncrl.config import EvalConfig, RMConfig, SFTConfig, TrainConfig
 from asyncrl.configlib import ConfigError
 
 
@@ -183,6 +183,27 @@ def test_describe_documents_every_key():
     for key in configlib.all_keys(TrainConfig):
         assert key in text
     assert "max staleness" in text
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, SFTConfig, EvalConfig, RMConfig])
+def test_describe_shows_each_commands_own_defaults(cls):
+    """A command may set a section's defaults its own way (asyncrl sft: actor.lr 2e-5, batch_size 64): the
+    help shows those, not the section class's."""
+    shown = dict(line.split(" = ", 1) for line in configlib.describe(cls).splitlines() if " = " in line
+                 and not line.startswith(" "))
+    default = cls()
+    for key in configlib.all_keys(cls):
+        value = default
+        for part in key.split("."):
+            value = getattr(value, part)
+        assert shown[key].rsplit("  (", 1)[0] == repr(value), key
+
+
+def test_every_commands_default_model_is_shipped():
+    from asyncrl.models import resolve_model_path
+
+    for cls in (TrainConfig, SFTConfig, EvalConfig, RMConfig):
+        assert Path(resolve_model_path(cls().model.path)).is_dir(), cls.__name__
 
 
 def test_dump_round_trips(tmp_path):

@@ -21,8 +21,8 @@ record per step; checkpoints go to ``OUTPUT`` at the end, ``OUTPUT/stepN`` every
 ``OUTPUT/best`` at each evaluation better than those before (with ``model.lora``: the adapter, and the merged model
 in ``merged/`` beside it; see :mod:`asyncrl.lora`); a step checkpoint also holds ``sft_state.pt`` (trained weights,
 optimizer, data position, RNG), from which the same command resumes a stopped run (``resume=auto``,
-:mod:`asyncrl.sft.state`) with the losses it would have had. The training stream is seeded by ``seed`` and steps
-take ``batch_size`` examples (``train_dataset.seed`` and ``train_dataset.batch_size`` are not used)."""
+:mod:`asyncrl.sft.state`) with the losses it would have had. The training stream is seeded by ``seed``
+(``train_dataset.seed`` is not used) and steps take ``train_dataset.batch_size`` examples."""
 
 from __future__ import annotations
 
