@@ -95,7 +95,9 @@ class RolloutBuffer:
             eta = self.max_staleness
             if self._capacity(eta) <= 0:
                 gated = capacity(eta, self.version, self.batch_size, self.accepted, self.running) <= 0
-                if gated and self._closed_since is None:
+                if not gated:  # only max_concurrent_rollouts refuses: the staleness gate is open
+                    self._gate_opened()
+                elif self._closed_since is None:
                     self._closed_since = self._clock()
                 return None
             self._gate_opened()

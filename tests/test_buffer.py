@@ -95,3 +95,24 @@ def test_a_reported_failure_wakes_a_waiting_take_at_once():
 
 def _group():
     return TrajectoryGroup([Trajectory([1], [2], [0.0], [0], 1.0)])
+
+
+def test_gate_closed_time_counts_the_staleness_bound_only():
+    """From a refusal by the staleness bound to the next admission, except while only max_concurrent_rollouts
+    refuses (the bound already open): auto η raises η on this time, which a concurrency cap must not cause."""
+    now = [0.0]
+    buf = RolloutBuffer(batch_size=2, max_staleness=1, max_concurrent=2, clock=lambda: now[0])
+    a, b = buf.try_admit(), buf.try_admit()
+    buf.finish(a, _group())
+    c = buf.try_admit()
+    buf.finish(b, _group())
+    d = buf.try_admit()  # accepted 2 + running 2 = (1 + 0 + 1) * 2: the bound is reached
+    assert d is not None and buf.try_admit() is None  # t = 0: refused by the staleness bound
+    now[0] = 1.0
+    buf.take(timeout=1)
+    buf.set_version(1)  # the bound opens, but c and d hold both concurrency slots
+    assert buf.try_admit() is None
+    now[0] = 11.0  # 10 s with the bound open
+    buf.finish(c, _group())
+    assert buf.try_admit() is not None
+    assert buf.gate_closed_s() == 1.0
