@@ -68,6 +68,7 @@ class RolloutBuffer:
         self.policy = _Fixed(max_staleness) if isinstance(max_staleness, int) else max_staleness
         self.max_staleness = self.policy.bound()  # η of the current version
         self._gate_closed_s = 0.0  # time admission was refused by the staleness bound (not by max_concurrent)
+        self._taken_bound = self.max_staleness  # the largest η the last batch's groups were admitted under
         self._clock = clock  # what measures it (the planner's simulation passes its own)
         self._closed_since: float | None = None
         self.version = 0
@@ -178,7 +179,7 @@ class RolloutBuffer:
             if self._error is not None:
                 raise self._error
             batch = self._pick()
-            return None if batch is None else [self._ready.pop(seq)[1] for seq in batch]
+            return None if batch is None else self._pop(batch)
 
     def take(self, timeout: float | None = None) -> list[TrajectoryGroup]:
         """Block until a batch of B groups is ready (see the module docstring) and return it. Raises the
@@ -195,7 +196,7 @@ class RolloutBuffer:
                 raise self._error
             batch = self._pick()
             if batch is not None:
-                return [self._ready.pop(seq)[1] for seq in batch]
+                return self._pop(batch)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(
@@ -206,10 +207,12 @@ class RolloutBuffer:
             self._cv.wait(timeout=0.5 if left is None else min(left, 0.5))
 
     def stats(self) -> dict:
+        """The counters; ``max_staleness``: the η the current version admits under; ``staleness_bound``: the
+        largest η the last batch's groups were admitted under, which no token of that batch is older than."""
         with self._cv:
-            counters = {"buffer_ready": len(self._ready), "buffer_running": self.running,
-                        "groups_accepted": self.accepted, "groups_rejected": self.rejected}
-        return {**counters, "max_staleness": self.max_staleness}
+            return {"buffer_ready": len(self._ready), "buffer_running": self.running,
+                    "groups_accepted": self.accepted, "groups_rejected": self.rejected,
+                    "max_staleness": self.max_staleness, "staleness_bound": self._taken_bound}
 
     # ---- internals (hold the lock) -----------------------------------------------------------------------
     def _capacity(self, eta: int) -> int:
@@ -219,6 +222,14 @@ class RolloutBuffer:
         if self._closed_since is not None:
             self._gate_closed_s += self._clock() - self._closed_since
             self._closed_since = None
+
+    def _pop(self, batch: list[int]) -> list[TrajectoryGroup]:
+        """The groups of ``batch`` (sequence numbers), out of the ready ones; remembers the largest η they were
+        admitted under: no token of the batch is older than that (after η falls, groups admitted before it are
+        still trained up to their own η)."""
+        taken = [self._ready.pop(seq) for seq in batch]
+        self._taken_bound = max(ticket.max_staleness for ticket, _ in taken)
+        return [group for _, group in taken]
 
     def _pick(self) -> list[int] | None:
         candidates = [(t.version, 0, t.seq) for t, _ in self._ready.values()]

@@ -166,10 +166,15 @@ def test_every_group_is_trained_within_the_eta_of_its_version(seed):
             while not running and (ticket := buf.try_admit()) is not None:  # rejections freed room
                 running.append(ticket)
             finish(running.pop(0))
-        for group in buf.take(timeout=1):
+        groups = buf.take(timeout=1)
+        for group in groups:
             ticket = admitted_under[id(group)]
             assert version - ticket.version <= ticket.max_staleness <= policy.limit
             trained += 1
+        # the step's logged bound: the largest η its groups were admitted under, never below their staleness
+        bound = buf.stats()["staleness_bound"]
+        assert bound == max(admitted_under[id(g)].max_staleness for g in groups)
+        assert all(version - admitted_under[id(g)].version <= bound for g in groups)
         buf.set_version(version + 1)
     assert trained == 40 * batch
 

@@ -69,6 +69,9 @@ def plot_staleness(run: Run, plt) -> bytes:
     ax.plot(*series(steps, "step", "staleness_mean"), color="#1f77b4", label="mean (tokens)")
     if any("max_staleness" in r for r in steps):  # η of each step (an auto η moves)
         ax.step(*series(steps, "step", "max_staleness"), where="mid", color="k", ls="--", lw=1, label="η")
+        if any(r.get("staleness_bound", r.get("max_staleness")) != r.get("max_staleness") for r in steps):
+            ax.step(*series(steps, "step", "staleness_bound"), where="mid", color="k", ls=":", lw=1,
+                    label="bound (η its groups were admitted under)")
     elif isinstance(max_staleness, int):
         ax.axhline(max_staleness, color="k", ls="--", lw=1, label=f"η = {max_staleness}")
     ax.set_xlabel("training step")
