@@ -65,6 +65,7 @@ class RunState:
     timeline_s: float = 0.0  # the timeline's clock at this checkpoint
     ready: list = field(default_factory=list)  # [(admit version, TrajectoryGroup)] finished, not trained
     inflight: list = field(default_factory=list)  # items being rolled out (re-issued on resume)
+    staleness: dict | None = None  # where an auto η stands (``StalenessPolicy.state``); None in older checkpoints
 
 
 class Checkpointer:
@@ -130,7 +131,7 @@ class Checkpointer:
                 torch.save({"ready": state.ready, "inflight": state.inflight}, tmp / ROLLOUTS)
                 _write_json(tmp / RUN_STATE, {k: getattr(state, k) for k in
                                               ("version", "drawn", "accepted", "rejected", "elapsed_s",
-                                               "timeline_s")})
+                                               "timeline_s", "staleness")})
             _write_json(tmp / MANIFEST, manifest(tmp))
             _fsync_tree(tmp)
             if final.exists():  # the same version again (e.g. saved at the end of a resumed run)

@@ -99,7 +99,7 @@ class Parts:
         self.saved()  # the previous checkpoint is complete (or its failure said) before this one is taken
         snap = self.buffer.snapshot()
         state = RunState(version, snap["drawn"], snap["accepted"], snap["rejected"], self.meter.elapsed(),
-                         self.timeline.now(), snap["ready"], snap["inflight"])
+                         self.timeline.now(), snap["ready"], snap["inflight"], self.staleness.state())
         self._checked(lambda: self.checkpoints.save(version, state, background=self.plan.save_in_background))
         self.meter.last_save = self.meter.elapsed()
 

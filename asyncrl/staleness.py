@@ -36,11 +36,16 @@ from typing import Protocol
 
 
 class StalenessPolicy(Protocol):
-    """What the loop and the buffer ask of a policy."""
+    """What the loop and the buffer ask of a policy; ``state``/``restore`` carry it across a resume (plain JSON
+    values, in the checkpoint's run state)."""
 
     def bound(self) -> int: ...
 
     def observe(self, record: dict) -> None: ...
+
+    def state(self) -> dict: ...
+
+    def restore(self, state: dict) -> None: ...
 
 
 @dataclass
@@ -53,6 +58,12 @@ class FixedStaleness:
         return self.eta
 
     def observe(self, record: dict) -> None:
+        pass
+
+    def state(self) -> dict:
+        return {}
+
+    def restore(self, state: dict) -> None:
         pass
 
 
@@ -101,6 +112,26 @@ class AutoStaleness:
                 self._eta = eta - 1
             if self._eta != eta:  # judge the new η on a window of its own
                 self._recent, self._skip = [], 2
+
+    def state(self) -> dict:
+        """Where the law stands (η, the floor, the steps it is reading or skipping), so that a resumed run goes
+        on from there instead of starting again at the limit."""
+        with self._lock:
+            return {"eta": self._eta, "floor": self._floor, "skip": self._skip, "warm": self._warm,
+                    "recent": [{k: _num(r, k) for k in READ} for r in self._recent]}
+
+    def restore(self, state: dict) -> None:
+        if not state:  # a checkpoint written before η was saved: start over from the limit
+            return
+        with self._lock:
+            self._eta = min(self.limit, max(0, int(state["eta"])))
+            self._floor = min(self._eta, max(0, int(state["floor"])))
+            self._skip, self._warm = int(state["skip"]), bool(state["warm"])
+            self._recent = [dict(r) for r in state["recent"]][-2 * self.window:]
+
+
+READ = ("step_time_s", "trainer_wait_s", "gate_closed_s", "trainer_eval_s", "trainer_save_s")
+"""The keys of a step's record that the law reads."""
 
 
 def raised(eta: int, wait: float, limit: int) -> int:

@@ -90,6 +90,35 @@ def test_auto_falls_when_the_trainer_never_waits_but_not_back_to_a_value_that_ma
     assert seen[-1] == 0 and all(a - b in (0, 1) for a, b in zip([5] + seen, seen))  # down one per version
 
 
+@pytest.mark.parametrize("cut", [1, 3, 5, 11, 15, 17, 22, 23])
+def test_a_resumed_auto_eta_goes_on_where_it_stood(cut):
+    """The state saved in a checkpoint (JSON) restores a policy that moves as the unbroken one would: here
+    6 -> 5 -> 4 (no waiting), back to 6 (waiting behind a closed gate), 5 (not below the value that waited), with
+    an evaluation step between; cut anywhere, also within the steps skipped after a change."""
+    import json
+
+    waits = [0.0] * 12 + [0.4] * 3 + [0.0] * 6 + ["eval"] + [0.0] * 8
+    records = [{"step_time_s": 4.0, "trainer_eval_s": 3.0} if w == "eval" else _record(w) | {"staleness_hist": [1]}
+               for w in waits]
+    unbroken, first = AutoStaleness(limit=6), AutoStaleness(limit=6)
+    for record in records[:cut]:
+        unbroken.observe(record)
+        first.observe(record)
+    resumed = AutoStaleness(limit=6)
+    resumed.restore(json.loads(json.dumps(first.state())))
+    assert resumed.bound() == unbroken.bound()
+    seen = []
+    for record in records[cut:]:
+        unbroken.observe(record)
+        resumed.observe(record)
+        assert resumed.bound() == unbroken.bound()
+        seen.append(unbroken.bound())
+    assert seen[-1] == 5 and (cut > 15 or 6 in seen)
+    fresh = AutoStaleness(limit=6)
+    fresh.restore({})  # a checkpoint from before η was saved
+    assert fresh.bound() == 6
+
+
 def test_auto_falls_only_after_two_windows_without_waiting():
     policy = _auto(limit=8, start=4, window=2)
     seen = []

@@ -199,6 +199,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     max_staleness, batch_size = cfg.rollout.staleness_bound, cfg.train_dataset.batch_size
     policy = (AutoStaleness(cfg.rollout.max_staleness_limit) if cfg.rollout.max_head_offpolicyness == "auto"
               else FixedStaleness(max_staleness))
+    policy.restore(start.staleness or {})  # a resumed auto η goes on where it stood
     buffer = RolloutBuffer(batch_size, policy, cfg.rollout.max_concurrent_rollouts)
     sharing.update(engine=engine)
     # a resumed run: the groups that were ready, then the items that were in flight, then the stream goes on

@@ -138,3 +138,28 @@ def test_every_trained_token_is_within_the_bound_after_each_resume(tmp_path, tin
     for r in records:  # the histogram counts every trained token by its staleness (index 0 = current version)
         assert sum(r["staleness_hist"]) == r["n_samples"] * r["response_len_mean"], r
         assert r["staleness_max"] <= ETA and len(r["staleness_hist"]) <= ETA + 1, r
+
+
+@pytest.mark.slow
+def test_a_resumed_auto_eta_goes_on_where_it_stood(tmp_path, tiny_model_dir, monkeypatch):
+    """η = auto lowered to 1 before the checkpoint: the resumed run admits under 1, not again at the limit."""
+    from asyncrl.staleness import AutoStaleness
+
+    def overrides(steps):
+        return [o for o in _overrides(tmp_path, tiny_model_dir, steps) if "offpolicyness" not in o] + [
+            "rollout.max_head_offpolicyness=auto", "rollout.max_staleness_limit=4"]
+
+    real = AutoStaleness.observe
+
+    def lowered(self, record):  # stands in for the law having brought η down (a trainer that never waited)
+        real(self, record)
+        with self._lock:
+            self._eta = 1
+
+    monkeypatch.setattr(AutoStaleness, "observe", lowered)
+    train(configlib.load(TrainConfig, None, overrides(3)))
+    monkeypatch.setattr(AutoStaleness, "observe", real)
+    train(configlib.load(TrainConfig, None, overrides(5)))
+    records = {r["step"]: r for r in read_metrics(tmp_path / "out" / "asyncrl" / "default")}
+    assert records[1]["max_staleness"] == 4 and records[2]["max_staleness"] == 1  # admitting under the limit, then 1
+    assert records[4]["max_staleness"] == 1  # the first step after the resume admits under the η it stood at
