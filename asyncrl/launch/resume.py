@@ -103,13 +103,14 @@ def _keep(path: Path, wanted) -> None:
     if not path.exists():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    for raw in path.read_bytes().splitlines():
         try:
+            line = raw.decode("utf-8")
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):  # torn by a kill, maybe inside a character
             continue
         if wanted(record):
             kept.append(line)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     tmp.replace(path)

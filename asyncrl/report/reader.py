@@ -149,21 +149,20 @@ def _read_config(path: Path) -> dict:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of ``path``, one per line; a torn last line (a run killed mid-write) is skipped."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ReportError(f"{path}: not UTF-8 text ({e})") from None
+    """The JSON objects of ``path``, one per line; a torn last line (a run killed or still writing, cut anywhere,
+    even inside a character) is skipped."""
+    lines = path.read_bytes().splitlines()
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
+            record = json.loads(raw.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             if n == len(lines):
                 break
-            raise ReportError(f"{path}:{n}: not JSON ({e})") from None
+            what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "not JSON"
+            raise ReportError(f"{path}:{n}: {what} ({e})") from None
         if not isinstance(record, dict):
             raise ReportError(f"{path}:{n}: a record must be a JSON object, got {type(record).__name__}")
         out.append(record)

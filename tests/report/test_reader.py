@@ -22,6 +22,21 @@ def test_torn_last_line_of_a_killed_run_is_skipped(run_dir):
     assert len(load_run(run_dir).steps) == N_STEPS
 
 
+def test_a_line_torn_inside_a_character_is_skipped_and_resume_drops_it(run_dir):
+    """samples.jsonl keeps non-ASCII text: a kill (or a run still writing) can cut its last line inside a
+    character; the report reads the rest, and a resume cuts the line away."""
+    from asyncrl.launch.resume import truncate_run_files
+
+    line = json.dumps({"step": 3, "completion": "ответ → 42"}, ensure_ascii=False).encode("utf-8")
+    with (run_dir / "samples.jsonl").open("ab") as f:
+        f.write(json.dumps({"step": 2, "completion": "é"}, ensure_ascii=False).encode("utf-8") + b"\n")
+        f.write(line[: line.index("→".encode("utf-8")) + 1])  # cut after the first byte of the arrow
+    run = load_run(run_dir)
+    assert run.samples[-1] == {"step": 2, "completion": "é"} and len(run.steps) == N_STEPS
+    truncate_run_files(run_dir, 10, 1e9)
+    assert (run_dir / "samples.jsonl").read_bytes().endswith('"é"}\n'.encode("utf-8"))
+
+
 def test_non_finite_values_are_read_back_as_floats_and_skipped(run_dir):
     """metrics.jsonl spells NaN and inf as strings: they come back as floats, and the summary and the plots
     leave them out instead of crashing or turning every number into NaN."""
