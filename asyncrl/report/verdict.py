@@ -85,8 +85,13 @@ class Verdict:
             out.append("time: trainer " + _shares(acc.fractions("trainer")) + " | generator "
                        + _shares(acc.fractions("gen")))
         top = self.bottleneck
-        out.append(f"bottleneck: {top.line()}" if top else "bottleneck: none found (neither side waits for the other "
-                                                           "much)")
+        if top:
+            out.append(f"bottleneck: {top.line()}")
+        elif not acc.steps:
+            out.append("bottleneck: not judged yet (the rules read the training steps after the first, which waits "
+                       "for the first batch whatever the settings)")
+        else:
+            out.append("bottleneck: none found (neither side waits for the other much)")
         out += [f"{'also' if f.kind == 'bottleneck' else 'health'}: {f.line()}" for f in self.findings if f is not top]
         return out
 
@@ -101,7 +106,7 @@ def diagnose(records: list[dict], settings: dict | None = None) -> Verdict:
     ``max_new_tokens``, ``workers`` as far as known)."""
     settings = dict(settings or {})
     steps = [r for r in records if r.get("step", 0) > 0]
-    steps = (steps[1:] if len(steps) > 1 else steps)[-WINDOW:]  # the first step waits for the first batch anyway
+    steps = steps[1:][-WINDOW:]  # the first step waits for the first batch whatever the settings: never read
     acc = account(steps)
     findings = _bottlenecks(acc, steps, settings) + _health(steps, records, settings)
     return Verdict(findings, acc, settings)
@@ -170,7 +175,8 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
             out.append(Finding(
                 "tool-bound", "bottleneck",
                 f"the trainer waited {t['wait']:.0%}; episodes spent {acc.fractions('episode')['tool']:.0%} of "
-                f"their time in tools and the generator idled {g['idle_nowork']:.0%} with nothing to do",
+                f"their time in tools and the generator idled {g['idle_nowork'] + g['idle_gate']:.0%} "
+                f"({g['idle_nowork']:.0%} with nothing to do, {g['idle_gate']:.0%} behind the closed gate)",
                 f"keep more episodes in flight: raise η (rollout.max_head_offpolicyness{_now(s, 'eta')}) or "
                 "rollout.max_concurrent_rollouts", t["wait"]))
         elif g["idle_gate"] > 0.05 or (eta is not None and eta == 0):

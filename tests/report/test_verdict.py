@@ -42,6 +42,24 @@ def test_a_planted_bottleneck_is_named_with_its_change(phases, name, change):
     assert any(name in line for line in verdict.lines())
 
 
+def test_the_first_step_is_never_read_even_when_it_is_the_only_one():
+    """A run diagnosed after its first step (live, or a 1-step run): that step waited for the first batch
+    whatever the settings, so nothing is judged on it."""
+    verdict = diagnose(_steps(1, trainer_wait_s=0.9, reward_queue_s=5.0, reward_run_s=1.0), {"eta": 2})
+    assert verdict.bottleneck is None and verdict.account.steps == 0
+    assert verdict.lines() == ["bottleneck: not judged yet (the rules read the training steps after the first, "
+                               "which waits for the first batch whatever the settings)"]
+    assert diagnose(_steps(2, trainer_wait_s=0.9), {"eta": 2}).account.steps == 1
+
+
+def test_tool_bound_evidence_counts_the_generators_idle_time_behind_the_gate_too():
+    """At η = 0 the groups that may run sit in their tools: the generator's idle time is gate-closed time."""
+    phases = dict(trainer_wait_s=0.6, episode_tool_s=5.0, episode_llm_gen_s=1.0, gen_decode_s=0.1,
+                  gen_idle_gate_s=0.85)
+    found = {f.name: f for f in diagnose(_steps(**phases), {"eta": 0}).findings}
+    assert "idled 85% (0% with nothing to do, 85% behind the closed gate)" in found["tool-bound"].evidence
+
+
 @pytest.mark.parametrize("cpu_split, lends", [("fixed", True), ("auto", False), (None, False)])
 def test_a_trainer_bound_run_on_the_cpu_with_a_fixed_split_is_told_to_lend_it_the_idle_cores(cpu_split, lends):
     """The default run is trainer-bound with the engine idle ~60% behind the gate; the auto split took its step
