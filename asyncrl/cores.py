@@ -65,6 +65,27 @@ def spare_threads(cores: int, *threads: int) -> int:
     return max(1, cores - sum(max(0, n - 1) for n in threads))
 
 
+def cpu_model() -> str:
+    """The CPU's model name and its widest vector extensions (``/proc/cpuinfo``), e.g. ``AMD EPYC (avx2
+    avx512f)``: what a speed figure needs beside it."""
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features"):
+                    flags = value.split()
+                    break
+    except OSError:
+        pass
+    wide = [f for f in ("avx2", "avx512f", "amx_tile") if f in flags]
+    return f"{model} ({' '.join(wide)})" if wide else model
+
+
 def process_cores() -> int:
     """The cores this process may run on (its CPU affinity, else the machine's), at most ``OMP_NUM_THREADS``
     where that is set (torch's own cap: two runs on one machine can each be given half)."""

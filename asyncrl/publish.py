@@ -278,9 +278,8 @@ class DistPublisher:
     server (names, dtypes, shapes) and one broadcast per tensor. The last bucket carries ``weight_version``;
     a server swaps the staged tensors in whole when it arrives.
 
-    The group is created on the first ``publish`` with the servers that take part in it, and again whenever that
-    set changes (a server retired, or back from a failed request's cool-down); a failure closes it (the next
-    publish builds a new one) and raises ``WeightSyncError``."""
+    The group is built for the servers that take a version, again when they change (one retired or back from a
+    cool-down); a failure closes it (the next publish builds a new one) and raises ``WeightSyncError``."""
 
     def __init__(self, engines: list[ServerFleet], backend: str = "gloo", bucket_mb: int = 64, timeout_s: float = 60.0,
                  master_address: str = "127.0.0.1", group_name: str = "asyncrl-weights"):

@@ -2,6 +2,8 @@
 rewards are counted, the shipped model's asynchronous run, the batch timeout, max_train_time_s, and a failed run
 keeping no checkpoint its logs do not reach."""
 
+import json
+
 import pytest
 import torch
 
@@ -37,6 +39,8 @@ def test_async_run_end_to_end(tmp_path, tiny_model_dir, eta):
         assert all(key in r for r in steps)
     assert "eval_accuracy" in records[0] and "eval_accuracy" in steps[1] and "eval_accuracy" in steps[-1]
     assert (run_dir / "config.yaml").exists()
+    machine = json.loads((run_dir / "machine.json").read_text())  # where it ran, for a copy diagnosed elsewhere
+    assert machine["device"] == "cpu" and machine["cpu_split"] == "auto" and machine["cores"] >= 1 and machine["cpu"]
     ckpt = run_dir / "checkpoints" / "step5"
     before, after = load_model(tiny_model_dir), load_model(str(ckpt))
     changed = [k for k, v in before.state_dict().items() if not torch.equal(v, after.state_dict()[k])]

@@ -28,7 +28,7 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
                                 weights_dir)
 from asyncrl.controller import LoopPlan, Parts
-from asyncrl.cores import SHARED_MB_TOKENS, CoreShare, process_cores, spare_threads
+from asyncrl.cores import SHARED_MB_TOKENS, CoreShare, cpu_model, process_cores, spare_threads
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
@@ -378,4 +378,23 @@ def _run_dir(cfg: TrainConfig, start: RunState) -> Path:
     except OSError as e:  # e.g. a file where a directory should be
         raise ConfigError(f"output_dir: cannot create the run directory '{run_dir}': {e.strerror or e}") from e
     configlib.dump(cfg, run_dir / "config.yaml")
+    write_machine(cfg, run_dir)
     return run_dir
+
+
+MACHINE_FILE = "machine.json"
+
+
+def write_machine(cfg: TrainConfig, run_dir: Path) -> None:
+    """``run_dir/machine.json``: where the run (last) ran, which its config alone does not say
+    (``cluster.device=auto`` resolves on the machine): the device, the CPU, the process's cores, whether trainer
+    and engine share them (``cpu_split``, null where the split does not apply), torch's version. ``asyncrl
+    diagnose`` reads it, so that a run directory copied to another machine is judged for the machine it ran on."""
+    import json
+
+    facts = {"device": cfg.cluster.resolved_device(), "cpu": cpu_model(), "cores": process_cores(),
+             "cpu_split": cfg.cluster.cpu_split if cfg.cpu_split_applies() else None, "torch": torch.__version__}
+    try:
+        (run_dir / MACHINE_FILE).write_text(json.dumps(facts) + "\n")
+    except OSError as e:
+        raise ConfigError(f"output_dir: cannot write {run_dir / MACHINE_FILE}: {e.strerror or e}") from e

@@ -276,12 +276,7 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
 
 def _machine() -> str:
     import os
-    import platform
 
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+    from asyncrl.cores import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"

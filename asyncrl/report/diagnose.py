@@ -14,23 +14,47 @@ from asyncrl.report.verdict import Verdict, diagnose, diagnose_sft
 
 PROG = "asyncrl diagnose"
 SFT_METRICS = "sft_metrics.jsonl"
+MACHINE_FILE = "machine.json"  # written by asyncrl.launch.build.write_machine
 
 
 def run_settings(run) -> dict:
     """What the rules need to know of a run's configuration (``config.yaml``); ``cpu_split`` only where the
-    auto split could apply (the built-in engine in the process, one trainer rank, the CPU: config.yaml keeps
-    ``cluster.device=auto`` unresolved, so auto counts as the CPU on a machine without a GPU)."""
+    auto split applied (the built-in engine in the process, one trainer rank, the CPU), as the run's
+    ``machine.json`` says. Runs from before that file: read from config.yaml, where ``cluster.device=auto`` counts as
+    the CPU on a machine without a GPU."""
     settings = {name: run.setting(key) for name, key in (("eta", "rollout.max_head_offpolicyness"),
                                                         ("n_samples", "gconfig.n_samples"),
                                                         ("max_new_tokens", "gconfig.max_new_tokens"),
                                                         ("workers", "reward.workers"),
                                                         ("lr", "actor.lr")) if run.setting(key) is not None}
-    device = run.setting("cluster.device")
-    on_cpu = device == "cpu" or (device == "auto" and not _has_gpu())
-    one_rank = str(run.setting("actor.backend")).endswith(":d1")  # ddp:d1 or fsdp:d1
-    if on_cpu and one_rank and run.setting("rollout.backend") == "local":
+    machine = _machine(run.path)
+    if machine is not None:
+        if machine.get("cpu_split"):
+            settings["cpu_split"] = machine["cpu_split"]
+    elif _split_applied(run):
         settings["cpu_split"] = run.setting("cluster.cpu_split") or "fixed"  # runs from before the key: fixed
     return settings
+
+
+def _machine(path: Path) -> dict | None:
+    """The run's ``machine.json`` (where it ran), or None (older runs, or unreadable)."""
+    try:
+        machine = json.loads((Path(path) / MACHINE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return machine if isinstance(machine, dict) else None
+
+
+def _split_applied(run) -> bool:
+    from asyncrl.placement import ACTOR_KINDS, ROLLOUT_KINDS, PlacementError, parse
+
+    device = run.setting("cluster.device")
+    try:
+        one_rank = parse(str(run.setting("actor.backend") or "ddp:d1"), "actor.backend", ACTOR_KINDS).dp == 1
+        local = parse(str(run.setting("rollout.backend") or "local"), "rollout.backend", ROLLOUT_KINDS).kind == "local"
+    except PlacementError:
+        return False
+    return (device == "cpu" or (device in ("auto", None) and not _has_gpu())) and one_rank and local
 
 
 def _has_gpu() -> bool:

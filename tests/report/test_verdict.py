@@ -153,15 +153,31 @@ def test_diagnose_command_on_a_run_directory(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cluster, rollout, lends", [
-    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local", True),
-    ("cluster:\n  device: cpu\n  cpu_split: auto\n", "local", False),
-    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "remote", False),  # the engine is not in the process
-    ("cluster:\n  device: cuda\n  cpu_split: fixed\n", "local", False),
+@pytest.mark.parametrize("cluster, rollout, actor, lends", [
+    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local", "ddp:d1", True),
+    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local:d1", "ddp", True),  # other spellings of one each
+    ("cluster:\n  device: cpu\n  cpu_split: auto\n", "local", "ddp:d1", False),
+    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "remote", "ddp:d1", False),  # the engine is not in the process
+    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local", "ddp:d2", False),
+    ("cluster:\n  device: cuda\n  cpu_split: fixed\n", "local", "ddp:d1", False),
 ])
-def test_diagnose_reads_from_config_yaml_whether_the_auto_split_applies(tmp_path, capsys, cluster, rollout, lends):
+def test_diagnose_reads_from_config_yaml_whether_the_auto_split_applies(tmp_path, capsys, cluster, rollout, actor,
+                                                                        lends):
+    """Runs from before machine.json: the config says it (cluster.device=auto: the machine diagnosing decides)."""
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _steps(gen_idle_gate_s=0.5)))
-    (tmp_path / "config.yaml").write_text(f"{cluster}rollout:\n  backend: {rollout}\nactor:\n  backend: ddp:d1\n")
+    (tmp_path / "config.yaml").write_text(f"{cluster}rollout:\n  backend: {rollout}\nactor:\n  backend: {actor}\n")
+    assert diagnose_main([str(tmp_path)]) == 0
+    assert ("lend the generator's idle cores" in capsys.readouterr().out) == lends
+
+
+@pytest.mark.parametrize("machine, lends", [({"device": "cpu", "cpu_split": "fixed"}, True),
+                                            ({"device": "cuda", "cpu_split": None}, False)])
+def test_a_copied_run_is_judged_for_the_machine_it_ran_on(tmp_path, capsys, machine, lends):
+    """cluster.device=auto in config.yaml; machine.json says where it resolved (here: not this machine's answer
+    for the GPU run, whichever machine runs the test)."""
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _steps(gen_idle_gate_s=0.5)))
+    (tmp_path / "config.yaml").write_text("cluster:\n  device: auto\n  cpu_split: fixed\nrollout:\n  backend: local\n")
+    (tmp_path / "machine.json").write_text(json.dumps(machine))
     assert diagnose_main([str(tmp_path)]) == 0
     assert ("lend the generator's idle cores" in capsys.readouterr().out) == lends
 
