@@ -135,6 +135,7 @@ def _loop(p: Parts) -> dict:
         with tl.span("eval", 0):
             record = {"step": 0, "version": 0, **p.evaluate(0)}
         p.logger.log(record)
+        p.watchdog.evaluated(record)
     with tl.span("sync", p.start.version):  # every engine, attached servers too, serves this run's policy
         p.publisher.publish(p.trainer.state_dict(), p.start.version)
     p.start_generation()
@@ -180,7 +181,9 @@ def log_evaluations(p: Parts, done: list[tuple[int, float, dict]]) -> None:
     """Evaluations that ended beside training, each logged against its version (readers merge it into that
     step's record)."""
     for version, elapsed_s, metrics in done:
-        p.logger.log({"step": version, "version": version, "evaluation": True, "elapsed_s": elapsed_s, **metrics})
+        record = {"step": version, "version": version, "evaluation": True, "elapsed_s": elapsed_s, **metrics}
+        p.logger.log(record)
+        p.watchdog.evaluated(record)
 
 
 def save_last(p: Parts) -> None:

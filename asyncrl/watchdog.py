@@ -69,8 +69,20 @@ class LiveVerdict:
         self._seen: set[str] = set()  # findings at the previous check
         self._warned: set[str] = set()
 
+    def evaluated(self, record: dict) -> None:
+        """An evaluation logged outside a step's record (the one before training, or one that ended beside
+        training, ``evaluator.background``): merged into its step's record while that is in the window, kept
+        with the older evaluations otherwise."""
+        metrics = {k: v for k, v in record.items() if k.startswith("eval_")}
+        step = record.get("step", 0)
+        target = next((r for r in self.records if r.get("step") == step), None)
+        if target is not None:
+            target.update(metrics)
+        else:
+            self.evals = sorted(self.evals + [{"step": step, **metrics}], key=lambda r: r["step"])
+
     def check(self, record: dict) -> None:
-        self.records = self.records + [record]
+        self.records = self.records + [dict(record)]  # a copy: a later evaluation is merged into it
         if len(self.records) > WINDOW:
             self.evals += [r for r in self.records[:-WINDOW] if "eval_accuracy" in r]
             self.records = self.records[-WINDOW:]
@@ -115,6 +127,11 @@ class Watchdog:
                                  version)
         if self.live is not None:
             self.live.check(record)
+
+    def evaluated(self, record: dict) -> None:
+        """An evaluation logged on its own (before training, or beside it): the live verdict reads it too."""
+        if self.live is not None:
+            self.live.evaluated(record)
 
     def _check_rewards(self, record: dict, version: int) -> None:
         calls = record.get("reward_calls", 0)

@@ -221,6 +221,26 @@ def test_a_run_without_evaluation_counts_is_not_judged_on_held_out_accuracy():
     assert "held-out falling" not in _names(diagnose(records, {"eta": 2}))
 
 
+def test_the_live_verdict_reads_the_evaluation_before_training_and_those_beside_it(caplog):
+    """evaluator.background: an evaluation is logged on its own, steps after the version it scored; step 0's
+    before training. Both reach the live verdict (they were only logged: held-out falling never fired live)."""
+    from asyncrl.watchdog import Watchdog, LiveVerdict
+
+    watchdog = Watchdog(no_signal_steps=0, reward_failure_steps=0, max_nonfinite_steps=0,
+                        live=LiveVerdict({"eta": 2, "lr": 1e-4}, every=10))
+    accuracy = {0: 0.480, 10: 0.300, 20: 0.280, 30: 0.270, 40: 0.260}
+    watchdog.evaluated({"step": 0, "version": 0, "eval_accuracy": accuracy[0], "eval_items": 200})
+    with caplog.at_level("WARNING", logger="asyncrl.watchdog"):
+        for record in _steps(50)[1:]:
+            watchdog.check({**record, "version": record["step"]})
+            scored = record["step"] - 1  # the evaluation of the previous version ends during this step
+            if scored in accuracy and scored:
+                watchdog.evaluated({"step": scored, "version": scored, "evaluation": True,
+                                    "eval_accuracy": accuracy[scored], "eval_items": 200})
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("held-out falling")]
+    assert len(warnings) == 1 and "best 0.480 at step 0" in warnings[0] and "the starting model was better" in warnings[0]
+
+
 def test_the_live_verdict_warns_once_about_a_condition_that_persists_and_remembers_older_evaluations(caplog):
     """Checked every 10 steps over the last 20; a finding seen at two checks in a row is warned about once. The
     held-out rule sees the evaluations that have left the window (the best one was 60 steps before)."""
