@@ -75,7 +75,7 @@ def summarize(run: Run, target: float | None = None, name: str | None = None) ->
         trained_tokens_per_wall_s=ratio(train_tokens, wall),
         generator_idle_frac=1.0 - ratio(gen_busy, step_time),
         trainer_idle_frac=ratio(sum(num(r, "trainer_wait_s") for r in steps), wall),
-        eval_frac=ratio(sum(num(r, "eval_time_s") for r in steps), wall),
+        eval_frac=ratio(sum(num(r, _eval_key(steps)) for r in steps), wall),
         trainer_breakdown=trainer_breakdown(run.spans),
         step_time_s=_median([num(r, "step_time_s") for r in steps]),
         staleness_max=int(max((num(r, "staleness_max") for r in steps), default=0)),
@@ -86,6 +86,12 @@ def summarize(run: Run, target: float | None = None, name: str | None = None) ->
         reward_first=_mean(rewards[:5]),
         reward_last=_mean(rewards[-5:]),
     )
+
+
+def _eval_key(steps: list[dict]) -> str:
+    """The trainer's own evaluation time (the accounting's, within each step); runs from before it: the
+    evaluations' durations, which also count those that ran beside training (evaluator.background)."""
+    return "trainer_eval_s" if any("trainer_eval_s" in r for r in steps) else "eval_time_s"
 
 
 def time_to_target(records: list[dict], target: float) -> tuple[float, int] | None:

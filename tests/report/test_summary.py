@@ -46,3 +46,15 @@ def test_per_token_staleness_histogram_is_used_when_logged(run_dir):
     write_jsonl(path, rows)
     s = summarize(load_run(run_dir))
     assert s.staleness_unit == "tokens" and s.staleness_hist == {0: 10 * N_STEPS, 1: 5 * N_STEPS, 2: N_STEPS}
+
+
+def test_evaluating_share_is_the_trainers_own_time(run_dir):
+    """With evaluator.background an evaluation's duration is merged into its step but the trainer did not spend
+    it: the share comes from the accounting's trainer_eval_s where the run logged it."""
+    path = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert summarize(load_run(run_dir)).eval_frac == pytest.approx(0.2 * (N_STEPS // 4) / (N_STEPS * STEP_S))
+    for r in rows[1:]:
+        r["trainer_eval_s"] = 0.01  # the background evaluations' eval_time_s (0.2 s) stay in the records
+    write_jsonl(path, rows)
+    assert summarize(load_run(run_dir)).eval_frac == pytest.approx(0.01 / STEP_S)
