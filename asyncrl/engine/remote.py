@@ -131,9 +131,8 @@ class RemoteEngine:
         self.interruptions = 0
         self.failovers = 0  # chunks retried after a failure (on another server when there is one)
         self._in_flight = 0
-        self._busy_since = 0.0
         self.paused_s, self._paused_since = 0.0, 0.0  # inside weight updates
-        self._started_at = 0.0
+        self._started_at = self._phase_since = 0.0  # since start; since the last change of phase (_advance)
 
     # ---- the engine Protocol ---------------------------------------------------------------------------------
     @property
@@ -161,7 +160,7 @@ class RemoteEngine:
             self._check_not_ahead(s.url)
         self._call_all(self.live_addrs(), self.api.set_version(self._version), self.startup_timeout_s,
                        f"setting version {self._version}")
-        self._started_at = time.monotonic()
+        self._started_at = self._phase_since = time.monotonic()
         return self
 
     def _check_not_ahead(self, url: str) -> None:
@@ -188,15 +187,24 @@ class RemoteEngine:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> EngineStats:
-        """The counters as seen from the client: generating is time with a request outstanding (all of it
-        ``decode_s``), paused is time inside a weight update, idle the rest since ``start``."""
+        """The counters as seen from the client, one phase at a time: paused is time inside a weight update
+        (requests may stay outstanding through it: ``recompute``), generating the other time with a request
+        outstanding (all of it ``decode_s``), idle the rest since ``start``."""
         with self._lock:
             now = time.monotonic()
-            busy = self.busy_s + (now - self._busy_since if self._in_flight else 0.0)
-            paused = self.paused_s + (now - self._paused_since if self._paused_since else 0.0)
-            idle = max(0.0, (now - self._started_at if self._started_at else 0.0) - busy - paused)
-            return EngineStats(self.generated_tokens, busy, self.interruptions, decode_s=busy, paused_s=paused,
-                               idle_s=idle)
+            self._advance(now)
+            idle = max(0.0, (now - self._started_at if self._started_at else 0.0) - self.busy_s - self.paused_s)
+            return EngineStats(self.generated_tokens, self.busy_s, self.interruptions, decode_s=self.busy_s,
+                               paused_s=self.paused_s, idle_s=idle)
+
+    def _advance(self, now: float) -> None:
+        """Book the time since the last change of phase to the phase it was in (holding ``_lock``)."""
+        if self._started_at:
+            if self._paused_since:
+                self.paused_s += now - self._phase_since
+            elif self._in_flight:
+                self.busy_s += now - self._phase_since
+        self._phase_since = now
 
     def pause(self) -> None:
         """Hold new chunks here and running requests at a token boundary on the servers."""
@@ -241,6 +249,7 @@ class RemoteEngine:
             raise WeightSyncError(f"no live server to update to version {version}")
         abort = self.interrupt_mode == "abort"
         with self._lock:
+            self._advance(time.monotonic())
             self._paused_since = time.monotonic()
         try:
             if abort:
@@ -263,7 +272,7 @@ class RemoteEngine:
     def _end_pause(self) -> None:
         with self._lock:
             if self._paused_since:
-                self.paused_s += time.monotonic() - self._paused_since
+                self._advance(time.monotonic())
                 self._paused_since = 0.0
 
     def _retire_unreachable(self, version: int) -> None:
@@ -407,8 +416,7 @@ class RemoteEngine:
         client = self._client()
         with self._lock:
             server.outstanding += 1
-            if self._in_flight == 0:
-                self._busy_since = time.monotonic()
+            self._advance(time.monotonic())
             self._in_flight += 1
         try:
             r = await client.post(server.url + self.api.generate_path, json=body)
@@ -417,9 +425,8 @@ class RemoteEngine:
         finally:
             with self._lock:
                 server.outstanding -= 1
+                self._advance(time.monotonic())
                 self._in_flight -= 1
-                if self._in_flight == 0:
-                    self.busy_s += time.monotonic() - self._busy_since
         return _checked(r, server.url + self.api.generate_path)
 
     def _client(self):

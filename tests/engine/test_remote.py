@@ -213,6 +213,40 @@ def test_a_server_cooling_down_after_a_failed_request_still_gets_the_update(two_
         engine.stop()
 
 
+def test_the_clients_phases_never_overlap_through_a_weight_update(two_servers, models, tmp_path, monkeypatch):
+    """interrupt_mode=recompute keeps requests outstanding while the servers load new weights: that time is
+    paused, not also generating, so the phases sum to the wall time (the run's accounting reads them)."""
+    engine = RemoteEngine(two_servers.urls, interrupt_mode="recompute").start()
+    load = engine._call_all
+
+    def slow_load(addrs, call, timeout, what, **kw):  # a larger model: loading takes half a second
+        if what.startswith("loading"):
+            time.sleep(0.5)
+        return load(addrs, call, timeout, what, **kw)
+
+    monkeypatch.setattr(engine, "_call_all", slow_load)
+    publisher = DiskPublisher([engine], str(tmp_path / "w"))
+    params = SamplingParams(n=2, max_new_tokens=150, temperature=1.0, stop_token_ids=[])
+
+    async def main():
+        tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in _prompts(4)]
+        while engine.stats().decode_s == 0:
+            await asyncio.sleep(0.002)
+        before, t0 = engine.stats(), time.monotonic()
+        await asyncio.to_thread(publisher.publish, models[1].state_dict(), 1)
+        after, wall = engine.stats(), time.monotonic() - t0
+        await asyncio.gather(*tasks)
+        return before, after, wall
+
+    try:
+        before, after, wall = asyncio.run(main())
+    finally:
+        publisher.close()
+        engine.stop()
+    phases = {k: getattr(after, k) - getattr(before, k) for k in ("decode_s", "paused_s", "idle_s")}
+    assert phases["paused_s"] >= 0.5 and sum(phases.values()) == pytest.approx(wall, abs=0.02), (phases, wall)
+
+
 def test_all_servers_down_fails_with_a_reason(models):
     servers = _Servers(models[0], 1)
     engine = RemoteEngine(servers.urls, request_timeout_s=2.0, max_attempts=2, dead_cooldown_s=0.1).start()
