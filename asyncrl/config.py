@@ -215,7 +215,7 @@ class TrainConfig:
         the trainer always borrows it)."""
         if self.cluster.cpu_split != "auto" or not self.cpu_split_applies():
             return "fixed"
-        return "alternating" if self.rollout.max_head_offpolicyness == 0 else "shared"
+        return "alternating" if self.rollout.staleness_bound == 0 else "shared"  # η = 0, or auto bounded by 0
 
     def cpu_split_applies(self) -> bool:
         """Whether cluster.cpu_split=auto shares the cores: the built-in engine in this process, one trainer rank,

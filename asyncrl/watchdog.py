@@ -83,9 +83,9 @@ class LiveVerdict:
 
     def check(self, record: dict) -> None:
         self.records = self.records + [dict(record)]  # a copy: a later evaluation is merged into it
-        if len(self.records) > WINDOW:
-            self.evals += [r for r in self.records[:-WINDOW] if "eval_accuracy" in r]
-            self.records = self.records[-WINDOW:]
+        if len(self.records) > WINDOW + 1:  # the rules read WINDOW steps after the oldest record they are given
+            self.evals += [r for r in self.records[:-WINDOW - 1] if "eval_accuracy" in r]
+            self.records = self.records[-WINDOW - 1:]
         if not self.every or record.get("step", 0) % self.every:
             return
         found = {f.name: f for f in diagnose(self.evals + self.records, self.settings).findings}

@@ -75,8 +75,12 @@ def test_the_cores_are_shared_by_default_where_the_engine_and_one_trainer_share_
 
     cfg = configlib.load(TrainConfig, None, ["cluster.device=cpu", *overrides])  # valid: elsewhere auto = fixed
     assert (_core_share(cfg)[0] is not None) == applies
-    sync = _core_share(configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=0"]))[0]
-    assert sync is not None and sync.alternating
+    for eta in (["rollout.max_head_offpolicyness=0"],  # synchronous: the turns alternate
+                ["rollout.max_head_offpolicyness=auto", "rollout.max_staleness_limit=0"]):  # auto, always 0
+        sync = _core_share(configlib.load(TrainConfig, None, eta))[0]
+        assert sync is not None and sync.alternating
+    shared = _core_share(configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=auto"]))[0]
+    assert shared is not None and not shared.alternating
 
 
 def test_omp_num_threads_caps_the_cores_shared(monkeypatch):

@@ -253,4 +253,4 @@ def test_the_live_verdict_warns_once_about_a_condition_that_persists_and_remembe
     warnings = [r.getMessage() for r in caplog.records]
     assert len([w for w in warnings if w.startswith("held-out falling")]) == 1, warnings
     assert "best 0.440 at step 10" in next(w for w in warnings if w.startswith("held-out falling"))
-    assert len(live.records) == 20
+    assert len(live.records) == 21  # the rules read 20 steps after the oldest
