@@ -24,6 +24,13 @@ async def _episode(client, item, tool_s: float):
     return 0.0
 
 
+async def parallel_calls(client, item):
+    """Three LLM calls at once, then the answer: the episode's calls overlap."""
+    messages = [{"role": "user", "content": item["question"]}]
+    await asyncio.gather(*(client.chat.completions.create(model="policy", messages=messages) for _ in range(3)))
+    return 1.0
+
+
 async def instant_tools(client, item):
     return await _episode(client, item, 0.0)
 

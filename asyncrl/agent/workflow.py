@@ -226,12 +226,14 @@ class AgentWorkflow:
     def _account(self, wall_s: float, episode, client_s: float) -> None:
         """An episode's time: in the engine (queued, generating), in the proxy's own work, between the client and
         the proxy (HTTP; 0 in process), and the rest (its tools and code). ``client_s`` is how long its calls
-        took as the client saw them."""
+        took as the client saw them, added over its calls: calls made at once add up to more than the time they
+        took together, so then the phases of the calls are scaled down to the episode's wall time (no tool time)."""
         client_s = max(client_s, episode.handler_s)
-        self.time["llm_queue"] += episode.llm_queue_s
-        self.time["llm_gen"] += max(0.0, episode.llm_s - episode.llm_queue_s)
-        self.time["proxy"] += max(0.0, episode.handler_s - episode.llm_s)
-        self.time["http"] += client_s - episode.handler_s
+        scale = min(1.0, wall_s / client_s) if client_s > 0 else 1.0
+        self.time["llm_queue"] += episode.llm_queue_s * scale
+        self.time["llm_gen"] += max(0.0, episode.llm_s - episode.llm_queue_s) * scale
+        self.time["proxy"] += max(0.0, episode.handler_s - episode.llm_s) * scale
+        self.time["http"] += (client_s - episode.handler_s) * scale
         self.time["tool"] += max(0.0, wall_s - client_s)
 
     def stats(self) -> dict:

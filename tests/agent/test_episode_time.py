@@ -3,6 +3,7 @@ next to no time "in tools" even over HTTP (the proxy's and HTTP's time are their
 takes 0.1 s a call is counted as that."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -56,6 +57,17 @@ def test_instant_tools_cost_next_to_no_tool_time(tokenizer, client):
         assert phases["http"] > 0
     else:
         assert phases["http"] == 0
+
+
+@pytest.mark.parametrize("client", ["openai", "inprocess"])
+def test_calls_made_at_once_are_not_counted_twice(tokenizer, client):
+    """An episode's phases share its wall time: three overlapping 20 ms calls are not 60 ms of the episode."""
+    t0 = time.monotonic()
+    stats = _run(tokenizer, "parallel_calls", client)
+    wall = time.monotonic() - t0
+    phases = {k: stats[f"episode_{k}_s"] for k in ("llm_queue", "llm_gen", "proxy", "http", "tool")}
+    assert stats["agent_episodes"] == 8 and phases["llm_gen"] > 0
+    assert sum(phases.values()) <= wall, (phases, wall)
 
 
 def test_a_slow_tool_is_counted_as_tool_time(tokenizer):
