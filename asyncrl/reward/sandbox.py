@@ -211,7 +211,9 @@ def _bwrap_args(host_dir: Path, python: str, limits: Limits, env: dict) -> list[
     prefix = _prefix_to_bind(python)
     if prefix:
         args += ["--ro-bind", prefix, prefix]
-    args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind", str(host_dir / "app"), "/app",
+    # /dev and /dev/shm are RAM-backed (memory RLIMIT_AS does not count): /dev read-only, /dev/shm as small as /tmp
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.scratch_mb * MB), "--tmpfs", "/dev/shm",
+             "--remount-ro", "/dev", "--ro-bind", str(host_dir / "app"), "/app",
              "--size", str(limits.scratch_mb * MB), "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
     for k, v in env.items():
         args += ["--setenv", k, v]

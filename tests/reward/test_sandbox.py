@@ -84,6 +84,10 @@ HOSTILE_NEEDS_NAMESPACES = {
     "read_project_sources": "print(open({src!r}).read().split()[0])",
     "write_outside_workdir": "open({outside!r}, 'w').write('x')\nprint(5)",
     "open_a_socket": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint(5)",
+    # RAM-backed file systems hold memory that RLIMIT_AS does not count: 300 MB against a 64 MB scratch
+    "fill_ram_through_dev_shm": "n = 0\nfor d in ('/dev/shm', '/dev', '/tmp'):\n    try:\n        while n < 20:\n"
+                                "            open(f'{{d}}/f{{n}}', 'wb').write(b'x' * (15 << 20))\n"
+                                "            n += 1\n    except OSError:\n        pass\nprint(5 if n >= 20 else n)",
 }
 
 
