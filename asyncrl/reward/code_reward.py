@@ -100,7 +100,7 @@ def _text(v: Any) -> str:
 
 def outputs_match(got: str, expected: str, tol: float = 1e-6) -> bool:
     """Line-by-line equality ignoring trailing whitespace and blank trailing lines; tokens that are both
-    numbers may differ by ``tol`` (absolute or relative)."""
+    numbers may differ by ``tol`` (absolute or relative), unless both are integers."""
     g, e = _lines(got), _lines(expected)
     if g == e:
         return True
@@ -121,11 +121,21 @@ def _lines(text: str) -> list[str]:
 
 
 def _close(a: Any, b: Any, tol: float) -> bool:
+    """Numbers within ``tol``; two integers only when equal (a wrong answer of 10 digits is not within 1e-6)."""
+    if _integer(a) and _integer(b):
+        return int(a) == int(b)
     try:
         x, y = float(a), float(b)
     except (TypeError, ValueError):
         return False
     return math.isclose(x, y, rel_tol=tol, abs_tol=tol) or (math.isnan(x) and math.isnan(y))
+
+
+def _integer(v: Any) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and INTEGER_RE.fullmatch(v) is not None)
+
+
+INTEGER_RE = re.compile(r"[+-]?\d+")
 
 
 def values_match(got: Any, expected: Any, tol: float = 1e-6) -> bool:

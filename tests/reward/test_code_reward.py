@@ -67,6 +67,9 @@ def test_output_and_value_comparison():
     assert values_match([1, [2.0000000001]], [1, [2]])
     assert values_match(3, [3])  # APPS wraps function outputs in a list
     assert not values_match(True, 1) and not values_match({"a": 1}, {"a": 2})
+    # integers are equal or wrong: an answer modulo 1e9+7 off by 500 is not within the float tolerance
+    assert not outputs_match("999999500\n", "1000000000\n") and not values_match(123456789000, 123456789012)
+    assert outputs_match("+7 -3\n", "7 -3") and values_match(10**12, [10**12]) and values_match(2, 2.0000000001)
 
 
 # ---- behaviour through the sandbox ---------------------------------------------------------------------
