@@ -38,6 +38,8 @@ DEFAULT_TEMPLATE = (
     "Reply with one line, 'Score: N', where N is an integer from 0 (wrong) to 10 (correct and complete)."
 )
 """The default prompt: ``{question}``, ``{response}``, ``{reference}`` (the item's ``answer``) are filled in."""
+NEGATIONS = {"not", "no", "never", "isn", "t"}  # "isn't" reads as isn, t
+"""Words that, just before a verdict word, make the answer unreadable rather than that verdict."""
 
 VERDICTS = {"correct": 1.0, "incorrect": 0.0}
 """The default verdict words (``score=verdict``) and their rewards."""
@@ -119,13 +121,22 @@ class Judge:
         """The reward in [0, 1] the judge's ``answer`` gives, or ``JudgeError`` naming why none."""
         if self.score == "verdict":
             words = re.findall(r"[a-z_]+", answer.lower())
-            found = [w for w in words if w in self.verdicts]
+            found = [i for i, w in enumerate(words) if w in self.verdicts]
             if not found:
                 raise JudgeError(f"the judge's answer names none of the verdicts {sorted(self.verdicts)}: "
                                  f"{answer[:200]!r}")
-            return float(self.verdicts[found[-1]])
+            if NEGATIONS & set(words[max(0, found[-1] - 2):found[-1]]):  # "not correct" is no pass
+                raise JudgeError(f"the judge's answer negates its verdict '{words[found[-1]]}': {answer[:200]!r}")
+            return float(self.verdicts[words[found[-1]]])
         low, high = parse_range(self.score)
         labelled = re.findall(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
+        fractions = re.findall(r"(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
+        if not labelled and fractions:  # "7/10", "3 out of 10": the numerator, if it is out of the range's top
+            numerator, denominator = fractions[-1]
+            if float(denominator) != high:
+                raise JudgeError(f"the judge's score {numerator}/{denominator} is not out of {high:g}: "
+                                 f"{answer[:200]!r}")
+            labelled = [numerator]
         numbers = labelled or re.findall(r"-?\d+(?:\.\d+)?", answer)
         if not numbers:
             raise JudgeError(f"the judge's answer holds no score: {answer[:200]!r}")
