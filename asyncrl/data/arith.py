@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterator
 
-ANSWER_RE = re.compile(r"answer is\s*(-?\d+)")
+ANSWER_RE = re.compile(r"answer is\s*(-?\d+)(?![.,]?\d)")  # an integer: 'answer is 6.5' is no answer
 OPS = "+-*"
 MAX_REPEATS = 10_000  # draws in a row that find no new problem before a split gives up
 

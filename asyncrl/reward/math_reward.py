@@ -7,7 +7,8 @@ end of the text (the last number or formula). The gold answer goes through the s
 solution, a MATH solution with ``\\boxed{}`` or a bare answer all work as the reference.
 
 Comparison: plain numbers (integers, decimals, ``a/b``, ``\\frac{a}{b}``, thousands separators, ``$`` and
-``%`` signs) are compared exactly as fractions rounded to 6 decimals, without sympy; anything else goes to
+``%`` signs) are compared exactly as fractions (equal, or equal to 6 decimals and within a relative 1e-5), without
+sympy; anything else goes to
 ``math_verify.verify`` (symbolic equivalence: LaTeX vs plain, intervals, sets, expressions). Time is bounded:
 math-verify's own alarms in a main thread (a reward worker), and the reward service's per-call timeout
 around everything.
@@ -25,7 +26,7 @@ ROUND_DIGITS = 6
 
 ANSWER_TAG_RE = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL | re.IGNORECASE)
 GSM8K_RE = re.compile(r"####\s*([^\n]+)")
-ANSWER_IS_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*([^\n]+)", re.IGNORECASE)
+ANSWER_IS_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)  # the answer follows the last one
 NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?")
 FRAC_RE = re.compile(r"^([-+]?)\\[dt]?frac\{([-+]?\d+)\}\{([-+]?\d+)\}$")
 
@@ -55,11 +56,15 @@ def final_answer(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
-    for pattern in (ANSWER_TAG_RE, GSM8K_RE, ANSWER_IS_RE):
-        found = pattern.findall(text)
-        if found:
-            return _trim_sentence(found[-1])
-    return None
+    tagged = ANSWER_TAG_RE.findall(text)
+    if tagged:  # the tags delimit the answer: a sentence inside them is the answer
+        return tagged[-1].strip()
+    found = GSM8K_RE.findall(text)
+    if found:
+        return _trim_sentence(found[-1])
+    markers = list(ANSWER_IS_RE.finditer(text))  # "Final Answer: The final answer is $42$." -> the last marker
+    rest = text[markers[-1].end():].split("\n", 1)[0] if markers else ""
+    return _trim_sentence(rest) if rest.strip() else None
 
 
 def _trim_sentence(s: str) -> str:
@@ -74,7 +79,7 @@ def _trim_sentence(s: str) -> str:
 def clean(answer: str) -> str:
     """Drop decoration that never changes the value: math delimiters, currency, percent, spacing macros,
     ``\\text{}`` wrappers and a sentence-final period."""
-    s = answer.strip()
+    s = answer.strip().replace("**", "")  # markdown bold
     s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
     s = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
@@ -103,7 +108,9 @@ def as_number(answer: str) -> Fraction | None:
 
 
 def numbers_equal(a: Fraction, b: Fraction) -> bool:
-    return a == b or round(a, ROUND_DIGITS) == round(b, ROUND_DIGITS)
+    """Equal, or equal to 6 decimals and within a relative 1e-5 (0.333333 is 1/3; 2e-7 is not 3e-7, nor 4e-7 0)."""
+    return a == b or (round(a, ROUND_DIGITS) == round(b, ROUND_DIGITS)
+                      and abs(a - b) <= Fraction(1, 100_000) * max(abs(a), abs(b)))
 
 
 def _verify_symbolic(gold: str, pred: str | None, pred_text: str, timeout_s: int) -> bool:

@@ -40,3 +40,10 @@ def test_builtin_task_is_unchanged_by_default():
     expected = take((it for it in task.stream(0) if it["question"] not in questions), 5)
     assert data.valid == held and data.reward_fn is arith_reward
     assert take(data.train, 5) == [{**it, "id": i} for i, it in enumerate(expected)]
+
+
+@pytest.mark.parametrize("completion, reward", [("The answer is 6.", 1.0), ("The answer is -6", 0.0),
+                                                 ("The answer is 6.5.", 0.0), ("The answer is 6,5", 0.0),
+                                                 ("The answer is 60.", 0.0), ("answer is 5. The answer is 6", 1.0)])
+def test_the_answer_is_an_integer(completion, reward):
+    assert arith_reward("Compute 3 + 3.", completion, "6") == reward

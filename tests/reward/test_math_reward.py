@@ -40,6 +40,11 @@ CASES = [
     ("\\boxed{20}", GSM8K_GOLD, 1.0),
     ("The answer is 20.", GSM8K_GOLD, 1.0),
     ("\\boxed{\\sqrt{2}/2}", MATH_GOLD, 1.0),
+    ("Final Answer: The final answer is $42$. I hope it is correct.", "42", 1.0),  # MATH's few-shot format
+    ("Answer: The answer is 42.", "42", 1.0),
+    ("The answer is **42**.", "42", 1.0),
+    ("**Answer: 42**", "42", 1.0),
+    ("\\boxed{0.333333}", "1/3", 1.0),
     # wrong answers
     ("\\boxed{2.232}", "2.23", 0.0),
     ("\\boxed{7}", "-7", 0.0),
@@ -48,6 +53,8 @@ CASES = [
     ("\\boxed{x^2+1}", "(x+1)^2", 0.0),
     ("\\boxed{19}", GSM8K_GOLD, 0.0),
     ("First \\boxed{20}, no wait, \\boxed{21}", "20", 0.0),
+    ("\\boxed{2e-7}", "3e-7", 0.0),  # small numbers are not all equal to 6 decimals
+    ("\\boxed{0.0000004}", "0", 0.0),
     # empty and garbage
     ("", "42", 0.0),
     ("   \n ", "42", 0.0),
@@ -90,6 +97,7 @@ def test_final_answer_marker_priority():
     assert final_answer("step\n#### 1,234\n") == "1,234"
     assert final_answer("Therefore the answer is $3.5$. Done") == "$3.5$"
     assert final_answer("nothing marked 17") is None
+    assert final_answer("<answer>Tom sat. Ann stood.</answer>") == "Tom sat. Ann stood."  # tags hold it whole
 
 
 def test_number_parsing_is_exact():
