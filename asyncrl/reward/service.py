@@ -61,7 +61,10 @@ class _Worker:
         self._lock, self._killed = threading.Lock(), False
         self.outbox = Connection(down_w, readable=False)
         self.inbox = Connection(up_r, writable=False)
-        self.outbox.send(payload)
+        try:
+            self.outbox.send(payload)
+        except OSError:  # it died before reading its payload (e.g. its namespace was refused): _reply says so
+            pass
         self.startup_error = self._reply(STARTUP_TIMEOUT_S)
         if self.startup_error[0] == "ready":
             self.startup_error = None

@@ -222,6 +222,21 @@ def test_a_worker_stuck_in_start_up_is_killed_and_replaced(service_factory, monk
     assert s.stats()["reward_worker_restarts"] == 1 and s.stats()["reward_timeouts"] == 1
 
 
+def test_a_worker_that_dies_before_reading_its_start_up_is_a_counted_failure(service_factory, monkeypatch):
+    """Its pipe breaks when the payload is sent (a namespace refused at run time): score() still never raises."""
+    from asyncrl.reward import service
+
+    monkeypatch.setattr(service, "isolation", lambda: ("pidns", ["/bin/sh", "-c", "exit 1", "sh"]))
+
+    class Broken(service.Connection):
+        def send(self, obj):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(service, "Connection", Broken)
+    s = service_factory(reward_fns.exact_answer, workers=1, timeout_s=5)
+    assert s.score(ITEM, "42") == 0.0 and s.stats()["reward_errors"] == 1
+
+
 class _Completion:
     def __init__(self, ids):
         self.output_ids = ids
