@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from asyncrl import cli, configlib
 from asyncrl.config import RMConfig
@@ -69,6 +70,18 @@ def test_rm_learns_a_known_preference_and_saves_a_reward_model(trained_rm):
     assert [r["step"] for r in evals] == [0, 20, 40]
     assert evals[-1]["eval_pair_accuracy"] >= 0.95 and evals[-1]["eval_margin_mean"] > evals[0]["eval_margin_mean"]
     assert records[-1]["loss"] < records[1]["loss"]
+
+
+def test_a_text_longer_than_max_length_loses_its_prompts_start_not_its_answer(trained_rm):
+    """Two responses after a prompt longer than max_length: cut at the end, both would be the same tokens."""
+    from asyncrl.reward.model import load_reward_model, pair_text, scores
+
+    tokenizer, model = load_reward_model(str(trained_rm[0]))
+    prompt = "Compute 1 + 1. " * 60
+    with torch.no_grad():
+        good, bad = scores(model, tokenizer, [pair_text(prompt, "The answer is 2."), pair_text(prompt, "I refuse.")],
+                           max_length=32).tolist()
+    assert good != bad
 
 
 def test_reward_model_scores_answers_above_refusals_in_batches(trained_rm, monkeypatch):

@@ -47,6 +47,7 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
+    tokenizer.truncation_side = "left"  # a text past max_length loses the start of its prompt, never its answer
     model.config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model.to(device)
 
