@@ -30,6 +30,9 @@ class SamplingParams:
     seed: int | None = None
     """With a seed, sample i's random draws depend only on (seed, i, token position) in the built-in engine:
     the same prompt, weights and seed give the same tokens, however the engine batches or interrupts them."""
+    seed_offset: int = 0
+    """The index i of this request's first sample: a sample resubmitted after an abort (n=1) keeps drawing as
+    sample i of its group, not as another sample 0."""
 
     def __post_init__(self):
         if self.n < 1:

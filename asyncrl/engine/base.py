@@ -83,13 +83,15 @@ MAX_EMPTY_RESUMES = 100
 
 
 async def continue_aborted(c: Completion, params: SamplingParams,
-                           resubmit: Callable[[list[int], SamplingParams], Awaitable[Completion]]) -> Completion:
-    """Finish a sample that an abort cut short: resubmit prompt + output so far (``resubmit(ids, params)``
-    returns one completion) until it stops or reaches ``params.max_new_tokens``. The new chunks are
-    generated (and stamped) under whatever weights serve then."""
+                           resubmit: Callable[[list[int], SamplingParams], Awaitable[Completion]],
+                           index: int = 0) -> Completion:
+    """Finish sample ``index`` of a request that an abort cut short: resubmit prompt + output so far
+    (``resubmit(ids, params)`` returns one completion; it draws as sample ``index``) until it stops or reaches
+    ``params.max_new_tokens``. The new chunks are generated (and stamped) under whatever weights serve then."""
     empty = 0
     while c.finish_reason == "abort" and len(c.output_ids) < params.max_new_tokens:
-        rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids))
+        rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids),
+                                   seed_offset=params.seed_offset + index)
         more = await resubmit(c.prompt_ids + c.output_ids, rest)
         empty = 0 if more.output_ids else empty + 1
         if empty >= MAX_EMPTY_RESUMES:
@@ -106,7 +108,7 @@ async def continue_all(completions: list[Completion], params: SamplingParams, re
     remainder, not the sum of them. If one fails, the others are cancelled (the group is lost anyway)."""
     if all(c.finish_reason != "abort" for c in completions):
         return list(completions)
-    tasks = [asyncio.ensure_future(continue_aborted(c, params, resubmit)) for c in completions]
+    tasks = [asyncio.ensure_future(continue_aborted(c, params, resubmit, i)) for i, c in enumerate(completions)]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:

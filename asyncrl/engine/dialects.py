@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from asyncrl.engine.sampling import derive_seed
 from asyncrl.types import Completion, SamplingParams
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class SGLangAPI:
         if p.stop:
             sp["stop"] = list(p.stop)
         if p.seed is not None:
-            sp["sampling_seed"] = p.seed
+            sp["sampling_seed"] = _seed(p)
         return {"input_ids": ids, "sampling_params": sp, "return_logprob": True}
 
     def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:
@@ -72,7 +73,7 @@ class VLLMAPI:
         if p.stop:
             sp["stop"] = list(p.stop)
         if p.seed is not None:
-            sp["seed"] = p.seed
+            sp["seed"] = _seed(p)
         return {"token_ids": ids, "sampling_params": sp}
 
     def parse(self, body, prompt_ids: list[int], version: int) -> list[Completion]:
@@ -103,6 +104,13 @@ class VLLMAPI:
 
 
 APIS = {"sglang": SGLangAPI, "vllm": VLLMAPI}
+
+
+def _seed(p: SamplingParams) -> int:
+    """The seed a server gets: a resubmitted sample i > 0 of a group (``seed_offset``) gets a seed of its own, so
+    that it does not continue on sample 0's draws (servers know no offset: it draws from a stream of its own, not
+    the one an uninterrupted request would have used)."""
+    return derive_seed(p.seed, p.seed_offset) if p.seed_offset else p.seed
 
 
 def _stop_tokens(p: SamplingParams) -> dict:

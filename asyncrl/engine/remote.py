@@ -219,7 +219,7 @@ class RemoteEngine:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         first, server = await self._chunk(self._pick(set()), prompt_ids, prompt_ids, params)
-        return list(await asyncio.gather(*(self._finish(c, server, params) for c in first)))
+        return list(await asyncio.gather(*(self._finish(c, server, params, i) for i, c in enumerate(first))))
 
     def update_weights(self, update: WeightUpdate, timeout: float | None = 60.0) -> None:
         """Make every live server load ``update.path`` (a directory of safetensors) as ``update.version``."""
@@ -360,7 +360,7 @@ class RemoteEngine:
             self._rr += 1
             return min(live, key=lambda s: (s.outstanding, (self._servers.index(s) - self._rr) % len(self._servers)))
 
-    async def _finish(self, c: Completion, server: _Server, params: SamplingParams) -> Completion:
+    async def _finish(self, c: Completion, server: _Server, params: SamplingParams, index: int) -> Completion:
         """Continue a sample cut short by an abort on the server that had it (its prefix is cached there)."""
 
         async def resubmit(ids: list[int], rest: SamplingParams) -> Completion:
@@ -370,7 +370,7 @@ class RemoteEngine:
             (more,), server = await self._chunk(server, c.prompt_ids, ids, rest)
             return more
 
-        return await continue_aborted(c, params, resubmit)
+        return await continue_aborted(c, params, resubmit, index)
 
     async def _chunk(self, server: _Server | None, prompt_ids: list[int], ids: list[int],
                      params: SamplingParams) -> tuple[list[Completion], _Server]:

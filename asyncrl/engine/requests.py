@@ -53,7 +53,7 @@ class SampleState:
 
     def __post_init__(self):
         if self.req.params.seed is not None:
-            self.draw_seed = derive_seed(self.req.params.seed, self.index)
+            self.draw_seed = derive_seed(self.req.params.seed, self.req.params.seed_offset + self.index)
 
     @property
     def cached(self) -> int:  # positions held in the KV cache

@@ -449,3 +449,32 @@ def test_a_seeded_request_samples_the_same_tokens_however_it_is_batched_or_inter
     assert len({tuple(ids) for ids in alone}) == 3  # the n samples are not copies of one another
     other = [c.output_ids for c in engine(0).generate_batch([prompt], dataclasses.replace(params, seed=99))[0]]
     assert other != alone
+
+
+@pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
+def test_a_seeded_group_aborted_mid_way_and_continued_samples_the_same_tokens(native_kernels):
+    """interrupt_mode=abort: each sample is resubmitted alone (n=1) as prompt + tokens so far; it keeps drawing
+    as sample i of its group (samples 1 and 2 continued on sample 0's draws: the group's samples correlated)."""
+    from asyncrl.engine.base import continue_all
+
+    model = make_model(VOCAB)
+    prompt = _prompts(1, seed=3)[0]
+    params = SamplingParams(n=3, max_new_tokens=20, temperature=1.0, seed=1234)
+
+    def engine():
+        return LocalEngine(model, max_slots=8, max_len=64, native_kernels=native_kernels)
+
+    alone = [c.output_ids for c in engine().generate_batch([prompt], params)[0]]
+    aborted = engine()
+    first = aborted.submit(prompt, params)
+    for _ in range(5):
+        aborted.step()
+    aborted.abort()
+    assert all(c.finish_reason == "abort" for c in first.result())
+
+    async def resubmit(ids, rest):
+        (c,), = aborted.generate_batch([ids], rest)
+        return c
+
+    continued = asyncio.run(continue_all(first.result(), params, resubmit))
+    assert [c.output_ids for c in continued] == alone and len({tuple(ids) for ids in alone}) == 3
