@@ -265,9 +265,15 @@ class RemoteEngine:
         self._version = version
         self._end_pause()
         if abort:
-            self._call_all(self.live_addrs(), self.api.resume(), timeout, f"resuming after version {version}",
-                           survive=version)
-            self._gate.open()
+            try:
+                self._call_all(self.live_addrs(), self.api.resume(), timeout, f"resuming after version {version}",
+                               survive=version)
+            except BaseException as e:  # later requests fail naming it instead of waiting at the closed gate
+                self._failed_update = str(e) if isinstance(e, WeightSyncError) else \
+                    f"resuming after version {version} failed: {type(e).__name__}: {e}"
+                raise
+            finally:
+                self._gate.open()
 
     def _end_pause(self) -> None:
         with self._lock:

@@ -58,7 +58,7 @@ def filter_logits(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor
     drop = rank >= k[:, None]
     probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
-    drop |= before >= top_p[:, None]
+    drop |= (before >= top_p[:, None]) & (top_p[:, None] < 1)  # top_p = 1: all (a float sum reaches 1 early)
     drop[:, 0] = False  # always keep the most likely token
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 

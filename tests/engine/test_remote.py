@@ -247,6 +247,41 @@ def test_the_clients_phases_never_overlap_through_a_weight_update(two_servers, m
     assert phases["paused_s"] >= 0.5 and sum(phases.values()) == pytest.approx(wall, abs=0.02), (phases, wall)
 
 
+def test_a_failed_resume_after_an_update_fails_later_requests_instead_of_hanging(models, tmp_path):
+    """interrupt_mode=abort: the weights loaded, but one server answered the resume with a 500. The update
+    raises, and a later request fails naming it (it waited forever at the client's closed gate)."""
+    from starlette.responses import JSONResponse
+
+    def failing_resume(app):
+        async def wrapped(scope, receive, send):
+            if scope["type"] == "http" and scope["path"] == "/continue_generation":
+                async def drop(message):
+                    pass
+                await app(scope, receive, drop)  # the server does resume; its answer is lost
+                return await JSONResponse({"error": {"message": "boom"}}, status_code=500)(scope, receive, send)
+            return await app(scope, receive, send)
+        return wrapped
+
+    engines = [LocalEngine(models[0], max_slots=4, max_len=64).start() for _ in range(2)]
+    http = [ServerThread(wrap(build_app(ServerState(e, None, "tiny", "-"))))
+            for e, wrap in zip(engines, (lambda app: app, failing_resume))]
+    remote = RemoteEngine([h.url for h in http], interrupt_mode="abort").start()
+    try:
+        with pytest.raises(WeightSyncError, match="resuming after version 1"):
+            DiskPublisher([remote], str(tmp_path / "w")).publish(models[1].state_dict(), 1)
+
+        async def one():
+            return await asyncio.wait_for(remote.generate([5, 6, 7], SamplingParams(max_new_tokens=4, greedy=True)), 10)
+        with pytest.raises(WeightSyncError, match="resuming after version 1"):
+            asyncio.run(one())
+    finally:
+        remote.stop()
+        for h in http:
+            h.close()
+        for e in engines:
+            e.stop()
+
+
 def test_all_servers_down_fails_with_a_reason(models):
     servers = _Servers(models[0], 1)
     engine = RemoteEngine(servers.urls, request_timeout_s=2.0, max_attempts=2, dead_cooldown_s=0.1).start()

@@ -20,6 +20,14 @@ def test_top_p_and_top_k_filtering():
     assert torch.allclose(lp.exp().unique().sort().values, torch.tensor([0.375, 0.625]), atol=1e-5)
 
 
+def test_a_row_without_top_p_keeps_every_token_beside_rows_with_it():
+    """A batch with any top-p or top-k row filters every row; at a large vocabulary a float32 cumulative sum
+    reaches 1 before the tail, which a top_p = 1 row (greedy ones too) must keep all the same."""
+    logits = torch.randn(2, 151_936, generator=torch.Generator().manual_seed(0)) * 4
+    kept = filter_logits(logits, torch.tensor([1.0, 0.9]), torch.tensor([0, 0])).isfinite()
+    assert kept[0].all() and not kept[1].all()
+
+
 def test_inverse_cdf_draws_in_proportion_at_a_large_vocabulary():
     """The two-level inverse CDF used above 4096 entries: only positive-weight entries, frequencies as weighted,
     including a last block shorter than the others and targets at the very ends of [0, 1)."""
