@@ -215,7 +215,7 @@ def _openai_routes(app: FastAPI, state: ServerState) -> None:
             prompts = [prompt] if not prompt or isinstance(prompt[0], int) else prompt
         stops = stop_list(req.stop)
         params = sampling_params(n=req.n, max_new_tokens=req.max_tokens, temperature=req.temperature,
-                                 top_p=req.top_p, top_k=req.top_k, eos=state.eos, stop=stops)
+                                 top_p=req.top_p, top_k=req.top_k, eos=state.eos, stop=stops, seed=req.seed)
         groups = await state.generate(prompts, params)
         return await _json(render.completions, state, groups, stops, req.logprobs)
 
@@ -225,9 +225,10 @@ def _openai_routes(app: FastAPI, state: ServerState) -> None:
             raise BadRequest("stream is not supported")
         prompt = await state.chat_prompt([m.model_dump() for m in req.messages])
         stops = stop_list(req.stop)
-        params = sampling_params(n=req.n, max_new_tokens=req.max_completion_tokens or req.max_tokens or 256,
+        room = max(1, state.engine.max_len - len(prompt))  # no max_tokens: what the context has left, as OpenAI
+        params = sampling_params(n=req.n, max_new_tokens=req.max_completion_tokens or req.max_tokens or room,
                                  temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, eos=state.eos,
-                                 stop=stops)
+                                 stop=stops, seed=req.seed)
         (group,) = await state.generate([prompt], params)
         return await _json(render.chat, state, group, stops, req.logprobs)
 

@@ -177,6 +177,7 @@ class CompletionRequest(_Lenient):
     logprobs: int | None = Field(None, ge=0)
     stream: bool = False
     echo: bool = False
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
 class Message(_Lenient):
@@ -195,6 +196,7 @@ class ChatRequest(_Lenient):
     stop: Stop | None = None
     logprobs: bool = False
     stream: bool = False
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
 def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -103,6 +103,32 @@ def test_openai_completions_and_chat(server, tokenizer, models):
     assert httpx.get(f"{server}/v1/models").json()["data"][0]["id"] == "tiny"
 
 
+def test_openai_seed_reproduces_a_sample_and_chat_without_max_tokens_gets_the_context_left(server, models, tokenizer,
+                                                                                          tmp_path):
+    def chat(server=server, **extra):
+        r = httpx.post(f"{server}/v1/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "Compute 2 + 2."}], "n": 3, **extra},
+            timeout=60)
+        assert r.status_code == 200, r.text
+        return [c["message"]["content"] for c in r.json()["choices"]], r.json()["usage"]
+
+    first, usage = chat(seed=7, max_tokens=12)
+    assert chat(seed=7, max_tokens=12)[0] == first and chat(seed=8, max_tokens=12)[0] != first
+    small = LocalEngine(models[0], max_slots=4, max_len=64, tokenizer=tokenizer).start()
+    http = ServerThread(build_app(ServerState(small, tokenizer, "tiny", str(tmp_path))))
+    try:  # no max_tokens on a 64-token server: what the context has left (a default of 256 was refused)
+        _, usage = chat(server=http.url, n=1, temperature=0)
+        assert usage["prompt_tokens"] + usage["completion_tokens"] <= 64
+    finally:
+        http.close()
+        small.stop()
+    r = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": [5, 17], "max_tokens": 8, "seed": 3,
+                                                     "n": 2}, timeout=60)
+    again = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": [5, 17], "max_tokens": 8,
+                                                         "seed": 3, "n": 2}, timeout=60)
+    assert [c["token_ids"] for c in r.json()["choices"]] == [c["token_ids"] for c in again.json()["choices"]]
+
+
 @pytest.mark.parametrize("body,status,needle", [
     (b"{not json", 422, ""),
     ({"sampling_params": {"max_new_tokens": 4}}, 400, "exactly one of input_ids and text"),
