@@ -1,8 +1,8 @@
 """``asyncrl eval``: n answers per held-out prompt, each scored by a reward function, summarised as pass@k and
 mean@n, with every item's answers written to a JSONL file.
 
-A sample succeeds when its reward reaches ``SUCCESS_THRESHOLD`` (1.0, the trainer's default
-``evaluator.success_threshold``: a fully correct answer under the usual 0/1 verifiers). With c successes
+A sample succeeds when its reward reaches ``evaluator.success_threshold`` (``SUCCESS_THRESHOLD``, 1.0, by default:
+a fully correct answer under the usual 0/1 verifiers). With c successes
 among the n samples of a prompt, pass@k is the unbiased estimate 1 - C(n-c, k) / C(n, k) of "one of k samples
 succeeds" (Chen et al. 2021, the Codex paper), averaged over prompts; mean@n is the prompt's mean reward over
 its n samples, averaged over prompts. ``eval_accuracy`` (kept from the one-answer evaluation) is pass@1, the
@@ -120,13 +120,13 @@ def summarize(rewards: list[list[float]], ks: list[int], threshold: float = SUCC
     return out
 
 
-def _by_source(items: list[dict], rewards: list[list[float]]) -> dict:
+def _by_source(items: list[dict], rewards: list[list[float]], threshold: float) -> dict:
     """eval_accuracy/NAME and eval_reward_mean/NAME over the samples of the items tagged with a ``source``, as
     the trainer's evaluation reports them."""
     from asyncrl.evaluate import by_source
 
     return by_source([it for it, group in zip(items, rewards) for _ in group], [r for g in rewards for r in g],
-                     SUCCESS_THRESHOLD)
+                     threshold)
 
 
 def item_records(items: list[dict], texts: list[list[str]], rewards: list[list[float]],
@@ -175,6 +175,7 @@ def run_eval(cfg) -> dict:
     import torch
 
     from asyncrl.data.config import eval_set_from_config
+    from asyncrl.engine.config import builtin_context
     from asyncrl.engine.local import LocalEngine
     from asyncrl.models import DTYPES, load_checkpoint
     from asyncrl.reward import build_reward_service
@@ -186,7 +187,7 @@ def run_eval(cfg) -> dict:
         log.info("model.lora is ignored by eval: an adapter directory in model.path carries its own config")
     torch.set_num_threads(cfg.threads)
     tokenizer, model = load_checkpoint(cfg.model.path)
-    max_len = min(model.config.max_position_embeddings, 1024)
+    max_len = builtin_context(model.config.max_position_embeddings, cfg.gconfig.max_new_tokens)  # as in training
     items, default_fn = eval_set_from_config(cfg.task, cfg.valid_dataset, cfg.train_dataset, tokenizer=tokenizer,
                                              default_max_prompt_tokens=max_len - cfg.gconfig.max_new_tokens)
     try:
@@ -196,7 +197,8 @@ def run_eval(cfg) -> dict:
         raise ConfigError(f"model.path: {e}") from e
     g = cfg.gconfig
     params = SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, greedy=cfg.evaluator.greedy,
-                            temperature=g.temperature, top_p=g.top_p, stop_token_ids=(tokenizer.eos_token_id,))
+                            temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+                            stop_token_ids=(tokenizer.eos_token_id,))
     reward = build_reward_service(cfg.reward, default_fn)
     t0 = time.perf_counter()
     try:
@@ -210,13 +212,15 @@ def run_eval(cfg) -> dict:
         engine.stop()
         reward.close()
     lengths = [len(c.output_ids) for g in groups for c in g]
-    record = {"model": cfg.model.path, "n": len(items), "n_samples": cfg.gconfig.n_samples, **summarize(rewards, cfg.k),
+    threshold = cfg.evaluator.success_threshold
+    record = {"model": cfg.model.path, "n": len(items), "n_samples": cfg.gconfig.n_samples,
+              **summarize(rewards, cfg.k, threshold),
               "eval_reward_errors": sum(e is not None for row in errors for e in row),
-              "eval_len_mean": sum(lengths) / len(lengths), **_by_source(items, rewards),
+              "eval_len_mean": sum(lengths) / len(lengths), **_by_source(items, rewards, threshold),
               "eval_time_s": time.perf_counter() - t0}
     if cfg.output:
         write_jsonl(cfg.output, item_records(items, texts, rewards, errors, cfg.k,
-                                             [[c.finish_reason for c in g] for g in groups]))
+                                             [[c.finish_reason for c in g] for g in groups], threshold))
         record["output"] = cfg.output
         log.info("wrote the answers to %d items to %s", len(items), cfg.output)
     return record

@@ -104,6 +104,26 @@ def test_eval_is_reproducible_with_a_seed(tmp_path, tiny_model_dir, questions, c
     assert any(len(set(group)) > 1 for group in completions), "the n samples of a prompt should differ"
 
 
+def test_eval_reads_top_k_and_the_success_threshold(tmp_path, tiny_model_dir, questions, capsys):
+    """gconfig.top_k=1 samples the most likely token every time; evaluator.success_threshold counts a reward of
+    0.5 as a success (both were accepted and ignored)."""
+    rc, _, err = _eval(capsys, tiny_model_dir, questions, REWARD, "gconfig.n_samples=4", "evaluator.greedy=false",
+                       "gconfig.top_k=1", f"output={tmp_path / 'k1.jsonl'}")
+    assert rc == 0, err
+    assert all(len(set(it["completions"])) == 1 for it in _read(tmp_path / "k1.jsonl"))
+    half = ["reward.fn=rewards_for_tests:scale_reward", "reward.kwargs={scale: 0.5}"]
+    for threshold, accuracy in [(1.0, 0.0), (0.5, 1.0)]:
+        rc, record, err = _eval(capsys, tiny_model_dir, questions, *half, f"evaluator.success_threshold={threshold}")
+        assert rc == 0, err
+        assert record["eval_accuracy"] == record["pass@1"] == accuracy and record["eval_accuracy/a"] == accuracy
+
+
+def test_the_context_is_the_trainings_not_a_fixed_1024(tiny_model_dir):
+    from asyncrl.engine.config import builtin_context
+
+    assert builtin_context(32768, 1024) == 2048 and builtin_context(32768, 64) == 1024 and builtin_context(512) == 512
+
+
 def test_greedy_single_answer_keeps_the_old_record(tmp_path, tiny_model_dir, questions, capsys):
     rc, record, err = _eval(capsys, tiny_model_dir, questions, REWARD, "output=")
     assert rc == 0, err

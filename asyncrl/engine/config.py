@@ -159,4 +159,13 @@ class RolloutConfig:
         if self.weight_transport != "auto":
             return self.weight_transport
         return "inprocess" if self.placement.kind == "local" else "disk"
+MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)
+
+
+def builtin_context(max_positions: int, max_new_tokens: int = 0) -> int:
+    """Prompt + completion tokens per sequence in the built-in engine: ``MAX_CONTEXT``, or for longer completions
+    room for a prompt as long as the completion, at most the model's own ``max_positions``."""
+    return min(max_positions, max(MAX_CONTEXT, 2 * max_new_tokens))
+
+
 WEIGHT_TRANSPORTS = ("auto", "inprocess", "disk", "dist")

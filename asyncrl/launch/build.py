@@ -34,6 +34,7 @@ from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
 from asyncrl.engine import build_engine
 from asyncrl.engine.base import Lifecycle
+from asyncrl.engine.config import builtin_context
 from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import BackgroundEvaluator, Evaluator
 from asyncrl.trainer.critic import CRITIC_DIR
@@ -56,14 +57,10 @@ from asyncrl.workflow import Closable, Counted, Evaluating, Workflow, WorkflowCo
 
 log = logging.getLogger(__name__)
 
-MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)
-
-
 def context_len(rollout, max_positions: int, max_new_tokens: int = 0) -> int:
     """Prompt + completion tokens per sequence for ``rollout`` (a ``RolloutConfig``) and a model of
     ``max_positions``: ``rollout.max_context`` if set, else the model's own for vLLM/SGLang servers, and for the
-    built-in engine ``MAX_CONTEXT`` or, for longer completions, room for a prompt as long as the completion
-    (at most the model's own)."""
+    built-in engine ``builtin_context``."""
     if rollout.max_context:
         if rollout.max_context > max_positions:
             raise ConfigError(f"rollout.max_context={rollout.max_context} exceeds the model's "
@@ -71,7 +68,7 @@ def context_len(rollout, max_positions: int, max_new_tokens: int = 0) -> int:
         return rollout.max_context
     if rollout.placement.kind in ("vllm", "sglang"):
         return max_positions
-    return min(max_positions, max(MAX_CONTEXT, 2 * max_new_tokens))
+    return builtin_context(max_positions, max_new_tokens)
 
 
 @dataclass(frozen=True)

@@ -406,12 +406,14 @@ class _Scorer:
             log.warning("some held-out items have no 'answer' for the default verifier, so they score 0 (counted in "
                         "eval_reward_errors): give the rows an answer column or set reward.fn")
         self.reward = build_reward_service(cfg.reward, default_fn)
+        self.default, self.threshold = cfg.reward.default, cfg.evaluator.success_threshold
 
     def __call__(self, model) -> dict:
         longest = max(len(it["prompt_ids"]) for it in self.items)
         engine = scoring_engine(model, min(self.context, longest + self.params.max_new_tokens), len(self.items))
         try:
-            return evaluate(engine, self.tokenizer, self.items, self.reward.eval_fn, self.params)
+            return evaluate(engine, self.tokenizer, self.items, self.reward.eval_fn, self.params, self.default,
+                            self.threshold)
         finally:
             engine.stop()
 
