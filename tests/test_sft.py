@@ -350,6 +350,13 @@ def test_a_stopped_sft_run_resumes_from_its_step_checkpoint_with_the_same_losses
                    "resume=fresh")
     sft(fresh)
     assert [r["step"] for r in metrics(fresh.output_dir)] == [1, 2]
+    # the run started over holds none of the earlier run's step checkpoints (moved aside with it): the same
+    # command again (resume=auto) does not continue the earlier run's step 6 under the new run's name
+    assert not list(Path(fresh.output_dir).glob("step*"))
+    assert [p.name.split(".replaced-")[0] for p in (tmp_path / "cut").glob("out.replaced-*")] == ["out"]
+    again = config(tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=2")
+    sft(again)
+    assert [r["step"] for r in metrics(again.output_dir)] == [1, 2]
 
 
 def test_the_progress_bar_shows_on_a_terminal_only(monkeypatch):

@@ -49,7 +49,7 @@ from asyncrl.types import SamplingParams
 from asyncrl.data.formats import chat_prompt_ids, item_prompt_ids
 from asyncrl.sft.agent import agent_task, scoring_engine
 from asyncrl.sft.state import (BEST_DIR, best_before, records, restore, resume_point, save_best, save_model,
-                               save_step)
+                               save_step, start_over)
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +211,8 @@ def sft(cfg: SFTConfig) -> dict:
         except OSError as e:
             raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
         start = resume_point(cfg, out)
+        if start is None:
+            start_over(out)
         configlib.dump(cfg, out / "sft_config.yaml")
         lora = cfg.model.lora.rank > 0
         if lora:

@@ -6,7 +6,9 @@ best held-out evaluation so far (``best.json``: its step and accuracy)."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -23,13 +25,29 @@ RESUME_SETTABLE = ("total_train_steps", "log_every", "evaluator.", "saver.", "pr
 """Keys a resumed SFT run may change: how long it runs and how it is watched, evaluated, saved and threaded."""
 
 
+def _step_points(out: Path) -> list[Path]:
+    return sorted((p for p in out.glob("step*") if (p / STATE_FILE).is_file() and p.name[4:].isdigit()),
+                  key=lambda p: int(p.name[4:]))
+
+
+def start_over(out: Path) -> None:
+    """Before a run that starts over in ``out``: an earlier run's step checkpoints there are moved aside with
+    everything else of it (to ``<out>.replaced-<time>``), so that a later ``resume=auto`` cannot continue the
+    earlier run under the new one's name."""
+    if not _step_points(out):
+        return
+    aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    shutil.move(str(out), str(aside))
+    out.mkdir(parents=True)
+    logging.getLogger(__name__).warning("starting %s afresh; the earlier run there is kept in %s", out, aside)
+
+
 def resume_point(cfg: SFTConfig, out: Path) -> Path | None:
     """The newest step checkpoint of ``out`` to resume from (resume=auto), or None to start over. A run whose
     configuration differs in a key that changes what is trained is refused, with the keys named."""
     if cfg.resume == "fresh":
         return None
-    points = sorted((p for p in out.glob("step*") if (p / STATE_FILE).is_file() and p.name[4:].isdigit()),
-                    key=lambda p: int(p.name[4:]))
+    points = _step_points(out)
     if not points:
         return None
     try:
