@@ -159,6 +159,20 @@ def test_chat_mask_covers_exactly_the_assistant_turns(tmp_path, tokenizer, templ
     assert all(m["content"] in text for m in messages if m["role"] != "assistant")
 
 
+def test_an_assistant_turn_with_only_a_tool_call_is_trained(tokenizer):
+    """OpenAI-format agent data: the turn that calls the tool has empty content; calling it is what is learnt."""
+    tok = _with_template(tokenizer, "qwen2.5.jinja")
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                {"role": "assistant", "content": "It is sunny."}]
+    ids, mask, untrained = chat_example(tok, messages)
+    runs = [tok.decode(r) for r in spans(ids, mask)]
+    assert untrained == 0 and len(runs) == 2 and "<tool_call>" in runs[0] and "weather" in runs[0]
+    assert runs[1].startswith("It is sunny.")
+
+
 def test_chat_turns_the_template_renders_differently_are_left_untrained(tokenizer):
     tok = _with_template(tokenizer, "qwen3.jinja")  # drops earlier turns' reasoning once a new query follows
     messages = [{"role": "user", "content": "Add 2 and 3."},

@@ -83,8 +83,8 @@ def chat_example(tokenizer, messages: list[dict]) -> tuple[list[int], list[int],
     mask = [0] * len(ids)
     eos, untrained = tokenizer.eos_token_id, 0
     for i, message in enumerate(messages):
-        if message["role"] != "assistant" or not message["content"]:
-            continue
+        if message["role"] != "assistant" or not (message.get("content") or message.get("tool_calls")):
+            continue  # an assistant turn with only tool calls is trained too: calling the tool is the target
         try:
             start = _render(tokenizer, messages[:i], generation_prompt=True)
             end = _render(tokenizer, messages[: i + 1], generation_prompt=False)
