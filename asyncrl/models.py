@@ -75,12 +75,19 @@ SMALL_MODEL_PARAMETERS = 50_000_000
 def is_small_model(path: str) -> bool:
     """True for a model of fewer than ``SMALL_MODEL_PARAMETERS`` (estimated from its config.json: embeddings,
     attention and MLP weights), or one whose config cannot be read here (a missing model is refused later, with
-    its key)."""
+    its key). A LoRA adapter directory is its base model's size."""
+    from asyncrl.lora import ADAPTER_CONFIG
+
     try:
-        c = json.loads((Path(resolve_model_path(path)) / "config.json").read_text())
+        directory = Path(resolve_model_path(path))
+        if not (directory / "config.json").exists() and (directory / ADAPTER_CONFIG).exists():
+            base = json.loads((directory / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+            return is_small_model(base if base.startswith(BUILTIN_PREFIX) or Path(base).exists()
+                                  else str(directory / base))
+        c = json.loads((directory / "config.json").read_text())
         h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
         inner = int(c.get("intermediate_size") or 4 * h)
-    except (OSError, ValueError, KeyError, TypeError, FileNotFoundError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return True
     return vocab * h + layers * (4 * h * h + 3 * h * inner) < SMALL_MODEL_PARAMETERS
 

@@ -33,3 +33,21 @@ def test_a_hub_name_resolves_from_the_local_cache_only(tmp_path, monkeypatch, ti
     assert resolve_model_path("tiny-org/tiny-model") == str(repo / "snapshots" / "abc123")
     with pytest.raises(FileNotFoundError, match="never downloaded.*local Hugging Face cache"):
         resolve_model_path("tiny-org/not-cached")
+
+
+def test_a_lora_adapter_directory_is_as_small_as_its_base_model(tmp_path, tiny_model_dir):
+    """is_small_model decides per-model defaults (e.g. max_new_tokens 96 or 1024): an adapter directory has no
+    config.json of its own and counted as small whatever its base."""
+    import json
+
+    from asyncrl.models import is_small_model
+
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32,
+                                                 "vocab_size": 151936, "intermediate_size": 11008}))
+    for base, small in ((big, False), (tiny_model_dir, True)):
+        adapter = tmp_path / f"adapter-{small}"
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+        assert is_small_model(str(adapter)) is small and is_small_model(str(base)) is small
