@@ -282,7 +282,8 @@ class SFTConfig:
     resume: str = "auto"
     """auto: a run stopped after a step checkpoint (saver.freq_steps) continues from the newest one in output_dir
     (weights, optimizer, data position, RNG) if the configuration matches (the number of steps, logging,
-    evaluation, saving and threads may differ) | fresh: start over (an earlier run's step checkpoints there are
+    evaluation, saving and threads may differ; a larger total_train_steps stretches the cosine schedule over the new
+    total, so the learning rate rises again) | fresh: start over (an earlier run's step checkpoints there are
     moved aside with it, to OUTPUT_DIR.replaced-TIME)."""
 
     def recipe(self) -> dict:
