@@ -125,7 +125,8 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
         records = read_metrics(run_dir)
     except OSError as e:
         raise ValueError(f"--from-run {run_dir}: {e.strerror or e}") from None
-    return fit_run(records, cfg.gconfig.max_new_tokens, cfg.gconfig.n_samples, name=str(run_dir))
+    return fit_run(records, cfg.gconfig.max_new_tokens, cfg.gconfig.n_samples, name=str(run_dir),
+                   epochs=cfg.actor.ppo_epochs)
 
 
 def _from_profile(cfg: TrainConfig, args) -> Fitted:
@@ -205,8 +206,10 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
     prompts = [it["prompt_ids"] for it in items]
     fn = reward_function(cfg.reward, data.reward_fn)
 
+    one_pass = dataclasses.replace(cfg.actor, ppo_epochs=1, ppo_n_minibatches=1)  # per pass; the plan adds passes
+
     def make_trainer(m):
-        return build_trainer(cfg.actor, m, model_path=path, temperature=cfg.gconfig.temperature, autocast_dtype=None,
+        return build_trainer(one_pass, m, model_path=path, temperature=cfg.gconfig.temperature, autocast_dtype=None,
                              max_new_tokens=cfg.gconfig.max_new_tokens, top_p=cfg.gconfig.top_p,
                              top_k=cfg.gconfig.top_k)
 

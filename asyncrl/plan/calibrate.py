@@ -237,13 +237,17 @@ def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[floa
     return max(0.0, s1 - per_token * t1), per_token
 
 
-def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name: str = "") -> Fitted:
-    """Costs and lengths from a run's ``metrics.jsonl`` records (``group_size``: its samples per prompt): every
-    cost is the run's own average (decode per sequence-step at its occupancy, prefill per prompt token, training
-    per token, the median sync, evaluation and checkpoint)."""
-    steps = [r for r in records if r.get("step", 0) > 0]
-    if not steps or "gen_decode_s" not in steps[-1]:
+def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name: str = "",
+            epochs: int = 1) -> Fitted:
+    """Costs and lengths from a run's ``metrics.jsonl`` records (``group_size``: its samples per prompt; ``epochs``:
+    its passes over each batch): every cost is the run's own average after its first step, which warms up
+    (decode per sequence-step at its occupancy, prefill per prompt token, training per token and pass, the
+    proximal recompute per token, the median sync, evaluation and checkpoint)."""
+    every = [r for r in records if r.get("step", 0) > 0]
+    if not every or "gen_decode_s" not in every[-1]:
         raise ValueError("the run's metrics have no time account (gen_decode_s): it was made by an older asyncrl")
+    steps = every[1:] if len(every) > 1 else every  # the first step's allocator and kernels warm up
+    before = every[0] if len(every) > 1 else {}  # the cumulative counters up to the steps read
 
     def total(key):
         return sum(r.get(key, 0.0) or 0.0 for r in steps)
@@ -256,15 +260,20 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     samples = total("n_samples")
     response = sum(r["n_samples"] * r["response_len_mean"] for r in steps)
     prompt = max(1.0, (total("train_tokens") - response) / max(1.0, samples))
-    per_token = (total("trainer_fwd_bwd_s") + total("trainer_recompute_s")) / max(1.0, total("train_tokens"))
-    last, first = steps[-1], steps[0]
-    calls = last.get("agent_calls", 0) / max(1, last.get("agent_episodes", 0) or 1)
-    tool = total("episode_tool_s") / max(1, last.get("agent_episodes", 0) or 1)
-    reward_calls = last.get("reward_calls", 0) - first.get("reward_calls", 0)
+    per_token = total("trainer_fwd_bwd_s") / max(1.0, total("train_tokens") * max(1, epochs))
+    recomputed = total("trainer_recompute_s") / max(1.0, total("train_tokens"))  # once per step, where it ran
+    last = steps[-1]
+
+    def counted(key):  # a cumulative counter over the steps read
+        return (last.get(key, 0) or 0) - (before.get(key, 0) or 0)
+
+    episodes = max(1, counted("agent_episodes"))
+    calls, tool = counted("agent_calls") / episodes, total("episode_tool_s") / episodes
+    reward_calls = counted("reward_calls")
     costs = Costs(decode_per_seq_s=total("gen_decode_s") / max(1.0, generated),
                   prefill_per_token_s=total("gen_prefill_s") / max(1.0, samples / group_size * prompt),
                   train_base_s=(total("trainer_optim_s") + total("trainer_other_s")) / len(steps),
-                  train_per_token_s=per_token, recompute_per_token_s=per_token / 3,
+                  train_per_token_s=per_token, recompute_per_token_s=recomputed or per_token / 3,
                   sync_s=median_of("trainer_sync_s"), eval_s=median_of("trainer_eval_s"),
                   save_s=median_of("trainer_save_s"),
                   reward_s=total("reward_run_s") / reward_calls if reward_calls > 0 else 0.0)

@@ -357,7 +357,7 @@ class Simulation:
             for v, n in s.versions.items():
                 self.hist[self.version - v] += n
         self.trained_tokens += tokens
-        train = self.costs.train_s(tokens * self.w.epochs, self.w.recompute or self.w.epochs > 1)
+        train = self.costs.train_s(tokens, self.w.recompute or self.w.epochs > 1, self.w.epochs)
         varies = self.w.cpu_split == "shared" or self.costs.train_overlap_x != 1.0  # speed read per piece
         chunks = min(64, math.ceil(tokens * self.w.epochs / self.w.shared_mb_tokens)) if varies else 1
         self._train_chunks(max(1, chunks), train / max(1, chunks))

@@ -27,3 +27,26 @@ def test_the_profile_measures_the_borrowed_core_only_for_the_shared_split(traine
         assert any("the shared split: training on 2 threads" in n for n in fitted.profile.notes)
     else:
         assert costs.train_borrow_x == 1.0
+
+
+def _record(step: int, epochs: int, **more) -> dict:
+    """A step of 1000 trained tokens costing 2 ms a token and pass, a 0.5 s proximal recompute, 0.2 s optimizer."""
+    return {"step": step, "step_time_s": 10.0, "n_samples": 8, "response_len_mean": 50.0, "train_tokens": 1000,
+            "gen_tokens_per_s": 40.0, "gen_decode_s": 4.0, "gen_prefill_s": 0.5, "trainer_fwd_bwd_s": 2.0 * epochs,
+            "trainer_recompute_s": 0.5, "trainer_optim_s": 0.2, "trainer_other_s": 0.0, "trainer_sync_s": 0.1,
+            "reward_calls": 8 * step, "reward_run_s": 0.8, **more}
+
+
+@pytest.mark.parametrize("epochs", [1, 4])
+def test_a_run_is_fitted_per_pass_after_its_first_step(epochs):
+    """Passes over a batch and the proximal recompute are priced apart (the plan adds them back per its own
+    settings: they were counted twice, 5x at ppo_epochs=4); the first step's warm-up is not read; reward calls
+    are counted over the steps read."""
+    from asyncrl.plan.calibrate import fit_run
+
+    warm_up = _record(1, epochs, trainer_optim_s=1.6, reward_run_s=3.0)
+    costs = fit_run([{"step": 0}, warm_up] + [_record(s, epochs) for s in range(2, 6)], 64, 8,
+                    epochs=epochs).profile.costs
+    assert costs.train_per_token_s == pytest.approx(0.002) and costs.recompute_per_token_s == pytest.approx(0.0005)
+    assert costs.train_base_s == pytest.approx(0.2) and costs.reward_s == pytest.approx(0.1)
+    assert costs.train_s(1000, recompute=True, epochs=epochs) == pytest.approx(0.2 + 2.0 * epochs + 0.5)
