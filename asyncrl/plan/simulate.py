@@ -257,6 +257,7 @@ class Simulation:
         self.steps: list[dict] = []
         self.last_record = 0.0
         self.last_gate = 0.0
+        self.away = {"trainer_eval_s": 0.0, "trainer_save_s": 0.0}  # after the last publish: in the next record
         self.hist: collections.Counter = collections.Counter()
         self.trained_tokens = 0
 
@@ -378,17 +379,20 @@ class Simulation:
 
     def _published(self) -> None:
         self.version += 1
-        extra = 0.0  # the trainer's work after the sync: an evaluation, a checkpoint
-        if self.w.eval_every and self.version % self.w.eval_every == 0:
-            extra += self.costs.eval_s
-        if self.w.save_every and self.version % self.w.save_every == 0:
-            extra += self.costs.save_s
+        # the trainer's work after the sync, an evaluation and a checkpoint, is in the next step's record, as the
+        # loop's account books it (auto η does not read a step spent mostly on them)
+        away = self.away
+        self.away = {"trainer_eval_s": self.costs.eval_s if self.w.eval_every and self.version % self.w.eval_every == 0
+                     else 0.0,
+                     "trainer_save_s": self.costs.save_s if self.w.save_every and self.version % self.w.save_every == 0
+                     else 0.0}
+        extra = sum(self.away.values())
         for e in self.engines:
             e.pending = self.version
         self.buffer.set_version(self.version)
         gate = self.buffer.gate_closed_s()
         record = {"step": self.version, "step_time_s": self.t - self.last_record, "trainer_wait_s": self.wait_s,
-                  "gate_closed_s": gate - self.last_gate, "max_staleness": self.buffer.max_staleness}
+                  "gate_closed_s": gate - self.last_gate, "max_staleness": self.buffer.max_staleness, **away}
         self.steps.append(record)
         self.policy.observe(record)
         self.last_record, self.last_gate, self.wait_s = self.t, gate, 0.0

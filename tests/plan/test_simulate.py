@@ -135,3 +135,15 @@ def test_side_by_side_slowdowns_apply_only_while_the_other_side_works():
     assert simulate(_workload(max_staleness=0), slow_train).step_time_s == pytest.approx(1.6)
     grown = simulate(_workload(max_staleness=2, steps=20, shared_mb_tokens=64), slow_train).step_time_s
     assert 1.1 + 0.1 < grown < 1.5 * 1.0 + 0.1
+
+
+def test_the_evaluation_after_a_step_is_booked_in_the_next_steps_record_as_the_loop_books_it():
+    """Auto η reads the simulated records as it reads a run's: a step spent mostly evaluating is not read."""
+    from asyncrl.plan.simulate import Simulation
+
+    sim = Simulation(_workload(max_staleness="auto", eval_every=4, steps=12),
+                     dataclasses.replace(PHASES, eval_s=3.0, save_s=0.5))
+    sim.run()
+    evals = [r["step"] for r in sim.steps if r["trainer_eval_s"]]
+    assert evals == [5, 9] and all(r["trainer_save_s"] == 0 for r in sim.steps)
+    assert all(r["step_time_s"] > 3.0 for r in sim.steps if r["step"] in evals)
