@@ -72,16 +72,18 @@ def run(args: argparse.Namespace) -> int:
         results = []
         for point in sweep:
             point_cfg = configlib.load(TrainConfig, args.config, args.overrides + [f"{k}={v}" for k, v in point])
-            results.append((dict(point), simulate(workload(point_cfg, fitted), fitted.profile.costs)))
+            results.append((dict(point), simulate(workload(point_cfg, fitted), fitted.profile.costs),
+                            point_cfg.total_train_steps))
     except (ConfigError, ValueError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    steps = cfg.total_train_steps
     rows = [{**point, **{k: getattr(p, k) for k in KEYS}, "trained_tokens_per_s": p.trained_tokens_per_s,
              "time_for_steps_s": p.mean_step_time_s * steps, "steps": steps,
              "staleness_hist": {str(k): v for k, v in sorted(p.staleness_hist.items())},
-             "eta": p.eta[-1] if p.eta else None} for point, p in results]
+             "eta": p.eta[-1] if p.eta else None} for point, p, steps in results]
     best = recommend(rows) if len(rows) > 1 else None
+    for row in rows if best is not None else []:
+        row["recommended"] = row is best
     costs = fitted.profile.costs
     if cfg.cpu_sharing() != "fixed" and costs.train_borrow_x == 1.0:
         print("note: this run shares the CPU's cores (cluster.cpu_split=auto), but the profile has no speedup for "
@@ -243,11 +245,12 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
 
 
 def recommend(rows: list[dict]) -> dict:
-    """The setting to choose: among those within 5% of the fastest step, the one with the least staleness
-    (staleness costs accuracy: docs/planner.md)."""
-    fastest = min(r["step_time_s"] for r in rows)
-    near = [r for r in rows if r["step_time_s"] <= fastest * 1.05]
-    return min(near, key=lambda r: (r["staleness_mean"], r["step_time_s"]))
+    """The setting to choose: among those within 5% of the most trained tokens per second (settings such as
+    gconfig.n_samples change the work of a step, so step times alone do not compare), the one with the least
+    staleness (staleness costs accuracy: docs/planner.md)."""
+    most = max(r["trained_tokens_per_s"] for r in rows)
+    near = [r for r in rows if r["trained_tokens_per_s"] >= most / 1.05]
+    return min(near, key=lambda r: (r["staleness_mean"], -r["trained_tokens_per_s"]))
 
 
 def _point(row: dict) -> str:

@@ -39,6 +39,12 @@ def test_a_sweep_is_a_table_with_a_recommendation_and_a_page(profile, tmp_path, 
     assert len(rows) == 4 and all(KEYS <= set(r) for r in rows)
     sync = next(r for r in rows if r["rollout.max_head_offpolicyness"] == "0" and r["gconfig.n_samples"] == "8")
     assert sync["staleness_mean"] == 0
+    # the recommendation, marked in JSON, is judged on trained tokens per second (n_samples changes a step's work)
+    [best] = [r for r in rows if r["recommended"]]
+    most = max(r["trained_tokens_per_s"] for r in rows)
+    assert best["trained_tokens_per_s"] >= most / 1.05
+    assert cli.main(["plan", "--hardware", profile, "--json", "--sweep", "total_train_steps=10,1000"]) == 0
+    assert [r["steps"] for r in json.loads(capsys.readouterr().out)] == [10, 1000]
 
 
 def test_without_a_profile_it_says_how_to_get_one(tmp_path, capsys, monkeypatch):
