@@ -69,11 +69,11 @@ def run(args: argparse.Namespace) -> int:
             fitted = dataclasses.replace(fitted, tool_after_last=True)
         if args.fresh_calls:
             fitted = dataclasses.replace(fitted, fresh_calls=True)
-        results = []
+        results, inputs = [], []
         for point in sweep:
             point_cfg = configlib.load(TrainConfig, args.config, args.overrides + [f"{k}={v}" for k, v in point])
-            results.append((dict(point), simulate(workload(point_cfg, fitted), fitted.profile.costs),
-                            point_cfg.total_train_steps))
+            inputs.append(workload(point_cfg, fitted))
+            results.append((dict(point), simulate(inputs[-1], fitted.profile.costs), point_cfg.total_train_steps))
     except (ConfigError, ValueError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -82,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
              "staleness_hist": {str(k): v for k, v in sorted(p.staleness_hist.items())},
              "eta": p.eta[-1] if p.eta else None} for point, p, steps in results]
     best = recommend(rows) if len(rows) > 1 else None
+    if len(inputs) > 1 and all(w == inputs[0] for w in inputs):
+        print("note: the swept settings do not change what the plan simulates (the workload and the costs are the "
+              "same in every row): costs come from one profile or run, so thread counts, ranks and servers need a "
+              "profile measured for each (`asyncrl plan --profile FILE` under those settings)", file=sys.stderr)
     for row in rows if best is not None else []:
         row["recommended"] = row is best
     costs = fitted.profile.costs

@@ -45,6 +45,8 @@ def test_a_sweep_is_a_table_with_a_recommendation_and_a_page(profile, tmp_path, 
     assert best["trained_tokens_per_s"] >= most / 1.05
     assert cli.main(["plan", "--hardware", profile, "--json", "--sweep", "total_train_steps=10,1000"]) == 0
     assert [r["steps"] for r in json.loads(capsys.readouterr().out)] == [10, 1000]
+    assert cli.main(["plan", "--hardware", profile, "--sweep", "actor.threads=1,2"]) == 0  # costs: one profile's
+    assert "the swept settings do not change what the plan simulates" in capsys.readouterr().err
 
 
 def test_without_a_profile_it_says_how_to_get_one(tmp_path, capsys, monkeypatch):
