@@ -181,7 +181,8 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
         max_slots=cfg.rollout.max_slots, engines=1 if backend.kind == "local" else max(1, backend.dp),
         max_concurrent=cfg.rollout.max_concurrent_rollouts, interrupt=cfg.rollout.interrupt_mode,
         steps=min(cfg.total_train_steps, SIMULATED_STEPS), eval_every=cfg.evaluator.freq_steps,
-        save_every=cfg.saver.freq_steps, recompute=cfg.actor.ppo_n_minibatches > 1, epochs=cfg.actor.ppo_epochs,
+        save_every=cfg.saver.freq_steps, epochs=cfg.actor.ppo_epochs,
+        recompute=cfg.actor.ppo_n_minibatches * cfg.actor.ppo_epochs > 1 and cfg.actor.prox_logp_method == "recompute",
         calls_per_episode=max(1.0, fitted.calls_per_episode) if agent else 1,
         tool=ToolLatency(float(options.get("tool_latency_s", fitted.tool_s)),
                          float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))

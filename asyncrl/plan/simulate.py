@@ -77,7 +77,7 @@ class Workload:
     steps: int = 20
     eval_every: int = 0
     save_every: int = 0
-    recompute: bool = False  # the proximal policy is recomputed (ppo_n_minibatches > 1)
+    recompute: bool = False  # the proximal policy is recomputed (more than one optimizer step a batch, not loglinear)
     epochs: int = 1
     calls_per_episode: float = 1  # agent workflows: mean LLM calls per episode (tools between them)
     tool: ToolLatency = field(default_factory=ToolLatency)
@@ -358,7 +358,7 @@ class Simulation:
             for v, n in s.versions.items():
                 self.hist[self.version - v] += n
         self.trained_tokens += tokens
-        train = self.costs.train_s(tokens, self.w.recompute or self.w.epochs > 1, self.w.epochs)
+        train = self.costs.train_s(tokens, self.w.recompute, self.w.epochs)
         varies = self.w.cpu_split == "shared" or self.costs.train_overlap_x != 1.0  # speed read per piece
         chunks = min(64, math.ceil(tokens * self.w.epochs / self.w.shared_mb_tokens)) if varies else 1
         self._train_chunks(max(1, chunks), train / max(1, chunks))

@@ -100,3 +100,18 @@ def test_a_profile_with_a_runs_workload_takes_the_profiles_costs_and_the_runs_le
     run_only = predict("--from-run", str(run))
     assert both["step_time_s"] > own["step_time_s"]  # 60 tokens an answer, at the same costs
     assert both["step_time_s"] != pytest.approx(run_only["step_time_s"], rel=0.05)  # the profile's costs, not the run's
+
+
+@pytest.mark.parametrize("overrides, recompute, epochs", [
+    ([], False, 1), (["actor.ppo_n_minibatches=2"], True, 1), (["actor.ppo_epochs=3"], True, 3),
+    (["actor.ppo_n_minibatches=2", "actor.prox_logp_method=loglinear"], False, 1)])
+def test_the_plan_prices_the_proximal_recompute_only_where_the_trainer_runs_it(overrides, recompute, epochs):
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.launch.plan import workload
+    from asyncrl.plan.calibrate import Fitted
+    from asyncrl.plan.lengths import fixed
+
+    fitted = Fitted(Profile("p", Costs(), ""), fixed(50), 24)
+    w = workload(configlib.load(TrainConfig, None, overrides), fitted)
+    assert (w.recompute, w.epochs) == (recompute, epochs)
