@@ -160,6 +160,7 @@ class _Engine:
         self.pending: int | None = None
         self.busy_s = self.tokens = 0.0
         self.load = 0  # sequences running or waiting (routing reads it)
+        self.idle_from: float | None = 0.0  # since when it has had nothing to do (None: working)
 
     def submit(self, request: _Request) -> None:
         """Queue a request; the engine looks at its queue once the admissions of this moment are done (as the
@@ -176,14 +177,20 @@ class _Engine:
         self.gen[:] = 0
 
     def kick(self) -> None:
-        if self.busy or not (self.waiting or len(self.seqs) or self.pending is not None):
+        if self.busy:
+            return
+        if not (self.waiting or len(self.seqs) or self.pending is not None):
+            self.idle_from = self.sim.t if self.idle_from is None else self.idle_from
             return
         sim, costs = self.sim, self.sim.costs
         cost, held = 0.0, 0.0
         if self.pending is not None:  # new weights at this token boundary
             self._close_version()
             self.version, self.pending = self.pending, None
-            held = costs.pause_s
+            # the engine was held for pause_s within the sync that just ended: what of it the engine spent idle
+            # anyway (a synchronous run waiting for the weights) costs nothing more
+            idle = min(sim.t - self.idle_from, costs.sync_s) if self.idle_from is not None else 0.0
+            held = max(0.0, costs.pause_s - idle)
             if len(self.seqs) and sim.w.interrupt in ("recompute", "abort"):  # re-prefilled (or resubmitted) under them
                 cost += costs.prefill_s(int(self.ctx.sum()))
         free = sim.w.max_slots - len(self.seqs)
@@ -206,7 +213,7 @@ class _Engine:
             steps = int(min(self.rem.min(), sim.chunk))
             cost += costs.decode_steps_s(steps, len(self.seqs), int(self.ctx.sum()))
             cost *= costs.decode_overlap_x if sim.trainer_busy else 1.0
-        self.busy = True
+        self.busy, self.idle_from = True, None
         self.busy_s += cost
         sim.at(sim.t + held + cost, lambda: self._step_done(steps))
 

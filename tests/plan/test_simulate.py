@@ -147,3 +147,10 @@ def test_the_evaluation_after_a_step_is_booked_in_the_next_steps_record_as_the_l
     evals = [r["step"] for r in sim.steps if r["trainer_eval_s"]]
     assert evals == [5, 9] and all(r["trainer_save_s"] == 0 for r in sim.steps)
     assert all(r["step_time_s"] > 3.0 for r in sim.steps if r["step"] in evals)
+
+
+def test_the_engines_pause_is_within_the_sync_not_after_it():
+    """Costs: the engines are held for pause_s *of* sync_s. A synchronous run waits for the weights anyway, so
+    the pause adds nothing to its step (GPU projections set pause_s = sync_s and paid the sync twice)."""
+    p = simulate(_workload(max_staleness=0), dataclasses.replace(PHASES, sync_s=1.0, pause_s=1.0))
+    assert p.step_time_s == pytest.approx(0.5 + 1.0 + 1.0)
