@@ -270,8 +270,10 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     episodes = max(1, counted("agent_episodes"))
     calls, tool = counted("agent_calls") / episodes, total("episode_tool_s") / episodes
     reward_calls = counted("reward_calls")
+    # single-turn: the n samples of a prompt share one prefill; an agent's every call (a sample) prefills its own
+    prefills = samples if counted("agent_calls") > 0 else samples / group_size
     costs = Costs(decode_per_seq_s=total("gen_decode_s") / max(1.0, generated),
-                  prefill_per_token_s=total("gen_prefill_s") / max(1.0, samples / group_size * prompt),
+                  prefill_per_token_s=total("gen_prefill_s") / max(1.0, prefills * prompt),
                   train_base_s=(total("trainer_optim_s") + total("trainer_other_s")) / len(steps),
                   train_per_token_s=per_token, recompute_per_token_s=recomputed or per_token / 3,
                   sync_s=median_of("trainer_sync_s"), eval_s=median_of("trainer_eval_s"),

@@ -50,3 +50,15 @@ def test_a_run_is_fitted_per_pass_after_its_first_step(epochs):
     assert costs.train_per_token_s == pytest.approx(0.002) and costs.recompute_per_token_s == pytest.approx(0.0005)
     assert costs.train_base_s == pytest.approx(0.2) and costs.reward_s == pytest.approx(0.1)
     assert costs.train_s(1000, recompute=True, epochs=epochs) == pytest.approx(0.2 + 2.0 * epochs + 0.5)
+
+
+def test_an_agent_runs_every_call_prefills_its_own_context():
+    """Single-turn: a prompt's n samples share one prefill; an agent episode's calls (each a trained sample) each
+    prefill their own context, so the fitted cost per token is not n times too high."""
+    from asyncrl.plan.calibrate import fit_run
+
+    single = [{"step": 0}] + [_record(s, 1) for s in range(1, 6)]
+    agent = [{"step": 0}] + [_record(s, 1, agent_calls=8 * s, agent_episodes=4 * s) for s in range(1, 6)]
+    per_token = {name: fit_run(records, 64, 8).profile.costs.prefill_per_token_s
+                 for name, records in (("single", single), ("agent", agent))}
+    assert per_token["single"] == pytest.approx(8 * per_token["agent"])
