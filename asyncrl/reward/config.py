@@ -68,6 +68,13 @@ class JudgeConfig:
                 raise ConfigError(f"reward.judge.score: {e}") from None
         if self.template and "{response}" not in self.template:
             raise ConfigError("reward.judge.template must hold {response} (and may hold {question}, {reference})")
+        if self.template:
+            try:
+                self.template.format(question="", response="", reference="")
+            except (KeyError, IndexError, ValueError) as e:
+                raise ConfigError(f"reward.judge.template cannot be filled in ({type(e).__name__}: {e}): only "
+                                  "{question}, {response} and {reference} are fields; write a literal brace as {{ "
+                                  "or }}") from None
         if self.timeout_s <= 0 or self.retries < 0 or self.max_concurrency < 1 or self.max_tokens < 1:
             raise ConfigError("reward.judge.timeout_s must be > 0, retries >= 0, max_concurrency and max_tokens "
                               ">= 1")

@@ -109,7 +109,8 @@ def test_reward_judge_config_builds_the_judge_and_refuses_bad_settings():
     assert fn.judge.url == "http://127.0.0.1:9/v1" and fn.judge.verdicts == {"correct": 1.0, "incorrect": 0.0}
     for bad, said in [("judge.combine=max", "reward.judge.combine"), ("judge.weight=2", "reward.judge.weight"),
                       ("judge.score=10-0", "reward.judge.score"), ("judge.template=rate it", "{response}"),
-                      ("judge.serve=builtin:tiny-sft", "two judges")]:
+                      ("judge.serve=builtin:tiny-sft", "two judges"),
+                      ('judge.template=Rate {response} as {score}', "cannot be filled in.*{{")]:
         with pytest.raises(ConfigError, match=said):
             reward_function(configlib.load(RewardConfig, None, ["judge.url=http://x/v1", bad]), None)
 
