@@ -138,11 +138,21 @@ def file_eval_set(path: str, *, size: int = 200, split: str = "test", row_type: 
 
 def hold_out(items: list[dict], size: int, seed: int) -> tuple[list[dict], list[dict]]:
     """Split ``items`` (at least two) into (train, held out): up to ``size`` held out (at most a tenth, at least
-    one) chosen by ``seed``."""
+    one) chosen by ``seed``; a training row that repeats a held-out row's prompt is left out of training too."""
     n = max(1, min(size, len(items) // 10))
     chosen = set(random.Random(seed).sample(range(len(items)), n))
-    return ([it for i, it in enumerate(items) if i not in chosen],
-            [it for i, it in enumerate(items) if i in chosen])
+    held_out = [it for i, it in enumerate(items) if i in chosen]
+    prompts = {_prompt_key(it) for it in held_out}
+    train = [it for i, it in enumerate(items) if i not in chosen and _prompt_key(it) not in prompts]
+    repeats = len(items) - n - len(train)
+    if repeats:
+        log.warning("%d training rows repeat the prompt of a held-out row: they are left out of training, so that "
+                    "the held-out accuracy measures prompts the model never trained on", repeats)
+    return train, held_out
+
+
+def _prompt_key(item) -> str:
+    return repr((item.get("question"), item.get("messages")) if isinstance(item, dict) else item)
 
 
 def default_reward(row_type: str) -> Callable[..., float]:
@@ -380,15 +390,22 @@ class _PromptLimit:
                 log.warning("a prompt limit of %d tokens needs a tokenizer; prompts are not checked", self.max_tokens)
             yield from items
             return
-        in_a_row = 0
+        in_a_row, finite = 0, isinstance(items, (list, tuple))
         for item in items:
-            ids = item_prompt_ids(self.tokenizer, item)
+            try:
+                ids = item_prompt_ids(self.tokenizer, item)
+            except Exception as e:  # noqa: BLE001 - a chat template rejects a conversation in many ways (jinja)
+                if self.counters.add("data_bad_rows") == 1:
+                    log.warning("skipping a row the chat template rejects (item %s: %s: %s); further ones are "
+                                "counted in data_bad_rows", item.get("source_id", item.get("id")), type(e).__name__,
+                                str(e)[:200])
+                continue
             if self.max_tokens and len(ids) > self.max_tokens:
                 if self.counters.add("data_skipped_long") == 1:
                     log.warning("skipping a prompt of %d tokens, over the limit of %d (%s); further ones are "
                                 "counted in data_skipped_long", len(ids), self.max_tokens, LIMIT_KEY)
                 in_a_row += 1
-                if in_a_row >= MAX_SKIPS_IN_A_ROW:  # an endless generator whose prompts are all too long
+                if in_a_row >= MAX_SKIPS_IN_A_ROW and not finite:  # an endless stream, every prompt too long
                     raise ConfigError(f"{in_a_row} prompts in a row are longer than {self.max_tokens} tokens "
                                       f"({LIMIT_KEY})")
                 continue

@@ -178,3 +178,36 @@ def test_held_out_rows_are_never_trained_on(tmp_path):
     assert len({it["id"] for it in seen}) == 200 and data.stats()["data_epoch"] == 4
     train, valid = hold_out(list(range(10)), 3, seed=1)
     assert len(valid) == 1 and not set(train) & set(valid)
+    # a question written twice in the file: held out, its copy is not trained on either
+    path = write_jsonl(tmp_path / "twice.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(100)] * 2)
+    data = build(path, valid_size=20)
+    assert not {it["question"] for it in data.valid} & {it["question"] for it in take(data.train, 400)}
+
+
+def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path):
+    """A template that needs alternating roles (Mistral's, Llama 2's) rejects one row of fifty: counted and said,
+    the others load (the whole load ended in a bare jinja error)."""
+    from asyncrl.models import load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer(resolve_model_path("builtin:tiny-sft"))  # its own copy: the template changes
+    tokenizer.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                               "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+                               "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
+    rows = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
+            for i in range(50)]
+    rows[17]["messages"].insert(0, {"role": "user", "content": "twice"})
+    data = file_dataset(write_jsonl(tmp_path / "chat.jsonl", rows), tokenizer=tokenizer, max_prompt_tokens=100,
+                        valid_size=5)
+    assert data.stats()["data_bad_rows"] == 1 and len(take(data.train, 44)) == 44
+
+
+def test_a_file_with_many_over_long_prompts_in_a_row_is_read_to_its_end(tmp_path, tokenizer, monkeypatch):
+    """The guard against an endless stream of over-long prompts does not refuse a file that has usable rows."""
+    import asyncrl.data as data_module
+
+    monkeypatch.setattr(data_module, "MAX_SKIPS_IN_A_ROW", 10)
+    short = [{"question": f"Compute {i} + 1.", "answer": "1"} for i in range(30)]
+    long = [{"question": "Compute " + " + ".join(["1"] * 30) + f" + {i}.", "answer": "1"} for i in range(40)]
+    data = file_dataset(write_jsonl(tmp_path / "sorted.jsonl", short + long), tokenizer=tokenizer,
+                        max_prompt_tokens=40, valid_size=3, shuffle=False)
+    assert data.stats()["data_skipped_long"] >= 36 and len({it["question"] for it in take(data.train, 27)}) == 27
