@@ -109,6 +109,8 @@ def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
             item["messages"] = _with_last_question(item["messages"], item["question"])
     question_col = None if row_type == "chat" else field_value(record, "question", mapping)[0]
     for key, value in record.items():  # every other column under its own name: a mapped one under both
+        if key in ("messages", "prompt_ids") and row_type != "chat":
+            continue  # they would stand for the prompt (prompt_of, item_prompt_ids): only a chat row's are
         if key not in item and key != question_col and key not in REWARD_ARGUMENTS:
             item["source_id" if key == "id" else key] = value
     return item
@@ -170,12 +172,15 @@ def apply_template(template: str, fields: dict) -> str:
         raise ValueError(f"train_dataset.prompt_template cannot be formatted ({type(e).__name__}: {e})") from None
 
 
+THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
 def _gsm8k(record: dict, mapping: dict) -> dict:
     col, answer = field_value(record, "answer", mapping)
     if not isinstance(answer, str) or "####" not in answer:
         raise ValueError(f"GSM8K answer (column '{col}') has no '#### <final answer>' line")
     work, _, final = answer.rpartition("####")
-    final = final.strip().replace(",", "")
+    final = THOUSANDS_RE.sub("", final.strip())  # 1,234 -> 1234; a list (2, 3) keeps its commas
     if not final:
         raise ValueError(f"GSM8K answer (column '{col}') has nothing after '####'")
     steps = CALC_RE.sub("", work).strip()

@@ -7,6 +7,7 @@ from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
+from asyncrl.data.formats import detect_type, prompt_of, to_item
 from asyncrl.reward import call_reward
 from datasets_for_tests import ROWS, SAMPLES, build, take, write_jsonl
 
@@ -108,3 +109,18 @@ def test_a_mapped_column_reaches_the_reward_under_both_names():
     assert "prompt" not in item and "completion" not in item and item["question"] == "Sort: b a"
     assert call_reward(lambda prompt, completion, answer, **_: float(completion == answer), item, "a b") == 1.0
     assert "q" not in to_item({"q": "x?", "answer": "1"}, "qa", {"question": "q"}, "")
+
+
+@pytest.mark.parametrize("final, answer", [("1,234", "1234"), ("-12,345,678", "-12345678"), ("2,3", "2,3"),
+                                           ("(2, 3)", "(2, 3)")])
+def test_a_gsm8k_final_answer_loses_only_its_thousands_separators(final, answer):
+    row = {"question": "Q?", "answer": f"work\n#### {final}"}
+    assert to_item(row, detect_type(row, {}), {}, "")["answer"] == answer
+
+
+def test_a_messages_column_of_a_qa_row_does_not_stand_for_its_prompt():
+    """ultrachat-like rows (prompt, answer, messages) read as qa: the prompt is the templated question."""
+    row = {"prompt": "What is 1 + 1?", "answer": "2", "messages": [{"role": "user", "content": "What is 1 + 1?"},
+                                                                   {"role": "assistant", "content": "x"}]}
+    item = to_item(row, "qa", {}, "{question} Answer with a number.")
+    assert prompt_of(item) == "What is 1 + 1? Answer with a number." and "messages" not in item
