@@ -334,8 +334,8 @@ class _RowLoader:
         if isinstance(row, RowError):
             return self._bad(str(row))
         try:
-            if self.row_type is None:
-                self.row_type = detect_type(row.data, self.fields) if isinstance(row.data, dict) else "qa"
+            if self.row_type is None and isinstance(row.data, dict):  # the first row that is an object decides
+                self.row_type = detect_type(row.data, self.fields)
                 log.info("train_dataset.type=auto: %s looks like '%s' rows", row.where, self.row_type)
             return to_item(row.data, self.row_type, self.fields, self.template)
         except ValueError as e:

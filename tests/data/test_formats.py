@@ -1,6 +1,8 @@
 """Row formats and prompt templates (asyncrl.data.formats): GSM8K, MATH, QA and code rows, field mappings, and templates
 checked up front and applied to every source."""
 
+import json
+
 import pytest
 
 from asyncrl import configlib
@@ -124,3 +126,14 @@ def test_a_messages_column_of_a_qa_row_does_not_stand_for_its_prompt():
                                                                    {"role": "assistant", "content": "x"}]}
     item = to_item(row, "qa", {}, "{question} Answer with a number.")
     assert prompt_of(item) == "What is 1 + 1? Answer with a number." and "messages" not in item
+
+
+def test_a_first_line_that_is_no_object_does_not_decide_the_rows_format(tmp_path):
+    """`null` first: skipped and counted; the MATH rows after it are still read as MATH (answers from \\boxed)."""
+    from asyncrl.data import file_eval_set
+
+    rows = [{"problem": f"What is {i}+1?", "solution": f"It is $\\\\boxed{{{i + 1}}}$."} for i in range(5)]
+    path = tmp_path / "math.jsonl"
+    path.write_text("null\n" + "".join(json.dumps(r) + "\n" for r in rows))
+    items, _ = file_eval_set(str(path))
+    assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
