@@ -188,8 +188,13 @@ def run_eval(cfg) -> dict:
     torch.set_num_threads(cfg.threads)
     tokenizer, model = load_checkpoint(cfg.model.path)
     max_len = builtin_context(model.config.max_position_embeddings, cfg.gconfig.max_new_tokens)  # as in training
+    room = max_len - cfg.gconfig.max_new_tokens  # prompt tokens that fit beside a full answer
+    if (cfg.train_dataset.max_prompt_tokens or 0) > room:
+        raise ConfigError(f"train_dataset.max_prompt_tokens={cfg.train_dataset.max_prompt_tokens} exceeds the {room} "
+                          f"tokens a prompt can have beside gconfig.max_new_tokens={cfg.gconfig.max_new_tokens} in "
+                          f"the engine's context of {max_len}; lower it or leave it unset")
     items, default_fn = eval_set_from_config(cfg.task, cfg.valid_dataset, cfg.train_dataset, tokenizer=tokenizer,
-                                             default_max_prompt_tokens=max_len - cfg.gconfig.max_new_tokens)
+                                             default_max_prompt_tokens=room)
     try:
         engine = LocalEngine(model, max_slots=max(MIN_ENGINE_SLOTS, cfg.gconfig.n_samples), max_len=max_len,
                              dtype=DTYPES[cfg.model.dtype], seed=cfg.seed, threads=cfg.threads)

@@ -118,6 +118,12 @@ def test_eval_reads_top_k_and_the_success_threshold(tmp_path, tiny_model_dir, qu
         assert record["eval_accuracy"] == record["pass@1"] == accuracy and record["eval_accuracy/a"] == accuracy
 
 
+def test_a_prompt_limit_beyond_the_engines_room_is_refused_naming_it(tiny_model_dir, questions, capsys):
+    """As training refuses it: eval passed prompts the engine could not hold and ended in a bare ValueError."""
+    rc, _, err = _eval(capsys, tiny_model_dir, questions, REWARD, "train_dataset.max_prompt_tokens=100000")
+    assert rc == 2 and "train_dataset.max_prompt_tokens=100000 exceeds" in err
+
+
 def test_the_context_is_the_trainings_not_a_fixed_1024(tiny_model_dir):
     from asyncrl.engine.config import builtin_context
 
