@@ -250,10 +250,13 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 
 
 def _override_value(item: str, raw: str):
+    """The YAML value of ``key=raw``; a text with ' #' in it is that text (a command line holds no YAML comment:
+    'prompt_template=Solve {question} #show your work' keeps its end)."""
     try:
-        return yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"command line: override '{item}': not valid YAML: {_yaml_problem(e)}") from None
+    return raw.strip() if isinstance(value, str) and " #" in raw and " #" not in value else value
 
 
 def _nested(dotted: str, value: Any) -> dict:

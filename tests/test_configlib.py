@@ -103,6 +103,14 @@ def test_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path, text, wher
     assert "\n" not in msg and msg.startswith(f"{path}{where} not valid YAML: ") and problem in msg
 
 
+def test_an_override_keeps_a_hash_after_a_space():
+    """A command line holds no YAML comment: a template's ' #...' was cut off without a word."""
+    cfg = configlib.load(TrainConfig, None, ["train_dataset.prompt_template=Solve {question} #show your work",
+                                              'experiment_name="a #b"', "actor.lr=1e-5"])
+    assert cfg.train_dataset.prompt_template == "Solve {question} #show your work"
+    assert cfg.experiment_name == "a #b" and cfg.actor.lr == 1e-5
+
+
 def test_override_value_that_is_not_yaml_is_a_config_error():
     with pytest.raises(ConfigError) as e:
         configlib.load(TrainConfig, None, ["actor.lr=[1"])
