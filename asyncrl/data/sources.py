@@ -148,8 +148,14 @@ def _parquet_rows(path: Path, key: str) -> Iterator[Row | RowError]:
         pfile = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged file
         raise ConfigError(f"{key}: '{path}' is not a readable Parquet file ({e})") from e
-    n = 0
-    for batch in pfile.iter_batches():
+    n, batches = 0, pfile.iter_batches()
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as e:  # noqa: BLE001 - a damaged page: pyarrow raises OSError and others
+            raise ConfigError(f"{key}: '{path}' cannot be read after row {n} (a damaged page?): {e}") from e
+        if batch is None:
+            return
         for record in batch.to_pylist():
             n += 1
             yield Row(f"{path} row {n}", record)

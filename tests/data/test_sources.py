@@ -153,3 +153,19 @@ def test_unreadable_data_file_is_a_config_error(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_bytes", denied)
     with pytest.raises(ConfigError, match=r"train_dataset.path: cannot read '.*rows\.jsonl' \(Permission denied\)"):
         build(path)
+
+
+def test_a_damaged_page_in_a_parquet_file_is_an_error_naming_the_file(tmp_path):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    from asyncrl.data import file_dataset
+
+    path = tmp_path / "damaged.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": f"q{i}" + " pad" * 20, "answer": "1"} for i in range(2000)]),
+                   path, row_group_size=500)
+    raw = bytearray(path.read_bytes())
+    start = pq.ParquetFile(path).metadata.row_group(2).column(0).data_page_offset
+    for i in range(start + 40, start + 400):
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ConfigError, match="damaged.parquet' cannot be read after row"):
+        file_dataset(str(path))
