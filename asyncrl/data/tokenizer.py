@@ -136,10 +136,10 @@ def row_texts(data, fields: list[str] | None = None) -> list[str]:
     texts = []
     for name in names:
         value = data.get(name)
-        if name in ("messages", "conversations") and isinstance(value, list):
+        if name in ("messages", "conversations", "conversation") and isinstance(value, list):
             if not all(isinstance(m, dict) for m in value):
                 raise ValueError(f"'{name}' must be a list of {{role, content}} objects")
-            texts += [m["content"] for m in value if isinstance(m.get("content"), str)]
+            texts += [t for m in value for t in (m.get("content"), m.get("value")) if isinstance(t, str)]  # ShareGPT
         elif isinstance(value, str):
             texts.append(value)
         elif isinstance(value, list):

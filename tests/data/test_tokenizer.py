@@ -117,3 +117,14 @@ def test_every_string_column_is_corpus_text_and_fields_picks_some(tmp_path, caps
     assert "wroked" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
     assert main(["init-model", "--fields", "q", "--out", str(tmp_path / "y"), *SHAPE]) == 2
     assert "--corpus" in capsys.readouterr().err
+
+
+def test_sharegpt_turns_are_corpus_text(tmp_path):
+    from asyncrl.data.tokenizer import read_corpus
+
+    path = tmp_path / "sg.jsonl"
+    rows = [{"source": "sg", "conversations": [{"from": "human", "value": "Sort: pear apple"},
+                                               {"from": "gpt", "value": "apple pear"}]},
+            {"conversation": [{"role": "user", "content": "Hi there"}]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_corpus(str(path)) == ["sg", "Sort: pear apple", "apple pear", "Hi there"]
