@@ -41,7 +41,7 @@ def _nucleus(logits: torch.Tensor, targets: torch.Tensor, top_p: float, top_k: i
     several copies of it), and applied as one masked fill, which is what the gradient flows through."""
     V = logits.shape[-1]
     flat = logits.reshape(-1, V)
-    keep = torch.empty(flat.shape, dtype=torch.bool)
+    keep = torch.empty(flat.shape, dtype=torch.bool, device=flat.device)
     chunk = max(1, ROWS_PER_CHUNK_ELEMENTS // V)
     with torch.no_grad():
         for a in range(0, flat.shape[0], chunk):

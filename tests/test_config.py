@@ -28,6 +28,9 @@ def test_guardrails_refuse_unsafe_and_allow_override():
     configlib.load(TrainConfig, None, ["actor.policy_loss=ppo", "rollout.max_head_offpolicyness=0"])
     with pytest.raises(ConfigError, match="n_samples=1"):
         configlib.load(TrainConfig, None, ["gconfig.n_samples=1"])
+    with pytest.raises(ConfigError, match="every group would be dropped"):  # the run stalled until its timeout
+        configlib.load(TrainConfig, None, ["gconfig.n_samples=1", "actor.adv_estimator=reinforce_pp",
+                                           "actor.dynamic_sampling=true"])
     cfg = configlib.load(TrainConfig, None, ["actor.policy_loss=ppo", "actor.allow_unsafe=true"])
     assert cfg.actor.policy_loss == "ppo"
 

@@ -74,6 +74,8 @@ def _join(rank, world, port):
 
 
 PARALLEL_CASES = {"one-minibatch": {}, "two-minibatches": {"ppo_n_minibatches": 2, "sgd": True},
+                  # 5 groups in 4 minibatches over 2 ranks: a rank holds none of some minibatch (it crashed)
+                  "four-minibatches": {"ppo_n_minibatches": 4, "sgd": True},
                   "padded-micro-batches": {"pack": False, "mb_max_tokens": 24}}
 """ranked_trainer's options of each case test_parallel compares (SGD for two minibatches: see ranked_trainer)."""
 

@@ -251,6 +251,10 @@ class ActorConfig:
                                   "checkpoint directory")
 
         problems = []
+        if n_samples == 1 and self.dynamic_sampling:
+            raise ConfigError("actor.dynamic_sampling=true keeps only groups whose rewards differ, and a group of "
+                              "gconfig.n_samples=1 never differs: every group would be dropped; set n_samples >= 2 "
+                              "or dynamic_sampling=false")
         if n_samples == 1 and self.adv_estimator in GROUP_BASELINES:
             problems.append(f"actor.adv_estimator={self.adv_estimator} with gconfig.n_samples=1 gives every sample "
                             "advantage 0 (its baseline is its own group); set gconfig.n_samples >= 2 or use "

@@ -346,7 +346,7 @@ class PolicyTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        rows_t = torch.tensor(rows)
+        rows_t = torch.tensor(rows, dtype=torch.long)  # may be empty: this rank holds none of the minibatch
         weights = self.algo.agg_fn(batch.loss_mask[rows_t], **self.algo.agg_options)  # sums to the aggregate
         value_weights = token_mean(batch.loss_mask[rows_t])
         plan = self._micro_batches(batch, rows)
