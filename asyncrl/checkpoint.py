@@ -153,8 +153,14 @@ class Checkpointer:
         self._prune()
 
     def _prune(self) -> None:
-        steps = sorted((p for p in self.dir.glob("step[0-9]*") if p.is_dir()), key=lambda p: int(p.name[4:]))
-        for old in steps[: -self.keep]:
+        """Keep the ``keep`` newest checkpoints up to the one just written; one numbered above it is left from
+        before a resume (a damaged one the resume skipped, or one of steps this run trains again): it goes, or it
+        would count among the newest and have the checkpoint just written pruned."""
+        steps = sorted((p for p in self.dir.glob("step[0-9]*") if p.is_dir() and p.name[4:].isdigit()),
+                       key=lambda p: int(p.name[4:]))
+        ahead = [p for p in steps if self.last is not None and int(p.name[4:]) > self.last]
+        kept = [p for p in steps if p not in ahead]
+        for old in ahead + kept[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.dir.glob(".tmp-step*"):  # left by a run killed while saving
             shutil.rmtree(stale, ignore_errors=True)
@@ -243,7 +249,10 @@ def verify(checkpoint: Path) -> str | None:
         return f"{', '.join(missing)} missing" if missing else None
     except (OSError, ValueError, UnicodeDecodeError) as e:
         return f"{MANIFEST} cannot be read ({type(e).__name__})"
-    for name, size in saved.get("files", {}).items():
+    files = saved.get("files") if isinstance(saved, dict) else None
+    if not isinstance(files, dict):
+        return f"{MANIFEST} is not a manifest (no 'files' object)"
+    for name, size in files.items():
         path = checkpoint / name
         if not path.is_file():
             return f"{name} is missing"

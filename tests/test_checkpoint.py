@@ -255,6 +255,8 @@ DAMAGES = {
     "run.json version edited": lambda c: (c / "step4" / "run.json").write_text('{"version": 4, "drawn": 99}'),
     "run.json says another version": lambda c: (c / "step4" / "run.json").write_text('{"version": 7, "drawn": 32}'),
     "manifest garbled": lambda c: (c / "step4" / "manifest.json").write_bytes(b"\x00\xff"),
+    "manifest of another shape": lambda c: (c / "step4" / "manifest.json").write_text('{"files": []}'),
+    "manifest a list": lambda c: (c / "step4" / "manifest.json").write_text("[]"),
 }
 POINTERS = {"latest garbled": b"\x00\xff", "latest empty": b"", "latest names step99": b"step99\n",
             "latest points outside": b"../../../elsewhere\n"}
@@ -283,6 +285,31 @@ def test_a_damaged_latest_pointer_still_resumes_from_the_newest_checkpoint(tmp_p
     (checkpoints / "latest").write_bytes(POINTERS[pointer])
     assert read_latest(checkpoints) is None  # never followed out of the run, never a traceback
     assert newest_valid(checkpoints) == (checkpoints / "step4", [])
+
+
+def test_rotation_never_prunes_the_checkpoint_just_written(tmp_path):
+    """A run resumed from step3 because step4 is damaged, keeping one checkpoint: its save of step4 (or of an
+    earlier step) must survive its own pruning, and what is ahead of it (left from before the resume) goes."""
+    from asyncrl.checkpoint import Checkpointer, RunState, newest_valid, read_latest
+
+    class Trainer:
+        def check_finite(self):
+            pass
+
+        def save(self, directory, tokenizer):
+            (Path(directory) / "model.safetensors").write_bytes(b"w" * 10)
+
+        def training_state(self, directory):
+            return {}
+
+    checkpoints = tmp_path / "checkpoints"
+    _fake_checkpoints(checkpoints, versions=(2, 3, 4, 5))
+    DAMAGES["trainer.pt truncated"](checkpoints)
+    (checkpoints / "step5" / "trainer.pt").write_bytes(b"")
+    assert newest_valid(checkpoints)[0] == checkpoints / "step3"
+    Checkpointer(tmp_path, Trainer(), None, keep=1).save(4, RunState(4))
+    assert sorted(p.name for p in checkpoints.glob("step*")) == ["step4"] and read_latest(checkpoints) == "step4"
+    assert newest_valid(checkpoints)[0] == checkpoints / "step4"
 
 
 def test_resume_says_which_checkpoints_it_skipped_and_why(tmp_path, caplog):
