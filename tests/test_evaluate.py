@@ -109,3 +109,31 @@ def test_a_run_with_background_evaluation_logs_each_against_its_version(tmp_path
     assert last["eval_accuracy"] == records[-1]["eval_accuracy"]
     truncate_run_files(run_dir, 3, 1e9)  # a resume from step 3 keeps the evaluation of step 2
     assert [r["step"] for r in read_metrics(run_dir) if "eval_accuracy" in r] == [0, 2]
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_the_watchdog_logs_the_evaluation_running_beside_it(tmp_path, tiny_model_dir, monkeypatch):
+    """evaluator.background: the watchdog stops the run at version 2, whose evaluation is running; it is waited
+    for and logged (a resumed run does not evaluate the version it starts from again: it was lost)."""
+    import json
+
+    from asyncrl.watchdog import TrainingHalted, Watchdog
+
+    check = Watchdog.check
+
+    def halting(self, record):
+        check(self, record)
+        if record["version"] == 2:
+            raise TrainingHalted("halted for the test", 2)
+
+    monkeypatch.setattr(Watchdog, "check", halting)
+    cfg = configlib.load(TrainConfig, None, [
+        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
+        "total_train_steps=4", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
+        "valid_dataset.size=4", "evaluator.freq_steps=1", "evaluator.background=true", "rollout.max_slots=8",
+        "saver.freq_steps=0", "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0"])
+    with pytest.raises(TrainingHalted):
+        train(cfg)
+    run = tmp_path / "asyncrl" / "default"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert (run / "checkpoints" / "step2").is_dir() and 2 in {r["step"] for r in records if "eval_accuracy" in r}
