@@ -192,6 +192,10 @@ class TrainConfig:
         self.agent.validate()
         if self.workflow.name == "agent":
             self.agent.validate_for_run()
+            if self.rollout.request_timeout_s and self.agent.timeout_s >= self.rollout.request_timeout_s:
+                raise ConfigError(f"agent.timeout_s={self.agent.timeout_s:g} must be below rollout.request_timeout_s="
+                                  f"{self.rollout.request_timeout_s:g}, which bounds the whole group: one slow "
+                                  "episode would cancel its n episodes (none counted as an episode failure)")
         self.watchdog.validate()
         self.cluster.validate()
         self.saver.validate()

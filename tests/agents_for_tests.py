@@ -60,6 +60,13 @@ async def sometimes_fails(client, item):
     return float(len(reply.choices[0].message.content) > 0)
 
 
+async def sometimes_nan(client, item):
+    """Its second episode scores NaN (a reward computed from nothing)."""
+    _calls["nan"] = mine = _calls.get("nan", 0) + 1
+    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "q"}])
+    return float("nan") if mine == 2 else float(len(reply.choices[0].message.content) > 0)
+
+
 async def always_fails(client, item):
     raise TimeoutError("the sandbox queue is full")
 

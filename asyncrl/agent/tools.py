@@ -29,6 +29,13 @@ class Reply:
     malformed: int = 0
 
 
+def _strict_json(text: str):
+    """JSON as every client reads it: NaN and Infinity, which Python's json accepts, are malformed."""
+    def refuse(name):
+        raise json.JSONDecodeError(f"{name} is not JSON", text, 0)
+    return json.loads(text, parse_constant=refuse)
+
+
 def _call(obj, args_key: str, other_key: str) -> dict | None:
     """An OpenAI tool call from ``{"name": ..., args_key: {...}}``; models of both formats write either key, so
     ``other_key`` is read when ``args_key`` is absent (never silently dropped arguments)."""
@@ -37,7 +44,7 @@ def _call(obj, args_key: str, other_key: str) -> dict | None:
     args = obj[args_key] if args_key in obj else obj.get(other_key, {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json.loads(args)
+            args = _strict_json(args)
         except json.JSONDecodeError:
             return None
     if not isinstance(args, dict):
@@ -51,7 +58,7 @@ def parse_hermes(text: str) -> Reply:
     last = 0
     for m in HERMES_CALL.finditer(text):
         try:
-            call = _call(json.loads(m.group(1)), "arguments", "parameters")
+            call = _call(_strict_json(m.group(1)), "arguments", "parameters")
         except json.JSONDecodeError:
             call = None
         kept.append(text[last:m.start()])
@@ -75,7 +82,7 @@ def parse_llama3_json(text: str) -> Reply:
     if not body.startswith("{"):
         return Reply(text)
     try:
-        call = _call(json.loads(body), "parameters", "arguments")
+        call = _call(_strict_json(body), "parameters", "arguments")
     except json.JSONDecodeError:
         call = None
     return Reply("", [call]) if call is not None else Reply(text, malformed=1)

@@ -13,6 +13,7 @@ import asyncio
 import copy
 import functools
 import logging
+import math
 import numbers
 import time
 from dataclasses import dataclass, field
@@ -150,6 +151,9 @@ class AgentWorkflow:
             if not isinstance(outcome, (numbers.Real, dict)) or isinstance(outcome, bool):
                 raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or "
                                 "{completion_id: reward}")
+            values = outcome.values() if isinstance(outcome, dict) else [outcome]
+            if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values):
+                raise ValueError(f"the episode returned a reward that is not a finite number: {outcome!r}")
             episode = self.proxy.episodes[key]
             return episode.samples(outcome, self.export, self.gamma)
         except Exception as e:  # noqa: BLE001 - an episode costs only itself

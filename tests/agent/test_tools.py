@@ -174,3 +174,10 @@ def test_parsing_touches_no_token(tokenizer):
     assert episode.history_edits == 0
     assert [s.output_ids for s in episode.samples(1.0)] == engine.outputs
     assert [s.prompt_ids for s in episode.samples(1.0)] == engine.received
+
+
+def test_hermes_arguments_with_nan_or_infinity_are_malformed():
+    """Python's json reads NaN and Infinity; a strict client (JS, Go, pydantic) cannot, so the call is counted."""
+    for bad in ('{"name": "f", "arguments": {"x": NaN}}', '{"name": "f", "arguments": "{\\"x\\": Infinity}"}'):
+        reply = parse_hermes(f"<tool_call>{bad}</tool_call>")
+        assert reply.tool_calls == [] and reply.malformed == 1

@@ -62,6 +62,27 @@ def test_a_non_loopback_proxy_needs_an_admin_key():
                                        "agent.proxy_host=0.0.0.0", "agent.admin_key=s3cret"])
 
 
+def test_a_non_finite_reward_costs_only_its_episode(tokenizer):
+    """A NaN outcome failed the whole group later (the group's check): it is that episode's failure now."""
+    workflow = AgentWorkflow(agent_context(tokenizer, n=3), episode="agents_for_tests:sometimes_nan",
+                             client="inprocess")
+    group = asyncio.run(workflow.run({"id": 1, "question": "q"}, ScriptedEngine(tokenizer, SCRIPT * 2)))
+    assert workflow.stats()["agent_episode_failures"] == 1 and len(group.trajectories) == 2
+
+
+def test_an_episode_timeout_must_fit_in_the_groups(tmp_path):
+    """rollout.request_timeout_s bounds the whole group: a longer agent.timeout_s let one slow episode cancel the
+    others (counted as a rollout failure, which can stop the run)."""
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.configlib import ConfigError
+
+    agent = ["workflow.name=agent", "agent.episode=agents_for_tests:tool_episode"]
+    with pytest.raises(ConfigError, match="agent.timeout_s=900 must be below rollout.request_timeout_s=600"):
+        configlib.load(TrainConfig, None, agent + ["agent.timeout_s=900"])
+    configlib.load(TrainConfig, None, agent + ["agent.timeout_s=900", "rollout.request_timeout_s=1200"])
+
+
 def test_a_failing_episode_costs_only_itself(tokenizer):
     engine = ScriptedEngine(tokenizer, SCRIPT * 2)
     workflow = AgentWorkflow(agent_context(tokenizer, n=3), episode="agents_for_tests:sometimes_fails",
