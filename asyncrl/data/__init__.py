@@ -206,11 +206,26 @@ def mixture_dataset(sources: dict[str, tuple[float, Dataset]], *, seed: int = 0,
     names = list(sources)
     schedule = MixtureSchedule(names, [w for w, _ in sources.values()], seed)
     streams = [data.train for _, data in sources.values()]
+    valid, held = [], set()  # the sources' held-out items, each prompt once (one file in two entries: once)
+    for name, (_, data) in sources.items():
+        for item in data.valid:
+            if _prompt_key(item) not in held:
+                held.add(_prompt_key(item))
+                valid.append(_tagged(item, name))
+
+    def unheld(k: int) -> dict:
+        """Source k's next item whose prompt no source holds out (another entry may read the same data)."""
+        for _ in range(MAX_SKIPS_IN_A_ROW):
+            item = next(streams[k])
+            if _prompt_key(item) not in held:
+                return item
+        raise ConfigError(f"train_dataset.mixture: source '{names[k]}' yields only prompts that the mixture holds "
+                          f"out ({MAX_SKIPS_IN_A_ROW} in a row)")
 
     def interleaved() -> Iterator[dict]:
         for position in itertools.count():
             k = schedule.index(position)
-            yield {**_tagged(next(streams[k]), names[k]), "id": position}
+            yield {**_tagged(unheld(k), names[k]), "id": position}
 
     def stats() -> dict:
         per_source = {name: data.stats() for name, (_, data) in sources.items()}
@@ -225,7 +240,6 @@ def mixture_dataset(sources: dict[str, tuple[float, Dataset]], *, seed: int = 0,
         from asyncrl.reward.base import MixtureReward, SourceReward
 
         reward_fn = MixtureReward({name: SourceReward(data.reward_fn) for name, (_, data) in sources.items()})
-    valid = [_tagged(item, name) for name, (_, data) in sources.items() for item in data.valid]
     return Dataset(interleaved(), valid, reward_fn, stats, schedule)
 
 

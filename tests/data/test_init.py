@@ -211,3 +211,14 @@ def test_a_file_with_many_over_long_prompts_in_a_row_is_read_to_its_end(tmp_path
     data = file_dataset(write_jsonl(tmp_path / "sorted.jsonl", short + long), tokenizer=tokenizer,
                         max_prompt_tokens=40, valid_size=3, shuffle=False)
     assert data.stats()["data_skipped_long"] >= 36 and len({it["question"] for it in take(data.train, 27)}) == 27
+
+
+def test_one_file_in_two_mixture_entries_never_trains_a_held_out_prompt(tmp_path):
+    """Each entry holds out its own rows; the other entry read the same file and trained on them (20 leaked)."""
+    path = write_jsonl(tmp_path / "p.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(300)])
+    cfg = configlib.load(TrainConfig, None, [
+        f"train_dataset.mixture={json.dumps([{'name': 'a', 'path': path}, {'name': 'b', 'path': path, 'weight': 3}])}",
+        "valid_dataset.size=40"])
+    data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
+    held = [it["question"] for it in data.valid]
+    assert len(held) == len(set(held)) and not set(held) & {it["question"] for it in take(data.train, 3000)}
