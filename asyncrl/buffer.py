@@ -42,6 +42,10 @@ def capacity(max_staleness: int, version: int, batch_size: int, accepted: int, r
     return cap
 
 
+class BatchTimeout(TimeoutError):
+    """No batch within ``rollout.batch_timeout_s``: the run stops (exit 1) with the buffer's counters."""
+
+
 @dataclass(frozen=True)
 class Ticket:
     """An admitted group: its admission order, the version at admission and the η it was admitted under."""
@@ -199,7 +203,7 @@ class RolloutBuffer:
                 return self._pop(batch)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise TimeoutError(
+                raise BatchTimeout(
                     f"no batch of {self.batch_size} groups within {timeout}s (rollout.batch_timeout_s): "
                     f"ready={len(self._ready)} running={self.running} accepted={self.accepted} "
                     f"rejected={self.rejected} version={self.version}"

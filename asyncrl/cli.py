@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _quiet_loading()
+    from asyncrl.buffer import BatchTimeout
     from asyncrl.checkpoint import CheckpointError
     from asyncrl.launch.signals import StopRequested
     from asyncrl.publish import WeightSyncError
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:
         print(f"asyncrl {args.command}: {e.advice()}", file=sys.stderr)
         return e.exit_code
-    except (TrainingHalted, RolloutFailures, CheckpointError, WeightSyncError) as e:
+    except (TrainingHalted, RolloutFailures, CheckpointError, WeightSyncError, BatchTimeout) as e:
         print(f"asyncrl {args.command}: stopped: {e}", file=sys.stderr)
         return 1
 

@@ -87,6 +87,19 @@ def test_waiting_for_a_batch_has_its_own_timeout(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_a_batch_timeout_stops_the_command_with_one_line_and_exit_1(tmp_path, tiny_model_dir, capsys):
+    from asyncrl import cli
+
+    code = cli.main(["train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false",
+                     "report=false", "total_train_steps=3", "train_dataset.batch_size=2", "gconfig.n_samples=2",
+                     "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
+                     "rollout.max_slots=8", "reward.workers=0", "rollout.batch_timeout_s=1",
+                     "workflow.name=workflows_for_tests:reject_all"])
+    err = capsys.readouterr().err
+    assert code == 1 and "asyncrl train: stopped: no batch of 2 groups within 1.0s" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
 def test_max_train_time_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_path, tiny_model_dir):
     cfg = _quick_cfg(tmp_path, tiny_model_dir, "max_train_time_s=0.001", "total_train_steps=50")
     last = train(cfg)
