@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from asyncrl.configlib import ConfigError
+from asyncrl.report.reader import merge_evaluations
 from asyncrl.report.verdict import WINDOW, diagnose
 
 log = logging.getLogger(__name__)
@@ -65,30 +66,25 @@ class LiveVerdict:
     def __init__(self, settings: dict, every: int = 10):
         self.settings, self.every = settings, every
         self.records: list[dict] = []
-        self.evals: list[dict] = []  # evaluation records that left the window
+        self.evals: list[dict] = []  # evaluations outside the window's records, by step
         self._seen: set[str] = set()  # findings at the previous check
         self._warned: set[str] = set()
 
     def evaluated(self, record: dict) -> None:
         """An evaluation logged outside a step's record (the one before training, or one that ended beside
-        training, ``evaluator.background``): merged into its step's record while that is in the window, kept
-        with the older evaluations otherwise."""
-        metrics = {k: v for k, v in record.items() if k.startswith("eval_")}
-        step = record.get("step", 0)
-        target = next((r for r in self.records if r.get("step") == step), None)
-        if target is not None:
-            target.update(metrics)
-        else:
-            self.evals = sorted(self.evals + [{"step": step, **metrics}], key=lambda r: r["step"])
+        training, ``evaluator.background``): read with its step's record, as a run directory's reader merges it."""
+        self.evals = sorted(self.evals + [record], key=lambda r: r.get("step", 0))
 
     def check(self, record: dict) -> None:
-        self.records = self.records + [dict(record)]  # a copy: a later evaluation is merged into it
+        self.records = self.records + [dict(record)]  # a copy: an evaluation is merged into it
         if len(self.records) > WINDOW + 1:  # the rules read WINDOW steps after the oldest record they are given
-            self.evals += [r for r in self.records[:-WINDOW - 1] if "eval_accuracy" in r]
+            left = [r for r in self.records[:-WINDOW - 1] if "eval_accuracy" in r]
+            self.evals = sorted(self.evals + left, key=lambda r: r.get("step", 0))
             self.records = self.records[-WINDOW - 1:]
         if not self.every or record.get("step", 0) % self.every:
             return
-        found = {f.name: f for f in diagnose(self.evals + self.records, self.settings).findings}
+        records = merge_evaluations(self.evals + self.records)
+        found = {f.name: f for f in diagnose(records, self.settings).findings}
         for name in (found.keys() & self._seen) - self._warned:
             self._warned.add(name)
             log.warning("%s (for %d steps now; warned once): %s", name, 2 * self.every, found[name].line())

@@ -209,8 +209,9 @@ def mixture_dataset(sources: dict[str, tuple[float, Dataset]], *, seed: int = 0,
     valid, held = [], set()  # the sources' held-out items, each prompt once (one file in two entries: once)
     for name, (_, data) in sources.items():
         for item in data.valid:
-            if _prompt_key(item) not in held:
-                held.add(_prompt_key(item))
+            key = _prompt_key(item)
+            if key not in held:
+                held.add(key)
                 valid.append(_tagged(item, name))
 
     def unheld(k: int) -> dict:

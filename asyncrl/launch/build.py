@@ -39,6 +39,7 @@ from asyncrl.engine.local import LocalEngine
 from asyncrl.evaluate import BackgroundEvaluator, Evaluator
 from asyncrl.trainer.critic import CRITIC_DIR
 from asyncrl.placement import Allocation, PlacementError, allocate
+from asyncrl.report.diagnose import MACHINE_FILE
 from asyncrl.launch.ranks import RANK_ENV, RankedTrainer
 from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
 from asyncrl.lora import apply_lora, load_adapter, trainable_summary
@@ -377,9 +378,6 @@ def _run_dir(cfg: TrainConfig, start: RunState) -> Path:
     configlib.dump(cfg, run_dir / "config.yaml")
     write_machine(cfg, run_dir)
     return run_dir
-
-
-MACHINE_FILE = "machine.json"
 
 
 def write_machine(cfg: TrainConfig, run_dir: Path) -> None:

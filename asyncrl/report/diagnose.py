@@ -14,7 +14,7 @@ from asyncrl.report.verdict import Verdict, diagnose, diagnose_sft
 
 PROG = "asyncrl diagnose"
 SFT_METRICS = "sft_metrics.jsonl"
-MACHINE_FILE = "machine.json"  # written by asyncrl.launch.build.write_machine
+MACHINE_FILE = "machine.json"  # where a run ran: written by asyncrl.launch.build.write_machine, read here
 
 
 def run_settings(run) -> dict:

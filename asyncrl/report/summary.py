@@ -58,6 +58,7 @@ def summarize(run: Run, target: float | None = None, name: str | None = None) ->
     hit = time_to_target(run.records, target) if target is not None else None
     hist, unit = staleness_histogram(steps)
     rewards = [r["reward_mean"] for r in steps if finite(r.get("reward_mean")) is not None]
+    eval_key = _eval_key(steps)
     return RunSummary(
         name=name or run.path.name,
         max_staleness=run.setting("rollout.max_head_offpolicyness"),
@@ -75,7 +76,7 @@ def summarize(run: Run, target: float | None = None, name: str | None = None) ->
         trained_tokens_per_wall_s=ratio(train_tokens, wall),
         generator_idle_frac=1.0 - ratio(gen_busy, step_time),
         trainer_idle_frac=ratio(sum(num(r, "trainer_wait_s") for r in steps), wall),
-        eval_frac=ratio(sum(num(r, _eval_key(steps)) for r in steps), wall),
+        eval_frac=ratio(sum(num(r, eval_key) for r in steps), wall),
         trainer_breakdown=trainer_breakdown(run.spans),
         step_time_s=_median([num(r, "step_time_s") for r in steps]),
         staleness_max=int(max((num(r, "staleness_max") for r in steps), default=0)),
