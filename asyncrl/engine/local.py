@@ -107,7 +107,9 @@ class LocalEngine:
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future:
         """Queue a prompt; the future resolves to ``params.n`` completions, some of which may end with
         ``abort`` (a weight update in abort mode, or ``abort()``). Stop strings (``params.stop``) end a
-        sample once its decoded output contains one (needs ``tokenizer``)."""
+        sample once its decoded output contains one (needs ``tokenizer``). Cancelling the future (as a
+        cancelled ``asyncio.wrap_future`` of it does) drops the request: it is not started, or its samples
+        leave their slots at the next token boundary."""
         self.check_request(prompt_ids, params)
         req = Request(list(prompt_ids), params, Future())
         with self._cv:
@@ -261,7 +263,7 @@ class LocalEngine:
 
     @property
     def n_running(self) -> int:
-        return len(self._active) + len(self._waiting)
+        return len(self._active) + sum(not r.future.cancelled() for r in self._waiting)
 
     @property
     def paused(self) -> bool:
@@ -357,8 +359,10 @@ class LocalEngine:
         new: list[Request] = []
         free = self.max_slots - len(self._active)
         with self._cv:
-            while self._waiting and self._waiting[0].params.n <= free:
+            while self._waiting and (self._waiting[0].future.cancelled() or self._waiting[0].params.n <= free):
                 req = self._waiting.popleft()
+                if req.future.cancelled():  # its caller stopped waiting before it started
+                    continue
                 free -= req.params.n
                 req.queued_s = time.perf_counter() - req.submitted
                 new.append(req)
@@ -422,7 +426,9 @@ class LocalEngine:
         for i in range(len(self._active) - 1, -1, -1):
             s = self._active[i]
             p = s.req.params
-            if s.output_ids[-1] in (p.stop_token_ids or self.default_stop):
+            if s.req.future.cancelled():  # its caller stopped waiting: free the slot
+                reason = "abort"
+            elif s.output_ids[-1] in (p.stop_token_ids or self.default_stop):
                 reason = "stop"
             elif p.stop and ends_with_stop_string(self.tokenizer, s.output_ids, p.stop):
                 reason = "stop"

@@ -3,7 +3,8 @@
 Error answers, all ``{"error": {"message", "type"}}``: 400 a request the engine cannot serve, 409 a weight
 version going backwards, 413 a body over ``--max-request-bytes``, 422 a body that fails validation (the
 message names the field), 503 while shutting down or when a weight update does not finish in time, 500
-anything unexpected. None of them closes the connection, and the server keeps serving.
+anything unexpected. None of them closes the connection, and the server keeps serving. A generating request whose
+client goes away stops generating (its samples free their slots at the next token).
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from asyncrl.server import render
 from asyncrl.server.net import bind
 from asyncrl.server.limits import HEADER_TIMEOUT_S, MAX_JSON_CONTAINERS, SHUTDOWN_GRACE_S
-from asyncrl.server.middleware import BodyLimit, InternalErrors
+from asyncrl.server.middleware import BodyLimit, CancelOnDisconnect, InternalErrors
 from asyncrl.server.schemas import (BadRequest, ChatRequest, CompletionRequest, DestroyGroup, GenerateRequest,
                                     InitGroup, PauseRequest, UpdateFromDisk, UpdateFromDistributed, sampling_params,
                                     stop_list)
 from asyncrl.server.state import Conflict, ServerState, Unavailable, in_daemon_thread, version_arg
 
 log = logging.getLogger(__name__)
+
+GENERATING_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+"""Routes whose request stops generating when its client goes away (``CancelOnDisconnect``)."""
 
 STATUS = {BadRequest: (400, "invalid_request_error"), Conflict: (409, "conflict"), Unavailable: (503, "unavailable")}
 
@@ -50,7 +54,11 @@ def _error_answers(app: FastAPI, state: ServerState) -> None:
     def count_error() -> None:
         state.internal_errors += 1
 
+    def count_cancel() -> None:
+        state.requests_cancelled += 1
+
     app.add_middleware(InternalErrors, on_error=count_error)
+    app.add_middleware(CancelOnDisconnect, paths=GENERATING_PATHS, on_cancel=count_cancel)
     app.add_middleware(BodyLimit, max_bytes=state.max_request_bytes,  # added last: runs first
                        max_containers=MAX_JSON_CONTAINERS)
 
@@ -106,7 +114,8 @@ def _native_routes(app: FastAPI, state: ServerState) -> None:
         e = state.engine
         return {**dataclasses.asdict(e.stats()), "weight_version": str(e.version), "paused": e.paused,
                 "running": e.n_running, "requests_completed": state.requests_completed,
-                "internal_errors": state.internal_errors, "interrupt_mode": e.interrupt_mode}
+                "requests_cancelled": state.requests_cancelled, "internal_errors": state.internal_errors,
+                "interrupt_mode": e.interrupt_mode}
 
     @app.post("/generate")
     async def generate(req: GenerateRequest):

@@ -1,5 +1,5 @@
-"""The ASGI middlewares of ``asyncrl serve``: the request size limit, 500s that keep the connection open, and the
-admin key on the engine's routes.
+"""The ASGI middlewares of ``asyncrl serve``: the request size limit, 500s that keep the connection open, the admin
+key on the engine's routes, and generation that stops when its client goes away.
 
 Plain ASGI (no framework base class), so they work the same on every Starlette/FastAPI version.
 """
@@ -110,6 +110,53 @@ def _content_length(scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+class CancelOnDisconnect:
+    """Cancels a request to one of ``paths`` whose client goes away before its answer: the cancellation reaches
+    the engine (``LocalEngine.submit``'s future), whose samples leave their slots at the next token boundary.
+    Without it a client that timed out left its samples generating to ``max_new_tokens`` in slots that new
+    requests waited for. ``on_cancel`` counts them."""
+
+    def __init__(self, app, paths: tuple[str, ...], on_cancel: Callable[[], None] = lambda: None):
+        self.app, self.paths, self.on_cancel = app, paths, on_cancel
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            return await self.app(scope, receive, send)
+        body_read, gone = asyncio.Event(), asyncio.Event()
+
+        async def app_receive():
+            if body_read.is_set():  # after the body, the app may only wait for the disconnect, which watch() reads
+                await gone.wait()
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+            elif not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async def watch() -> None:
+            await body_read.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        task, watcher = asyncio.ensure_future(self.app(scope, app_receive, send)), asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # this request is cancelled itself (the shutdown): the app answers it
+            watcher.cancel()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        watcher.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()  # the client went away: nobody will read the answer
+        self.on_cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 class InternalErrors:

@@ -73,6 +73,7 @@ class ServerState:
     group_timeout_s: float = GROUP_TIMEOUT_S
     max_request_bytes: int = MAX_REQUEST_BYTES
     requests_completed: int = field(default=0, init=False)
+    requests_cancelled: int = field(default=0, init=False)  # generating requests whose client went away
     internal_errors: int = field(default=0, init=False)  # 500s answered
 
     def __post_init__(self):

@@ -478,3 +478,40 @@ def test_a_seeded_group_aborted_mid_way_and_continued_samples_the_same_tokens(na
 
     continued = asyncio.run(continue_all(first.result(), params, resubmit))
     assert [c.output_ids for c in continued] == alone and len({tuple(ids) for ids in alone}) == 3
+
+
+def test_a_cancelled_request_leaves_its_slots_and_a_queued_one_never_starts():
+    engine = LocalEngine(make_model(VOCAB), max_slots=2, max_len=64)
+    long = SamplingParams(n=2, max_new_tokens=60, stop_token_ids=NO_STOP_TOKENS)
+    running = engine.submit([1, 2, 3], long)
+    queued = engine.submit([4, 5, 6], long)
+    after = engine.submit([7, 8], SamplingParams(max_new_tokens=4, greedy=True, stop_token_ids=NO_STOP_TOKENS))
+    engine.step()
+    assert engine.n_running == 2 + 2  # two samples running, two requests queued
+    assert running.cancel() and queued.cancel()  # as a cancelled asyncio.wrap_future does
+    assert engine.n_running == 2 + 1
+    engine.step()
+    assert engine.n_running == 1  # the slots are free at the next token boundary (not after 60 tokens): `after` runs
+    engine.run_until_idle()
+    assert len(after.result(timeout=1)[0].output_ids) == 4
+    assert engine.stats().generated_tokens == 2 * 3 + 4  # `running`: 3 tokens (2 steps); `queued` never started
+
+
+def test_cancelling_an_async_generate_frees_the_engines_slots():
+    engine = LocalEngine(make_model(VOCAB), max_slots=2, max_len=600).start()
+    try:
+        async def main():
+            task = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(
+                n=2, max_new_tokens=590, stop_token_ids=NO_STOP_TOKENS)))
+            while engine.stats().generated_tokens < 4:
+                await asyncio.sleep(0.001)
+            task.cancel()
+            for _ in range(2000):
+                if engine.n_running == 0:
+                    return engine.stats().generated_tokens
+                await asyncio.sleep(0.001)
+            raise AssertionError("the cancelled request kept its slots")
+
+        assert asyncio.run(main()) < 2 * 590
+    finally:
+        engine.stop()
