@@ -146,12 +146,13 @@ class AgentProxy:
             raise ProxyError(400, "prompt must be a non-empty string or a list of token ids")
         params = self._params(body)
         choices = []
-        calls = await self._generate(episode, ids, None, 0, [], "", params, _n(body), _max_tokens(body) is not None)
+        calls = await self._generate(episode, ids, None, 0, [], "", params, _n(body), _max_tokens(body) is not None,
+                                     "cmpl")
         for index, call in enumerate(calls):
             choices.append({"index": index, "text": self._decode(call.output_ids, params),
                             "finish_reason": FINISH.get(call.finish_reason, "stop"), "logprobs": None})
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices, "usage": _usage(ids, choices, episode)}
+        return {"id": calls[0].id, "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices, "usage": _usage(ids, calls)}
 
     # ---- internals -----------------------------------------------------------------------------------------
     async def _chat(self, episode: Episode, body: dict, messages: list[dict], tools: list | None) -> dict:
@@ -179,7 +180,7 @@ class AgentProxy:
                     for t, lp in zip(call.output_ids, call.logprobs)]}
             choices.append(choice)
         return {"id": calls[0].id, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
-                "choices": choices, "usage": _usage(prompt_ids, choices, episode, calls)}
+                "choices": choices, "usage": _usage(prompt_ids, calls)}
 
     async def _off_loop(self, fn):
         """``fn()`` on the proxy's one tokenising thread (one: a fast tokenizer used by two threads at once can
@@ -196,9 +197,11 @@ class AgentProxy:
         return dataclasses.replace(self.params, max_new_tokens=max_new, stop=tuple(stops))
 
     async def _generate(self, episode: Episode, prompt_ids: list[int], parent, bridge: int, messages, tools_key,
-                        params: SamplingParams, n: int, params_asked: bool = True) -> list[Call]:
-        """``n`` calls of ``prompt_ids``; a request that set no ``max_tokens`` (``params_asked`` False) gets at
-        most what is left of the context, as OpenAI's API does, instead of a refusal."""
+                        params: SamplingParams, n: int, params_asked: bool = True,
+                        kind: str = "chatcmpl") -> list[Call]:
+        """``n`` calls of ``prompt_ids``, the choices of one completion (one id, ``KIND-...``); a request that set
+        no ``max_tokens`` (``params_asked`` False) gets at most what is left of the context, as OpenAI's API does,
+        instead of a refusal."""
         if self.engine is None:
             raise ProxyError(503, "the proxy has no engine yet")
         room = self.max_len - len(prompt_ids)
@@ -213,9 +216,10 @@ class AgentProxy:
         completions = await self.engine.generate(prompt_ids, dataclasses.replace(params, n=n))
         episode.llm_s += time.perf_counter() - t0
         episode.llm_queue_s += max(c.queued_s for c in completions)
-        for c in completions:
-            call = Call(f"chatcmpl-{uuid.uuid4().hex}", messages, tools_key, list(prompt_ids), parent, bridge,
-                        c.output_ids, c.logprobs, c.versions, c.finish_reason)
+        completion_id = f"{kind}-{uuid.uuid4().hex}"
+        for index, c in enumerate(completions):
+            call = Call(completion_id, messages, tools_key, list(prompt_ids), parent, bridge, c.output_ids, c.logprobs,
+                        c.versions, c.finish_reason, choice=index)
             episode.calls.append(call)
             calls.append(call)
         self.calls += len(calls)
@@ -332,7 +336,7 @@ def _max_tokens(body: dict) -> int | None:
     return None
 
 
-def _usage(prompt_ids: list[int], choices: list[dict], episode: Episode, calls: list[Call] | None = None) -> dict:
-    completion = sum(len(c.output_ids) for c in (calls or episode.calls[-len(choices):]))
+def _usage(prompt_ids: list[int], calls: list[Call]) -> dict:
+    completion = sum(len(c.output_ids) for c in calls)
     return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
             "total_tokens": len(prompt_ids) + completion}

@@ -12,8 +12,8 @@ Export (``agent.export``):
   tokens between them (tool results, user turns, the template's turn boundaries) masked. A call on several
   chains (the agent branched) is trained on the first only.
 
-Rewards: the episode returns one number (the reward of its last call) or ``{completion_id: reward}`` per call;
-each call's return is its own reward + γ · the return of the next call (creation order), so the episode's
+Rewards: the episode returns one number (the reward of its last call) or ``{completion_id: reward}`` per call
+(a completion with ``n`` choices: a list of ``n`` rewards, one per choice, in choice order); each call's return is its own reward + γ · the return of the next call (creation order), so the episode's
 outcome flows back over earlier calls (γ = ``agent.turn_discount``).
 """
 
@@ -29,7 +29,7 @@ from asyncrl.types import Trajectory
 
 @dataclass
 class Call:
-    id: str  # the completion id returned to the agent
+    id: str  # the completion id returned to the agent (shared by the choices of a request with n > 1)
     messages: list[dict]  # the request's messages, normalised
     tools_key: str  # the request's tools, as canonical JSON
     prompt_ids: list[int]
@@ -40,6 +40,7 @@ class Call:
     versions: list[int] = field(default_factory=list)
     finish_reason: str = ""
     reply: dict | None = None  # the assistant message returned, normalised (what the agent should send back)
+    choice: int = 0  # this call's index among its completion's choices
 
 
 def canonical(obj) -> str:
@@ -105,11 +106,7 @@ class Episode:
     def returns(self, outcome, gamma: float = 1.0) -> list[float]:
         """Each call's discounted return (creation order) from the episode's outcome."""
         if isinstance(outcome, dict):
-            by_id = {c.id: i for i, c in enumerate(self.calls)}
-            unknown = sorted(set(outcome) - set(by_id))
-            if unknown:
-                raise ValueError(f"the episode rewarded unknown completion ids {unknown[:3]}")
-            rewards = [float(outcome.get(c.id, 0.0)) for c in self.calls]
+            rewards = self._rewards_by_id(outcome)
         else:
             rewards = [0.0] * len(self.calls)
             if self.calls:
@@ -120,17 +117,34 @@ class Episode:
             out[i] = ahead
         return out
 
+    def _rewards_by_id(self, outcome: dict) -> list[float]:
+        """Each call's reward from ``{completion_id: reward}``, or a list of rewards for a completion's choices."""
+        choices: dict[str, list[int]] = {}  # completion id -> its calls, in choice order
+        for i, c in enumerate(self.calls):
+            choices.setdefault(c.id, []).append(i)
+        unknown = sorted(set(outcome) - set(choices))
+        if unknown:
+            raise ValueError(f"the episode rewarded unknown completion ids {unknown[:3]}")
+        rewards = [0.0] * len(self.calls)
+        for key, value in outcome.items():
+            values = list(value) if isinstance(value, (list, tuple)) else [value]
+            if len(values) != len(choices[key]):
+                raise ValueError(f"the episode gave completion {key} {len(values)} reward(s) for its "
+                                 f"{len(choices[key])} choice(s): give one number per choice (a list for n > 1)")
+            for i, v in zip(choices[key], values):
+                rewards[i] = float(v)
+        return rewards
+
     def samples(self, outcome, mode: str = "individual", gamma: float = 1.0) -> list[Trajectory]:
-        calls = [c for c in self.calls if c.output_ids]
-        if not calls:
+        if not any(c.output_ids for c in self.calls):
             return []
-        returns = dict(zip((c.id for c in self.calls), self.returns(outcome, gamma)))
+        returns = self.returns(outcome, gamma)
         if mode == "individual":
-            return [Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, returns[c.id], c.finish_reason)
-                    for c in calls]
+            return [Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason)
+                    for c, r in zip(self.calls, returns) if c.output_ids]
         return self._chains(returns)
 
-    def _chains(self, returns: dict[str, float]) -> list[Trajectory]:
+    def _chains(self, returns: list[float]) -> list[Trajectory]:
         children = {i for c in self.calls for i in [c.parent] if i is not None}
         trained: set[int] = set()
         samples = []
@@ -141,7 +155,7 @@ class Episode:
             while self.calls[chain[-1]].parent is not None:
                 chain.append(self.calls[chain[-1]].parent)
             chain.reverse()
-            samples.append(self._concat(chain, trained, returns[self.calls[chain[0]].id]))
+            samples.append(self._concat(chain, trained, returns[chain[0]]))
         return samples
 
     def _concat(self, chain: list[int], trained: set[int], reward: float) -> Trajectory:

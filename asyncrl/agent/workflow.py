@@ -151,7 +151,8 @@ class AgentWorkflow:
             if not isinstance(outcome, (numbers.Real, dict)) or isinstance(outcome, bool):
                 raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or "
                                 "{completion_id: reward}")
-            values = outcome.values() if isinstance(outcome, dict) else [outcome]
+            values = [outcome] if not isinstance(outcome, dict) else [
+                x for v in outcome.values() for x in (v if isinstance(v, (list, tuple)) else [v])]
             if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values):
                 raise ValueError(f"the episode returned a reward that is not a finite number: {outcome!r}")
             episode = self.proxy.episodes[key]

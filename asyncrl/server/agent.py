@@ -74,7 +74,7 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
             if key not in proxy.episodes:
                 raise ProxyError(404, "no live session has this key")
             episode = proxy.close(key)
-            return {"calls": [{"id": c.id, "parent": c.parent, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids,
+            return {"calls": [{"id": c.id, "choice": c.choice, "parent": c.parent, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids,
                                "logprobs": c.logprobs, "versions": c.versions, "finish_reason": c.finish_reason}
                               for c in episode.calls]}
 

@@ -4,6 +4,8 @@ versions."""
 
 import asyncio
 
+import pytest
+
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.proxy import AgentProxy
 from engines_for_tests import ScriptedEngine, agent_context
@@ -60,6 +62,25 @@ def test_the_same_request_asked_again_is_a_new_sample(tokenizer):
     episode = proxy.close(key)
     assert first["id"] != second["id"] == retry["id"] and len(episode.calls) == 2 and episode.retries == 1
     assert [c["message"]["content"] for c in (first["choices"][0], second["choices"][0])] == ["first", "second"]
+
+
+def test_each_choice_of_a_completion_with_n_choices_takes_its_own_reward(tokenizer):
+    """A chat request with n = 2 and a completion (no chat template): the reply's id names the completion, a
+    list of rewards gives each choice its own; a single number for two choices is refused with the reason."""
+    engine = ScriptedEngine(tokenizer, ["a", "b", "c"])
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
+                       engine=engine)
+    key = proxy.open()
+    chat = asyncio.run(proxy.chat(key, {"messages": [{"role": "user", "content": "q"}], "n": 2, "max_tokens": 8}))
+    text = asyncio.run(proxy.complete(key, {"prompt": "2+2=", "max_tokens": 8}))
+    episode = proxy.close(key)
+    assert [c.id for c in episode.calls] == [chat["id"], chat["id"], text["id"]] and text["id"].startswith("cmpl-")
+    assert [c.choice for c in episode.calls] == [0, 1, 0]
+    samples = episode.samples({chat["id"]: [0.0, 1.0], text["id"]: 0.5}, gamma=0.0)
+    assert [s.reward for s in samples] == [0.0, 1.0, 0.5]
+    assert [s.output_ids for s in samples] == engine.generated
+    with pytest.raises(ValueError, match="1 reward.* for its 2 choice"):
+        episode.samples({chat["id"]: 1.0})
 
 
 def test_a_malformed_tool_call_is_counted_and_harmless(tokenizer):
