@@ -26,6 +26,8 @@ ROUND_DIGITS = 6
 
 ANSWER_TAG_RE = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL | re.IGNORECASE)
 GSM8K_RE = re.compile(r"####\s*([^\n]+)")
+VARIABLES = set("abcdeijknpqrtxyz")
+"""A single letter after a number that is a factor, not a unit: ``5 i`` (imaginary), ``3 x``, ``2 n``."""
 ANSWER_IS_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)  # the answer follows the last one
 NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+)?")
 FRAC_RE = re.compile(r"^([-+]?)\\[dt]?frac\{([-+]?\d+)\}\{([-+]?\d+)\}$")
@@ -84,7 +86,9 @@ def clean(answer: str) -> str:
     s = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
     s = s.replace("^\\circ", "").replace("^{\\circ}", "")
-    s = re.sub(r"^(.*\d)\s+[A-Za-z]+(?:\s+[A-Za-z]+)*$", r"\1", s.strip())  # '42 apples' -> '42'
+    unit = re.match(r"^(.*\d)\s+([A-Za-z]+(?:\s+[A-Za-z]+)*)$", s.strip())  # '42 apples' -> '42'
+    if unit and unit.group(2) not in VARIABLES:
+        s = unit.group(1)
     return s.strip().rstrip(".").strip()
 
 

@@ -55,6 +55,9 @@ CASES = [
     ("First \\boxed{20}, no wait, \\boxed{21}", "20", 0.0),
     ("\\boxed{2e-7}", "3e-7", 0.0),  # small numbers are not all equal to 6 decimals
     ("\\boxed{0.0000004}", "0", 0.0),
+    ("\\boxed{5 i}", "5", 0.0),  # a letter that is a factor is not a unit
+    ("The answer is 3 x.", "3", 0.0),
+    ("The answer is 12 m.", "12", 1.0),
     # empty and garbage
     ("", "42", 0.0),
     ("   \n ", "42", 0.0),
