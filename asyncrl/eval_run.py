@@ -193,8 +193,12 @@ def run_eval(cfg) -> dict:
         raise ConfigError(f"train_dataset.max_prompt_tokens={cfg.train_dataset.max_prompt_tokens} exceeds the {room} "
                           f"tokens a prompt can have beside gconfig.max_new_tokens={cfg.gconfig.max_new_tokens} in "
                           f"the engine's context of {max_len}; lower it or leave it unset")
-    items, default_fn = eval_set_from_config(cfg.task, cfg.valid_dataset, cfg.train_dataset, tokenizer=tokenizer,
-                                             default_max_prompt_tokens=room)
+    items, default_fn, skipped = eval_set_from_config(cfg.task, cfg.valid_dataset, cfg.train_dataset,
+                                                      tokenizer=tokenizer, default_max_prompt_tokens=room)
+    if any(skipped.values()):
+        log.warning("evaluating %d items; rows skipped: %d malformed (data_bad_rows), %d with a prompt over %d "
+                    "tokens (data_skipped_long)", len(items), skipped["data_bad_rows"], skipped["data_skipped_long"],
+                    cfg.train_dataset.max_prompt_tokens or room)
     try:
         engine = LocalEngine(model, max_slots=max(MIN_ENGINE_SLOTS, cfg.gconfig.n_samples), max_len=max_len,
                              dtype=DTYPES[cfg.model.dtype], seed=cfg.seed, threads=cfg.threads)
@@ -222,7 +226,7 @@ def run_eval(cfg) -> dict:
               **summarize(rewards, cfg.k, threshold),
               "eval_reward_errors": sum(e is not None for row in errors for e in row),
               "eval_len_mean": sum(lengths) / len(lengths), **_by_source(items, rewards, threshold),
-              "eval_time_s": time.perf_counter() - t0}
+              "eval_time_s": time.perf_counter() - t0, **skipped}
     if cfg.output:
         write_jsonl(cfg.output, item_records(items, texts, rewards, errors, cfg.k,
                                              [[c.finish_reason for c in g] for g in groups], threshold))

@@ -236,3 +236,17 @@ def test_eval_command_scores_a_file_with_the_configured_reward(tmp_path, tiny_mo
     assert record["n"] == 2 and record["eval_reward_errors"] == 0 and 0.0 <= record["eval_accuracy"] <= 1.0
     assert main(common + [f"valid_dataset.path={tmp_path / 'missing.jsonl'}"]) == 2
     assert "valid_dataset.path" in capsys.readouterr().err
+
+
+def test_eval_reports_the_rows_it_skipped(tmp_path, tiny_model_dir, capsys, caplog):
+    """A malformed line and a prompt longer than train_dataset.max_prompt_tokens are skipped, and the summary
+    says so (the evaluation ran on fewer rows than the file has)."""
+    rows = [json.dumps({"question": f"Compute {i} + 2.", "answer": str(i + 2)}) for i in range(3)]
+    rows.insert(1, '{"question": "cut off')
+    rows.append(json.dumps({"question": "Compute " + " + ".join(["1"] * 200) + ".", "answer": "200"}))
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    rc, record, err = _eval(capsys, tiny_model_dir, path, REWARD, "train_dataset.max_prompt_tokens=100")
+    assert rc == 0, err
+    assert record["n"] == 3 and record["data_bad_rows"] == 1 and record["data_skipped_long"] == 1
+    assert "1 malformed (data_bad_rows), 1 with a prompt over 100 tokens" in caplog.text

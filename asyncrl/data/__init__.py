@@ -124,16 +124,18 @@ def file_dataset(path: str, *, split: str = "train", row_type: str = "auto", fie
 
 def file_eval_set(path: str, *, size: int = 200, split: str = "test", row_type: str = "auto",
                   fields: dict | None = None, template: str = "", skip_bad_rows: bool = True, tokenizer=None,
-                  max_prompt_tokens: int | None = None) -> tuple[list[dict], Callable[..., float]]:
-    """The first ``size`` usable rows of ``path`` (over-long prompts skipped) and the verifier of their format,
-    for evaluation alone: no training source needed."""
+                  max_prompt_tokens: int | None = None) -> tuple[list[dict], Callable[..., float], dict]:
+    """The first ``size`` usable rows of ``path`` (over-long prompts skipped), the verifier of their format and
+    the rows skipped (``data_bad_rows`` in the file, ``data_skipped_long`` among the first ``size``), for
+    evaluation alone: no training source needed."""
     counters = _Counters()
     loader = _RowLoader(row_type, fields or {}, template, skip_bad_rows, counters)
     items = loader.load(resolve_path(path, "valid_dataset.path"), split, "valid_dataset.path")
     held_out = list(_PromptLimit(tokenizer, max_prompt_tokens, counters).filter(items[:size]))
     if not held_out:
         raise ConfigError(f"valid_dataset.path: every row is longer than {max_prompt_tokens} tokens ({LIMIT_KEY})")
-    return held_out, default_reward(loader.row_type)
+    skipped = {k: v for k, v in counters.snapshot().items() if k != "data_epoch"}
+    return held_out, default_reward(loader.row_type), skipped
 
 
 def hold_out(items: list[dict], size: int, seed: int) -> tuple[list[dict], list[dict]]:

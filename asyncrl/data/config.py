@@ -219,15 +219,17 @@ def dataset_from_config(task: TaskConfig, train: TrainDatasetConfig, valid: Vali
 
 def eval_set_from_config(task: TaskConfig, valid: ValidDatasetConfig, train: TrainDatasetConfig | None = None, *,
                          tokenizer=None, default_max_prompt_tokens: int | None = None
-                         ) -> tuple[list[dict], Callable[..., float]]:
-    """Held-out items and their default reward for evaluation alone (``asyncrl eval``): the file
-    ``valid_dataset.path`` (read with ``train``'s type, fields and template; no training source needed), else
-    the held-out split of the training source (the built-in task by default)."""
+                         ) -> tuple[list[dict], Callable[..., float], dict]:
+    """Held-out items, their default reward and the rows skipped (``data_bad_rows``, ``data_skipped_long``) for
+    evaluation alone (``asyncrl eval``): the file ``valid_dataset.path`` (read with ``train``'s type, fields and
+    template; no training source needed), else the held-out split of the training source (the built-in task by
+    default; the rows skipped are then the whole source's, training rows included)."""
     train = train or TrainDatasetConfig()
     if not valid.path:
         data = dataset_from_config(task, train, valid, tokenizer=tokenizer,
                                    default_max_prompt_tokens=default_max_prompt_tokens)
-        return data.valid, data.reward_fn
+        skipped = {k: v for k, v in data.stats().items() if k in ("data_bad_rows", "data_skipped_long")}
+        return data.valid, data.reward_fn, skipped
     train.validate()
     return file_eval_set(valid.path, size=valid.size, split=valid.split, tokenizer=tokenizer,
                          max_prompt_tokens=prompt_limit(train.max_prompt_tokens, default_max_prompt_tokens),

@@ -94,7 +94,7 @@ def test_default_limit_applies_to_a_held_out_split_of_the_training_file(tmp_path
 
 def test_eval_set_applies_the_limit(tmp_path, tokenizer):
     _, valid = _long_row_file(tmp_path)
-    items, _ = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer,
+    items, _, _ = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer,
                                     default_max_prompt_tokens=200)
     assert len(items) == 6
     with pytest.raises(ConfigError, match="valid_dataset.path: every row is longer than 5 tokens"):
@@ -149,10 +149,10 @@ def test_eval_set_from_a_file_needs_no_training_source(tmp_path):
     """``asyncrl eval valid_dataset.path=F``: the file alone, in its detected format, with its own verifier."""
     path = write_jsonl(tmp_path / "test.jsonl", [{"question": f"{i} + 1 = ?", "answer": str(i + 1)}
                                                  for i in range(8)])
-    items, reward_fn = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=path, size=5))
+    items, reward_fn, _ = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=path, size=5))
     assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
     assert reward_fn.__name__ == "math_reward" and call_reward(reward_fn, items[2], "\\boxed{3}") == 1.0
-    builtin, arith = eval_set_from_config(TaskConfig(), ValidDatasetConfig(size=5))  # default: the built-in task
+    builtin, arith, _ = eval_set_from_config(TaskConfig(), ValidDatasetConfig(size=5))  # default: the built-in task
     assert len(builtin) == 5 and arith is arith_reward
     with pytest.raises(ConfigError, match="valid_dataset.path"):
         eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=str(tmp_path / "missing.jsonl")))

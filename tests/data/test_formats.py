@@ -135,5 +135,5 @@ def test_a_first_line_that_is_no_object_does_not_decide_the_rows_format(tmp_path
     rows = [{"problem": f"What is {i}+1?", "solution": f"It is $\\\\boxed{{{i + 1}}}$."} for i in range(5)]
     path = tmp_path / "math.jsonl"
     path.write_text("null\n" + "".join(json.dumps(r) + "\n" for r in rows))
-    items, _ = file_eval_set(str(path))
+    items, _, _ = file_eval_set(str(path))
     assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
