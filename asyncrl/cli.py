@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_loading()
     from asyncrl.buffer import BatchTimeout
     from asyncrl.checkpoint import CheckpointError
+    from asyncrl.launch.ranks import RankDied
     from asyncrl.launch.signals import StopRequested
     from asyncrl.publish import WeightSyncError
     from asyncrl.rollout import RolloutFailures
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:
         print(f"asyncrl {args.command}: {e.advice()}", file=sys.stderr)
         return e.exit_code
-    except (TrainingHalted, RolloutFailures, CheckpointError, WeightSyncError, BatchTimeout) as e:
+    except (TrainingHalted, RolloutFailures, CheckpointError, WeightSyncError, BatchTimeout, RankDied) as e:
         print(f"asyncrl {args.command}: stopped: {e}", file=sys.stderr)
         return 1
 

@@ -12,6 +12,7 @@ the same command instead.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -24,6 +25,8 @@ import torch
 from asyncrl.engine.spawn import die_with_parent
 from asyncrl.parallel import DataParallel, shard_groups
 from asyncrl.types import Batch
+
+log = logging.getLogger(__name__)
 
 RANK_ENV = "ASYNCRL_RAY_RANK"
 """Set (to the rank) in the trainer processes the Ray launcher starts: ``train()`` there runs that rank."""
@@ -109,8 +112,11 @@ class RankedTrainer:
         self.trainer.check_finite()
 
     def close(self) -> None:
-        """Tell the other ranks to stop."""
-        self.dp.scatter([None] * self.dp.world)
+        """Tell the other ranks to stop (best effort: where a rank died, the group is broken and nobody listens)."""
+        try:
+            self.dp.scatter([None] * self.dp.world)
+        except RuntimeError as e:  # gloo's "Connection reset by peer": the run is already ending with the cause
+            log.warning("could not tell the other trainer ranks to stop: %s", str(e).splitlines()[0][:200])
 
 
 def serve_rank(trainer, dp: DataParallel) -> None:
@@ -125,6 +131,10 @@ def serve_rank(trainer, dp: DataParallel) -> None:
             continue
         dp.gather(trainer.step(shard, version))
         trainer.gather_weights()
+
+
+class RankDied(RuntimeError):
+    """A trainer rank process died during the run (the collective that failed on rank 0 is only its symptom)."""
 
 
 class LocalRanks:

@@ -22,7 +22,7 @@ from asyncrl.configlib import ConfigError
 from asyncrl.controller import run
 from asyncrl.data.config import source_lookup
 from asyncrl.launch.build import assemble, build_rank_trainer
-from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV, serve_rank, spawn_ranks
+from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV, RankDied, serve_rank, spawn_ranks
 from asyncrl.launch.resume import resume_point
 from asyncrl.launch.signals import GracefulStop, StopRequested
 
@@ -58,8 +58,8 @@ def train(cfg: TrainConfig) -> dict:
             except Exception as e:
                 dead = ranks.failed(grace_s=2.0) if ranks is not None else []
                 if dead:  # the collective that failed is the symptom; the rank's death is the cause
-                    raise RuntimeError(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
-                                       "its last checkpoint") from e
+                    raise RankDied(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
+                                   "its last checkpoint") from e
                 raise
     except StopRequested as e:
         e.checkpoint = _latest_checkpoint(run_dir) if run_dir is not None else None
