@@ -12,6 +12,7 @@ garbage stops with the reason instead of going on quietly.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -61,14 +62,15 @@ class TrainingHalted(RuntimeError):
 class LiveVerdict:
     """The verdict's rules (``asyncrl.report.verdict``) over the last steps, every ``every`` steps; a finding
     seen at two checks in a row (a condition that persists) is warned about once, with its evidence and the
-    change it suggests. Evaluations older than the window are kept too (the held-out rule compares with the best)."""
+    change it suggests, and again only if it clears and comes back, or if the change it suggests becomes another
+    (numbers aside). Evaluations older than the window are kept too (the held-out rule compares with the best)."""
 
     def __init__(self, settings: dict, every: int = 10):
         self.settings, self.every = settings, every
         self.records: list[dict] = []
         self.evals: list[dict] = []  # evaluations outside the window's records, by step
         self._seen: set[str] = set()  # findings at the previous check
-        self._warned: set[str] = set()
+        self._warned: set[tuple[str, str]] = set()  # (finding, its change with the numbers left out)
 
     def evaluated(self, record: dict) -> None:
         """An evaluation logged outside a step's record (the one before training, or one that ended beside
@@ -85,9 +87,12 @@ class LiveVerdict:
             return
         records = merge_evaluations(self.evals + self.records)
         found = {f.name: f for f in diagnose(records, self.settings).findings}
-        for name in (found.keys() & self._seen) - self._warned:
-            self._warned.add(name)
-            log.warning("%s (for %d steps now; warned once): %s", name, 2 * self.every, found[name].line())
+        self._warned = {key for key in self._warned if key[0] in found}  # a condition that cleared is re-armed
+        for name in sorted(found.keys() & self._seen):
+            key = (name, re.sub(r"\d+(?:\.\d+)?", "#", found[name].change))
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("%s (for %d steps now; warned once): %s", name, 2 * self.every, found[name].line())
         self._seen = set(found)
 
 

@@ -254,3 +254,26 @@ def test_the_live_verdict_warns_once_about_a_condition_that_persists_and_remembe
     assert len([w for w in warnings if w.startswith("held-out falling")]) == 1, warnings
     assert "best 0.440 at step 10" in next(w for w in warnings if w.startswith("held-out falling"))
     assert len(live.records) == 21  # the rules read 20 steps after the oldest
+
+
+def test_the_live_verdict_warns_again_when_a_condition_comes_back_or_its_advice_changes(caplog, monkeypatch):
+    """Once warned, a finding is quiet while it persists with the same advice (numbers aside); it warns again
+    after it has cleared and persists anew, or when the change it suggests becomes another."""
+    import asyncrl.watchdog as watchdog
+    from asyncrl.report.verdict import Finding, Verdict
+
+    def finding(change):
+        return Finding("trainer-bound", "bottleneck", "gate closed 60%", change, 0.3)
+
+    script = iter([[finding("raise actor.threads to 2")], [finding("raise actor.threads to 2")],
+                   [finding("raise actor.threads to 3")],  # the same advice, another number: quiet
+                   [], [finding("raise actor.threads to 2")], [finding("raise actor.threads to 2")],  # back
+                   [finding("lower gconfig.n_samples to 4")]])  # another change
+    monkeypatch.setattr(watchdog, "diagnose", lambda records, settings: Verdict(next(script), None, settings))
+    live = watchdog.LiveVerdict({"eta": 2}, every=1)
+    with caplog.at_level("WARNING", logger="asyncrl.watchdog"):
+        for step in range(1, 8):
+            live.check({"step": step, "version": step})
+    warnings = [r.getMessage() for r in caplog.records]
+    assert [w.split(" -> ")[1] for w in warnings] == ["raise actor.threads to 2", "raise actor.threads to 2",
+                                                      "lower gconfig.n_samples to 4"], warnings
