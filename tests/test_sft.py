@@ -306,13 +306,14 @@ def test_the_best_held_out_model_is_kept_and_survives_a_resume(tmp_path, tiny_mo
                  "evaluator.freq_steps=1")
     sft(cfg)  # evaluations 0.2, 0.6, 0.4, 0.5 at steps 1-4
     best = Path(cfg.output_dir) / "best"
-    assert json.loads((best / "best.json").read_text()) == {"step": 2, "eval_accuracy": 0.6}
+    assert json.loads((best / "best.json").read_text()) == {"step": 2, "eval_accuracy": 0.6, "evaluation": {
+        "greedy": True, "success_threshold": 1.0}}
     step2 = AutoModelForCausalLM.from_pretrained(Path(cfg.output_dir) / "step2").state_dict()
     assert all(torch.equal(a, b) for a, b in zip(AutoModelForCausalLM.from_pretrained(best).state_dict().values(),
                                                  step2.values()))
     sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
                "evaluator.freq_steps=1"))  # resumes at step 5: 0.3, then 0.7 at step 6
-    assert json.loads((best / "best.json").read_text()) == {"step": 6, "eval_accuracy": 0.7}
+    assert json.loads((best / "best.json").read_text())["eval_accuracy"] == 0.7
     (best / "best.json").write_text(json.dumps({"step": 5, "eval_accuracy": 0.9}))  # as if saved after step 4
     accuracies = iter([0.1, 0.05])
     sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
@@ -321,7 +322,22 @@ def test_the_best_held_out_model_is_kept_and_survives_a_resume(tmp_path, tiny_mo
     (Path(cfg.output_dir) / "step6" / "sft_state.pt").unlink()  # now it resumes at step 5, which it trains again
     sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
                "evaluator.freq_steps=1"))
-    assert json.loads((best / "best.json").read_text()) == {"step": 5, "eval_accuracy": 0.1}
+    assert {k: v for k, v in json.loads((best / "best.json").read_text()).items() if k != "evaluation"} == {
+        "step": 5, "eval_accuracy": 0.1}
+
+
+def test_a_best_model_evaluated_under_other_settings_is_not_compared(tmp_path, caplog):
+    """A resumed run may change evaluator.greedy or evaluator.success_threshold: the best accuracy measured
+    under the old ones is not a bar for the new ones (the next evaluation replaces it); under the same ones it is."""
+    from asyncrl.sft.state import best_before
+
+    best = tmp_path / "best"
+    best.mkdir()
+    (best / "best.json").write_text(json.dumps({"step": 4, "eval_accuracy": 0.9, "evaluation": {
+        "greedy": True, "success_threshold": 1.0}}))
+    assert best_before(tmp_path, 5, {"greedy": True, "success_threshold": 1.0})["eval_accuracy"] == 0.9
+    assert best_before(tmp_path, 5, {"greedy": False, "success_threshold": 1.0}) is None
+    assert best.is_dir() and "is not compared, and the next evaluation replaces it" in caplog.text
 
 
 def test_a_stopped_sft_run_resumes_from_its_step_checkpoint_with_the_same_losses(tmp_path, tiny_model_dir,

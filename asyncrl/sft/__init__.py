@@ -48,8 +48,8 @@ from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, 
 from asyncrl.types import SamplingParams
 from asyncrl.data.formats import chat_prompt_ids, item_prompt_ids
 from asyncrl.sft.agent import agent_task, scoring_engine
-from asyncrl.sft.state import (BEST_DIR, best_before, records, restore, resume_point, save_best, save_model,
-                               save_step, start_over)
+from asyncrl.sft.state import (BEST_DIR, best_before, evaluation_key, records, restore, resume_point, save_best,
+                               save_model, save_step, start_over)
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
         t0 -= float(record.get("elapsed_s", 0.0))
         log.info("sft: resuming from %s (step %d of %d)%s; resume=fresh starts over", start, first - 1,
                  cfg.total_train_steps, ": nothing left to train" if first > cfg.total_train_steps else "")
-    best = best_before(out, first)
+    best = best_before(out, first, evaluation_key(cfg))
     best_accuracy = best["eval_accuracy"] if best else -math.inf
     model.train()
     bar = _progress_bar(cfg, first - 1)
@@ -276,7 +276,7 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "_Examples", data_stats, 
                 model.train()
                 if record["eval_accuracy"] > best_accuracy:
                     best_accuracy = record["eval_accuracy"]
-                    save_best(model, tokenizer, out, step, best_accuracy, engine_model.lora)
+                    save_best(model, tokenizer, out, step, best_accuracy, engine_model.lora, evaluation_key(cfg))
                 _say(bar, f"sft step {step} | loss {loss:.4f} | eval_acc {record['eval_accuracy']:.3f} | "
                           f"{record['elapsed_s']:.0f}s")
             elif step % cfg.log_every == 0:

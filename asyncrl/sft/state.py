@@ -76,23 +76,39 @@ def save_step(model, tokenizer, optimizer, examples, out: Path, step: int, lora:
     tmp.rename(final)
 
 
-def save_best(model, tokenizer, out: Path, step: int, accuracy: float, lora: bool) -> None:
+def evaluation_key(cfg: SFTConfig) -> dict:
+    """The settings a held-out accuracy depends on that a resumed run may change: accuracies measured under other
+    ones are not compared."""
+    return {"greedy": cfg.evaluator.greedy, "success_threshold": cfg.evaluator.success_threshold}
+
+
+def save_best(model, tokenizer, out: Path, step: int, accuracy: float, lora: bool, evaluation: dict) -> None:
     """``out/best``: the model of step ``step``, whose held-out accuracy is the best so far, written aside and
-    renamed into place (loadable as ``out`` is; ``best.json`` says which step and what accuracy)."""
+    renamed into place (loadable as ``out`` is; ``best.json`` says which step, what accuracy, and under which
+    ``evaluation_key``)."""
     final, tmp = out / BEST_DIR, out / f".{BEST_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tokenizer, tmp, lora)
-    (tmp / BEST_FILE).write_text(json.dumps({"step": step, "eval_accuracy": accuracy}) + "\n")
+    (tmp / BEST_FILE).write_text(json.dumps({"step": step, "eval_accuracy": accuracy, "evaluation": evaluation})
+                                 + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
 
 
-def best_before(out: Path, first: int) -> dict | None:
+def best_before(out: Path, first: int, evaluation: dict | None = None) -> dict | None:
     """``out/best``'s ``best.json`` when it was saved before step ``first`` (a resumed run keeps it); one saved at
-    or after ``first`` (steps a resumed run trains again, or a run started over) is removed."""
+    or after ``first`` (steps a resumed run trains again, or a run started over) is removed. One evaluated under
+    another ``evaluation`` stays on disk but is not returned: the next evaluation replaces it, whatever its
+    accuracy (the two are not comparable)."""
     try:
         best = json.loads((out / BEST_DIR / BEST_FILE).read_text())
         if int(best["step"]) < first:
+            if evaluation is not None and best.get("evaluation", evaluation) != evaluation:
+                logging.getLogger(__name__).warning(
+                    "%s was evaluated with %s, this run evaluates with %s: its accuracy %.3f is not compared, and "
+                    "the next evaluation replaces it", out / BEST_DIR, best.get("evaluation"), evaluation,
+                    best["eval_accuracy"])
+                return None
             return best
     except (OSError, ValueError, KeyError, TypeError):
         pass
