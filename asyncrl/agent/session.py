@@ -12,9 +12,10 @@ Export (``agent.export``):
   tokens between them (tool results, user turns, the template's turn boundaries) masked. A call on several
   chains (the agent branched) is trained on the first only.
 
-Rewards: the episode returns one number (the reward of its last call) or ``{completion_id: reward}`` per call
-(a completion with ``n`` choices: a list of ``n`` rewards, one per choice, in choice order); each call's return is its own reward + γ · the return of the next call (creation order), so the episode's
-outcome flows back over earlier calls (γ = ``agent.turn_discount``).
+Rewards: the episode returns one number (the reward of its last completion) or ``{completion_id: reward}`` per
+completion (one with ``n`` choices: a list of ``n`` rewards, one per choice, in choice order); each call's return
+is its own reward + γ · the return of the next completion (creation order; the mean over its choices), so the
+episode's outcome flows back over earlier calls (γ = ``agent.turn_discount``), and no choice takes another's.
 """
 
 from __future__ import annotations
@@ -104,18 +105,33 @@ class Episode:
 
     # ---- export ------------------------------------------------------------------------------------------
     def returns(self, outcome, gamma: float = 1.0) -> list[float]:
-        """Each call's discounted return (creation order) from the episode's outcome."""
+        """Each call's discounted return from the episode's outcome: its own reward + γ · the return of the next
+        completion (creation order; of a completion with n choices, the mean of theirs: its choices are
+        alternatives, not steps, so none takes another's reward). A number is the reward of the last completion
+        (each of its choices)."""
+        completions = self._completions()
         if isinstance(outcome, dict):
             rewards = self._rewards_by_id(outcome)
         else:
             rewards = [0.0] * len(self.calls)
-            if self.calls:
-                rewards[-1] = float(outcome)
+            for i in completions[-1] if completions else []:
+                rewards[i] = float(outcome)
         out, ahead = [0.0] * len(rewards), 0.0
-        for i in range(len(rewards) - 1, -1, -1):
-            ahead = rewards[i] + gamma * ahead
-            out[i] = ahead
+        for calls in reversed(completions):
+            for i in calls:
+                out[i] = rewards[i] + gamma * ahead
+            ahead = sum(out[i] for i in calls) / len(calls)
         return out
+
+    def _completions(self) -> list[list[int]]:
+        """The calls grouped by completion (a request's choices are recorded one after another), in order."""
+        groups: list[list[int]] = []
+        for i, c in enumerate(self.calls):
+            if groups and self.calls[groups[-1][-1]].id == c.id:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
 
     def _rewards_by_id(self, outcome: dict) -> list[float]:
         """Each call's reward from ``{completion_id: reward}``, or a list of rewards for a completion's choices."""

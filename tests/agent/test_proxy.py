@@ -78,6 +78,10 @@ def test_each_choice_of_a_completion_with_n_choices_takes_its_own_reward(tokeniz
     assert [c.choice for c in episode.calls] == [0, 1, 0]
     samples = episode.samples({chat["id"]: [0.0, 1.0], text["id"]: 0.5}, gamma=0.0)
     assert [s.reward for s in samples] == [0.0, 1.0, 0.5]
+    # with the discount, each choice gets its own reward + the next completion's return, not its sibling's
+    assert episode.returns({chat["id"]: [0.0, 1.0], text["id"]: 0.5}, gamma=1.0) == [0.5, 1.5, 0.5]
+    assert episode.returns({chat["id"]: [0.0, 1.0]}, gamma=1.0) == [0.0, 1.0, 0.0]
+    assert episode.returns(1.0, gamma=0.5) == [0.5, 0.5, 1.0]
     assert [s.output_ids for s in samples] == engine.generated
     with pytest.raises(ValueError, match="1 reward.* for its 2 choice"):
         episode.samples({chat["id"]: 1.0})
