@@ -40,7 +40,7 @@ from asyncrl.cores import use_threads
 from asyncrl.engine.base import EngineStats, continue_all
 from asyncrl.engine.decoder import Decoder, Weights, resolve_device
 from asyncrl.engine.requests import (CPU, INTERRUPT_MODES, MAX_VERSION, PendingUpdate, Request, SampleState,
-                                     VersionConflict, check_request, ends_with_stop_string, state_dict_of)
+                                     VersionConflict, check_request, ends_with_stop_string, settle, state_dict_of)
 from asyncrl.engine.sampling import RowParams, counter_uniforms, sample_rows
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
@@ -263,7 +263,9 @@ class LocalEngine:
 
     @property
     def n_running(self) -> int:
-        return len(self._active) + sum(not r.future.cancelled() for r in self._waiting)
+        with self._cv:  # the engine thread pops from the queue meanwhile
+            waiting = list(self._waiting)
+        return len(self._active) + sum(not r.future.cancelled() for r in waiting)
 
     @property
     def paused(self) -> bool:
@@ -449,8 +451,8 @@ class LocalEngine:
         self._rows = None
         req = s.req
         req.done.append((s.index, Completion(req.prompt_ids, s.output_ids, s.logprobs, s.versions, reason, req.queued_s)))
-        if len(req.done) == req.params.n and not req.future.done():
-            req.future.set_result([c for _, c in sorted(req.done, key=lambda d: d[0])])
+        if len(req.done) == req.params.n:
+            settle(req.future, [c for _, c in sorted(req.done, key=lambda d: d[0])])
 
     def _install(self, version: int, weights: Weights) -> None:
         self._check_version(version)  # again at the swap: an update that timed out may have landed since
@@ -493,5 +495,4 @@ class LocalEngine:
         self._active = []
         self._rows = None
         for r in reqs:
-            if not r.future.done():
-                r.future.set_exception(error)
+            settle(r.future, error=error)

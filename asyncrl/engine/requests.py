@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +39,17 @@ class Request:
     done: list = field(default_factory=list)
     submitted: float = field(default_factory=time.perf_counter)
     queued_s: float = 0.0  # from submission to admission
+
+
+def settle(future: Future, result=None, error: BaseException | None = None) -> None:
+    """Resolve a request's future unless it is done, tolerating a cancel from another thread between the check
+    and the call (the caller stopped waiting: nothing to tell)."""
+    if future.done():
+        return
+    try:
+        future.set_exception(error) if error is not None else future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 @dataclass

@@ -146,11 +146,11 @@ class CancelOnDisconnect:
         task, watcher = asyncio.ensure_future(self.app(scope, app_receive, send)), asyncio.ensure_future(watch())
         try:
             await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # this request is cancelled itself (the shutdown): the app answers it
-            watcher.cancel()
+        except asyncio.CancelledError:  # this request is cancelled itself (the shutdown): the app answers it (503),
+            watcher.cancel()  # and the request is over, as InternalErrors has it (re-raising logs a traceback)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            raise
+            return
         watcher.cancel()
         if task.done():
             return task.result()

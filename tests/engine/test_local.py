@@ -515,3 +515,28 @@ def test_cancelling_an_async_generate_frees_the_engines_slots():
         assert asyncio.run(main()) < 2 * 590
     finally:
         engine.stop()
+
+
+def test_a_cancel_racing_the_end_of_a_request_harms_no_other_request(monkeypatch):
+    """The caller cancels between the engine's "not done yet" check and its set_result (another thread): the
+    engine goes on, and the requests beside it are served (the race failed them all with InvalidStateError)."""
+    from concurrent.futures import Future
+
+    import asyncrl.engine.local as local
+
+    class CancelledOnCheck(Future):
+        def done(self):
+            answer = super().done()
+            if not answer and getattr(self, "racing", False):
+                self.cancel()  # the other thread's cancel lands right after the check
+            return answer
+
+    engine = LocalEngine(make_model(VOCAB), max_slots=4, max_len=64)
+    params = SamplingParams(max_new_tokens=3, greedy=True, stop_token_ids=NO_STOP_TOKENS)
+    monkeypatch.setattr(local, "Future", CancelledOnCheck)
+    racing = engine.submit([1, 2, 3], params)
+    racing.racing = True
+    beside = engine.submit([4, 5, 6], SamplingParams(max_new_tokens=6, greedy=True, stop_token_ids=NO_STOP_TOKENS))
+    engine.run_until_idle()
+    assert racing.cancelled() and len(beside.result(timeout=1)[0].output_ids) == 6
+    engine._fail_all(RuntimeError("a failing step"))  # the same race there: nothing left, nothing raised
