@@ -125,10 +125,10 @@ class RolloutBuffer:
                 self._items[ticket.seq] = item
 
     def snapshot(self) -> dict:
-        """A consistent view for a checkpoint: the ready groups with their admission versions, the items being
-        rolled out, and the counters."""
+        """A consistent view for a checkpoint: the ready groups with their admission versions and the η each was
+        admitted under, the items being rolled out, and the counters."""
         with self._cv:
-            ready = [(t.version, g) for t, g in sorted(self._ready.values(), key=lambda tg: tg[0].seq)]
+            ready = [(t.version, g, t.max_staleness) for t, g in sorted(self._ready.values(), key=lambda tg: tg[0].seq)]
             inflight = [self._items[seq] for seq in sorted(self._items)]
             return {"ready": ready, "inflight": inflight, "drawn": self.drawn, "rejected": self.rejected,
                     "accepted": self.accepted}
@@ -138,8 +138,9 @@ class RolloutBuffer:
         the counters; the items that were being rolled out are admitted again like new ones."""
         with self._cv:
             self.version, self.accepted, self.rejected, self.drawn = version, accepted, rejected, drawn
-            for admit_version, group in ready:
-                ticket = Ticket(next(self._seq), admit_version)
+            for admit_version, group, *eta in ready:  # checkpoints before the η was kept: at least the gap to now
+                bound = eta[0] if eta else max(self.max_staleness, version - admit_version)
+                ticket = Ticket(next(self._seq), admit_version, bound)
                 self._ready[ticket.seq] = (ticket, group)
             self._cv.notify_all()
         self._changed()

@@ -116,3 +116,18 @@ def test_gate_closed_time_counts_the_staleness_bound_only():
     buf.finish(c, _group())
     assert buf.try_admit() is not None
     assert buf.gate_closed_s() == 1.0
+
+
+def test_a_resumed_buffer_keeps_the_eta_its_ready_groups_were_admitted_under():
+    """A checkpoint's ready groups keep their η: after the resume, a batch of them reports staleness_bound 2 (it
+    read 0 while their tokens were 2 versions old), and a checkpoint written before η was kept gets at least the
+    gap to the resumed version."""
+    buf = RolloutBuffer(batch_size=2, max_staleness=2)
+    tickets = [buf.try_admit(), buf.try_admit()]
+    for t in tickets:
+        buf.finish(t, _group())
+    snap = buf.snapshot()
+    for ready in (snap["ready"], [r[:2] for r in snap["ready"]]):
+        resumed = RolloutBuffer(batch_size=2, max_staleness=2)
+        resumed.restore(2, ready, snap["accepted"], snap["rejected"], snap["drawn"])
+        assert len(resumed.take(timeout=1)) == 2 and resumed.stats()["staleness_bound"] == 2
