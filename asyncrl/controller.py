@@ -188,17 +188,22 @@ def log_evaluations(p: Parts, done: list[tuple[int, float, dict]]) -> None:
 
 def save_last(p: Parts) -> None:
     """A checkpoint of the weights the run stops with, if they are those of the last step logged and not saved
-    already (refused, and said, if they are not finite); an evaluation running beside training is waited for and
-    logged first (a resumed run does not evaluate the version it starts from again)."""
+    already (refused, and said, if they are not finite); then an evaluation running beside training is waited for
+    and logged (a resumed run does not evaluate the version it starts from again). The checkpoint goes first: a
+    second signal, or a scheduler's kill after its grace period, may not wait for a whole evaluation."""
     try:
         p.saved()  # a background write in progress completes first
     except Exception as e:  # noqa: BLE001 - the reason the run stopped matters more
         log.error("the run stops: the checkpoint being written failed: %s", e)
+    _save_stopping_version(p)
     if p.background_eval is not None:
         try:
             log_evaluations(p, p.background_eval.finished(wait=True))
         except Exception as e:  # noqa: BLE001 - the reason the run stopped matters more
             log.error("the run stops: the evaluation running beside training failed: %s", e)
+
+
+def _save_stopping_version(p: Parts) -> None:
     version = p.trainer.steps_done
     if version == 0 or p.checkpoints.last == version or p.logger.last_step != version:
         return

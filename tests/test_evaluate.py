@@ -3,6 +3,7 @@
 import pytest
 
 from asyncrl import configlib
+from asyncrl.evaluate import BackgroundEvaluator
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
 
@@ -127,6 +128,16 @@ def test_a_run_stopped_by_the_watchdog_logs_the_evaluation_running_beside_it(tmp
             raise TrainingHalted("halted for the test", 2)
 
     monkeypatch.setattr(Watchdog, "check", halting)
+    run = tmp_path / "asyncrl" / "default"
+    saved_before_waiting = []
+    finished = BackgroundEvaluator.finished
+
+    def waited(self, wait=False):  # the checkpoint goes first: a second signal may not wait for an evaluation
+        if wait:
+            saved_before_waiting.append((run / "checkpoints" / "step2").is_dir())
+        return finished(self, wait)
+
+    monkeypatch.setattr(BackgroundEvaluator, "finished", waited)
     cfg = configlib.load(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
         "total_train_steps=4", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
@@ -134,6 +145,6 @@ def test_a_run_stopped_by_the_watchdog_logs_the_evaluation_running_beside_it(tmp
         "saver.freq_steps=0", "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0"])
     with pytest.raises(TrainingHalted):
         train(cfg)
-    run = tmp_path / "asyncrl" / "default"
+    assert saved_before_waiting[-1]  # the wait of the stop
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert (run / "checkpoints" / "step2").is_dir() and 2 in {r["step"] for r in records if "eval_accuracy" in r}
