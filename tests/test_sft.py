@@ -487,3 +487,22 @@ def test_sft_and_eval_take_trains_key_names_and_still_read_their_old_ones(tmp_pa
     with pytest.raises(configlib.ConfigError, match="unknown config key 'bogus'"):
         (tmp_path / "bad.yaml").write_text("bogus: 1\n")
         configlib.load(EvalConfig, str(tmp_path / "bad.yaml"), [], others)
+
+
+def test_starting_over_refuses_to_move_the_model_it_trains_from(tmp_path, monkeypatch):
+    """resume=fresh moves an earlier run aside: not when model.path is in it (out, out/best, out/stepN), which
+    would be moved away from under the run (found after training, as a failure to load model.path); and
+    output_dir=. works (it has no name of its own)."""
+    from asyncrl.sft.state import start_over
+
+    out = tmp_path / "out"
+    (out / "step2").mkdir(parents=True)
+    (out / "step2" / "sft_state.pt").write_bytes(b"")
+    for model in (str(out), str(out / "best"), str(out / "step2")):
+        with pytest.raises(ConfigError, match="is inside output_dir .* write this run to another output_dir"):
+            start_over(out, model)
+    assert (out / "step2").is_dir()
+    monkeypatch.chdir(out)
+    start_over(Path("."), "builtin:tiny-sft")
+    assert not (out / "step2").exists() and len(list(tmp_path.glob("out.replaced-*/step2"))) == 1
+    assert Path.cwd() == out.resolve()  # the new run writes where the working directory is

@@ -212,7 +212,7 @@ def sft(cfg: SFTConfig) -> dict:
             raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
         start = resume_point(cfg, out)
         if start is None:
-            start_over(out)
+            start_over(out, cfg.model.path)
         configlib.dump(cfg, out / "sft_config.yaml")
         lora = cfg.model.lora.rank > 0
         if lora:

@@ -30,15 +30,22 @@ def _step_points(out: Path) -> list[Path]:
                   key=lambda p: int(p.name[4:]))
 
 
-def start_over(out: Path) -> None:
+def start_over(out: Path, model_path: str = "") -> None:
     """Before a run that starts over in ``out``: an earlier run's step checkpoints there are moved aside with
     everything else of it (to ``<out>.replaced-<time>``), so that a later ``resume=auto`` cannot continue the
-    earlier run under the new one's name."""
+    earlier run under the new one's name. Refused (ConfigError) when the model to train from (``model_path``)
+    is in ``out``: it would be moved away from under the run."""
     if not _step_points(out):
         return
+    out = out.resolve()  # output_dir=. has no name of its own
+    model = Path(model_path).resolve() if model_path and not model_path.startswith("builtin:") else None
+    if model is not None and (model == out or out in model.parents):
+        raise ConfigError(f"model.path '{model_path}' is inside output_dir '{out}', which holds an earlier SFT run "
+                          "that starting over moves aside: write this run to another output_dir")
     aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-    shutil.move(str(out), str(aside))
-    out.mkdir(parents=True)
+    aside.mkdir()
+    for entry in out.iterdir():  # its contents, not the directory: it may be the working directory
+        shutil.move(str(entry), str(aside / entry.name))
     logging.getLogger(__name__).warning("starting %s afresh; the earlier run there is kept in %s", out, aside)
 
 
