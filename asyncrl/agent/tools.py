@@ -15,6 +15,7 @@ stays in the reply's content so the agent sees what the model wrote.
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -30,10 +31,22 @@ class Reply:
 
 
 def _strict_json(text: str):
-    """JSON as every client reads it: NaN and Infinity, which Python's json accepts, are malformed."""
+    """JSON as every client reads it: NaN and Infinity, which Python's json accepts, are malformed, and so are a
+    number beyond the float range (1e400 reads as inf), an integer too long to read and nesting too deep
+    (JSONDecodeError for all)."""
     def refuse(name):
-        raise json.JSONDecodeError(f"{name} is not JSON", text, 0)
-    return json.loads(text, parse_constant=refuse)
+        raise json.JSONDecodeError(f"{name[:20]} is not JSON", text, 0)
+
+    def finite(literal: str) -> float:
+        value = float(literal)
+        return value if math.isfinite(value) else refuse(literal)
+
+    try:
+        return json.loads(text, parse_constant=refuse, parse_float=finite)
+    except json.JSONDecodeError:
+        raise
+    except (ValueError, RecursionError) as e:  # Python's 4300-digit limit on integers; depth
+        raise json.JSONDecodeError(str(e)[:80], text, 0) from None
 
 
 def _call(obj, args_key: str, other_key: str) -> dict | None:

@@ -177,7 +177,14 @@ def test_parsing_touches_no_token(tokenizer):
 
 
 def test_hermes_arguments_with_nan_or_infinity_are_malformed():
-    """Python's json reads NaN and Infinity; a strict client (JS, Go, pydantic) cannot, so the call is counted."""
-    for bad in ('{"name": "f", "arguments": {"x": NaN}}', '{"name": "f", "arguments": "{\\"x\\": Infinity}"}'):
+    """Python's json reads NaN and Infinity; a strict client (JS, Go, pydantic) cannot, so the call is counted.
+    So are 1e400 (inf once read, written back as Infinity) and an integer too long to read (it raised out of the
+    proxy: the agent's request failed instead of counting a malformed call)."""
+    for bad in ('{"name": "f", "arguments": {"x": NaN}}', '{"name": "f", "arguments": "{\\"x\\": Infinity}"}',
+                '{"name": "f", "arguments": {"x": 1e400}}', '{"name": "f", "arguments": {"x": -1e400}}',
+                '{"name": "f", "arguments": {"x": %s}}' % ("9" * 5000), "[" * 100_000 + "]" * 100_000):
         reply = parse_hermes(f"<tool_call>{bad}</tool_call>")
         assert reply.tool_calls == [] and reply.malformed == 1
+        assert parse_llama3_json(bad).malformed == (1 if bad.startswith("{") else 0)
+    ok = parse_hermes('<tool_call>{"name": "f", "arguments": {"x": 1e300, "y": 12}}</tool_call>')
+    assert ok.malformed == 0 and ok.tool_calls[0]["function"]["arguments"] == '{"x": 1e+300, "y": 12}'
