@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator
 from asyncrl.data.lookup import LookupTask, lookup_reward
 from asyncrl.configlib import ConfigError
 from asyncrl.data.arith import ArithTask, arith_reward
-from asyncrl.data.formats import apply_template, detect_type, item_prompt_ids, to_item
+from asyncrl.data.formats import apply_template, detect_type, item_prompt_ids, prompt_of, to_item
 from asyncrl.data.sources import Row, RowError, read_rows, resolve_path
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,11 @@ def hold_out(items: list[dict], size: int, seed: int) -> tuple[list[dict], list[
 
 
 def _prompt_key(item) -> str:
-    return repr((item.get("question"), item.get("messages")) if isinstance(item, dict) else item)
+    """What an item asks, for telling repeats apart: a chat row's turns before its final assistant reply (two
+    replies to one prompt are one prompt), else its question."""
+    if isinstance(item, dict) and item.get("messages"):
+        return repr(prompt_of(item))
+    return repr(item.get("question") if isinstance(item, dict) else item)
 
 
 def default_reward(row_type: str) -> Callable[..., float]:

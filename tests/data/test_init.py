@@ -182,6 +182,12 @@ def test_held_out_rows_are_never_trained_on(tmp_path):
     path = write_jsonl(tmp_path / "twice.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(100)] * 2)
     data = build(path, valid_size=20)
     assert not {it["question"] for it in data.valid} & {it["question"] for it in take(data.train, 400)}
+    # a chat prompt twice with two reference replies: one prompt (the replies are not part of what it asks)
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": reply}]}
+            for reply in ("first", "second") for i in range(20)]
+    data = build(write_jsonl(tmp_path / "replies.jsonl", rows), valid_size=4)
+    held = {it["messages"][0]["content"] for it in data.valid}
+    assert held and not held & {it["messages"][0]["content"] for it in take(data.train, 80)}
 
 
 def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path):
