@@ -26,6 +26,8 @@ ROUND_DIGITS = 6
 
 ANSWER_TAG_RE = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL | re.IGNORECASE)
 GSM8K_RE = re.compile(r"####\s*([^\n]+)")
+BOLD_RE = r"(?<![\w)\]}])\*\*(?=\S)(.+?)(?<=\S)\*\*(?![\w(\[{])"
+"""A pair of markdown bold markers: not next to an operand (then ``**`` is a power)."""
 VARIABLES = set("abcdeijknpqrtxyz")
 """A single letter after a number that is a factor, not a unit: ``5 i`` (imaginary), ``3 x``, ``2 n``."""
 ANSWER_IS_RE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)  # the answer follows the last one
@@ -64,9 +66,16 @@ def final_answer(text: str) -> str | None:
     found = GSM8K_RE.findall(text)
     if found:
         return _trim_sentence(found[-1])
-    markers = list(ANSWER_IS_RE.finditer(text))  # "Final Answer: The final answer is $42$." -> the last marker
-    rest = text[markers[-1].end():].split("\n", 1)[0] if markers else ""
-    return _trim_sentence(rest) if rest.strip() else None
+    # "Final Answer: The final answer is $42$." -> the last marker; "The answer is 42. I am sure my answer is
+    # right." -> the last marker followed by something that reads as an answer
+    found = [_trim_sentence(text[m.end():].split("\n", 1)[0]) for m in ANSWER_IS_RE.finditer(text)]
+    found = [f for f in found if f]
+    return next((f for f in reversed(found) if _reads_as_answer(f)), found[-1] if found else None)
+
+
+def _reads_as_answer(s: str) -> bool:
+    """Whether a marker's text holds a number or a formula, not just words ('right', 'yes, checked')."""
+    return any(ch.isdigit() or ch in "\\^=+-*/()[]{}" for ch in s)
 
 
 def _trim_sentence(s: str) -> str:
@@ -81,7 +90,8 @@ def _trim_sentence(s: str) -> str:
 def clean(answer: str) -> str:
     """Drop decoration that never changes the value: math delimiters, currency, percent, spacing macros,
     ``\\text{}`` wrappers and a sentence-final period."""
-    s = answer.strip().replace("**", "")  # markdown bold
+    s = re.sub(BOLD_RE, r"\1", answer.strip())  # markdown bold (2**3, x**2 + y**2 are powers: kept)
+    s = re.sub(r"^\*\*|\*\*$", "", s)  # bold cut by the marker: '**Answer: 42**'
     s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
     s = re.sub(r"\\(?:left|right|displaystyle|!|,|;|:)", "", s)
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")

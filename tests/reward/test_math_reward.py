@@ -56,6 +56,14 @@ CASES = [
     ("\\boxed{2e-7}", "3e-7", 0.0),  # small numbers are not all equal to 6 decimals
     ("\\boxed{0.0000004}", "0", 0.0),
     ("\\boxed{5 i}", "5", 0.0),  # a letter that is a factor is not a unit
+    ("\\boxed{2**3}", "23", 0.0),  # a power, not bold
+    ("\\boxed{2**10}", "210", 0.0),
+    ("\\boxed{x2}", "x**2", 0.0),
+    ("\\boxed{23}", "2**3", 0.0),
+    ("\\boxed{x**2 + y**2}", "x2 + y2", 0.0),
+    ("The answer is 42. I am confident my answer is right.", "42", 1.0),  # a later marker with no answer
+    ("Final answer: 42\nI double-checked the answer: yes.", "42", 1.0),
+    ("The answer is 41. No wait, the answer is 42.", "42", 1.0),
     ("The answer is 3 x.", "3", 0.0),
     ("The answer is 12 m.", "12", 1.0),
     # empty and garbage
