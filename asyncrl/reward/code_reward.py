@@ -121,14 +121,34 @@ def _lines(text: str) -> list[str]:
 
 
 def _close(a: Any, b: Any, tol: float) -> bool:
-    """Numbers within ``tol``; two integers only when equal (a wrong answer of 10 digits is not within 1e-6)."""
+    """Numbers within ``tol``; two integers only when equal (a wrong answer of 10 digits is not within 1e-6,
+    and integers of any length are compared as written); inf and nan only as themselves (an integer beyond the
+    float range is not inf)."""
     if _integer(a) and _integer(b):
-        return int(a) == int(b)
+        return _integer_text(a) == _integer_text(b)
     try:
         x, y = float(a), float(b)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return False
-    return math.isclose(x, y, rel_tol=tol, abs_tol=tol) or (math.isnan(x) and math.isnan(y))
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return _non_finite(a) and _non_finite(b) and (x == y or (math.isnan(x) and math.isnan(y)))
+    return math.isclose(x, y, rel_tol=tol, abs_tol=tol)
+
+
+def _integer_text(v: Any) -> str:
+    """An integer token as written, without '+' and leading zeros (no int(): Python refuses over 4300 digits).
+    Integer values come from JSON, which never holds more."""
+    if isinstance(v, int):
+        return str(v)
+    digits = v.lstrip("+-").lstrip("0") or "0"
+    return ("-" if v.startswith("-") and digits != "0" else "") + digits
+
+
+def _non_finite(v: Any) -> bool:
+    """inf, -inf or nan as a value or as written ('inf', 'Infinity', 'nan'), not as a number too large."""
+    if isinstance(v, float):
+        return not math.isfinite(v)
+    return isinstance(v, str) and v.strip().lstrip("+-").lower() in ("inf", "infinity", "nan")
 
 
 def _integer(v: Any) -> bool:

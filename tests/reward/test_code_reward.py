@@ -70,6 +70,12 @@ def test_output_and_value_comparison():
     # integers are equal or wrong: an answer modulo 1e9+7 off by 500 is not within the float tolerance
     assert not outputs_match("999999500\n", "1000000000\n") and not values_match(123456789000, 123456789012)
     assert outputs_match("+7 -3\n", "7 -3") and values_match(10**12, [10**12]) and values_match(2, 2.0000000001)
+    # huge numbers: 'inf' is not an integer beyond the float range; integers of any length compare as written
+    big = str(3**700)
+    assert not any(outputs_match(got, big) for got in ("inf", "1e999", "9e308", "Infinity"))
+    assert not outputs_match("-inf", "-" + big) and not values_match(float("inf"), 3**700)
+    assert outputs_match("1" * 5000, "1" * 5000 + "\n") and not outputs_match("1" * 5000, "1" * 4999 + "2")
+    assert outputs_match("007 -0", "7 0") and outputs_match("inf nan", "inf NaN") and outputs_match("3.0", "3")
 
 
 # ---- behaviour through the sandbox ---------------------------------------------------------------------
