@@ -38,8 +38,9 @@ DEFAULT_TEMPLATE = (
     "Reply with one line, 'Score: N', where N is an integer from 0 (wrong) to 10 (correct and complete)."
 )
 """The default prompt: ``{question}``, ``{response}``, ``{reference}`` (the item's ``answer``) are filled in."""
-NEGATIONS = {"not", "no", "never", "isn", "t"}  # "isn't" reads as isn, t
-"""Words that, just before a verdict word, make the answer unreadable rather than that verdict."""
+NEGATIONS = {"not", "never", "isn", "t"}  # "isn't" reads as isn, t; so does "doesn't"
+"""Words that, anywhere in the verdict's clause before it ("not at all correct"), make the answer unreadable
+rather than that verdict; "no" only just before it ("no correct answer"), as "no errors, so correct" is common."""
 
 VERDICTS = {"correct": 1.0, "incorrect": 0.0}
 """The default verdict words (``score=verdict``) and their rewards."""
@@ -120,19 +121,24 @@ class Judge:
     def parse(self, answer: str) -> float:
         """The reward in [0, 1] the judge's ``answer`` gives, or ``JudgeError`` naming why none."""
         if self.score == "verdict":
-            words = re.findall(r"[a-z_]+", answer.lower())
-            found = [i for i, w in enumerate(words) if w in self.verdicts]
+            clauses = [re.findall(r"[a-z_]+", c) for c in re.split(r"[.;:!?,\n]", answer.lower())]
+            found = [(c, i) for c, words in enumerate(clauses) for i, w in enumerate(words) if w in self.verdicts]
             if not found:
                 raise JudgeError(f"the judge's answer names none of the verdicts {sorted(self.verdicts)}: "
                                  f"{answer[:200]!r}")
-            if NEGATIONS & set(words[max(0, found[-1] - 2):found[-1]]):  # "not correct" is no pass
-                raise JudgeError(f"the judge's answer negates its verdict '{words[found[-1]]}': {answer[:200]!r}")
-            return float(self.verdicts[words[found[-1]]])
+            c, i = found[-1]
+            before, verdict = clauses[c][:i], clauses[c][i]
+            if NEGATIONS & set(before) or "no" in before[-2:]:  # "not (at all) correct" is no pass
+                raise JudgeError(f"the judge's answer negates its verdict '{verdict}': {answer[:200]!r}")
+            return float(self.verdicts[verdict])
         low, high = parse_range(self.score)
         labelled = re.findall(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
-        fractions = re.findall(r"(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
+        fractions = list(re.finditer(r"(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?)", answer,
+                                     flags=re.IGNORECASE))
+        if fractions and re.search(r"\d", answer[fractions[-1].end():]):  # "1/2 of the steps right. 9": the 9
+            fractions = []
         if not labelled and fractions:  # "7/10", "3 out of 10": the numerator, if it is out of the range's top
-            numerator, denominator = fractions[-1]
+            numerator, denominator = fractions[-1].groups()
             if float(denominator) != high:
                 raise JudgeError(f"the judge's score {numerator}/{denominator} is not out of {high:g}: "
                                  f"{answer[:200]!r}")

@@ -28,7 +28,8 @@ def fresh_cache():
     ("8", "0-10", 0.8), ("score = 2.5", "1-5", 0.375), ("The response is incorrect.", "verdict", 0.0),
     ("Correct", "verdict", 1.0), ("Not incorrect at first sight, but on reflection: incorrect", "verdict", 0.0),
     ("7/10", "0-10", 0.7), ("I would rate it 3 out of 10.", "0-10", 0.3), ("Rating: 2/10", "0-10", 0.2),
-    ("Score: 4/5", "1-5", 0.75)])
+    ("Score: 4/5", "1-5", 0.75), ("The response gets 1/2 of the steps right. 9", "0-10", 0.9),
+    ("No errors, so it is correct.", "verdict", 1.0)])
 def test_answers_are_read_as_rewards_in_zero_to_one(answer, score, expected):
     assert Judge("http://unused", score=score).parse(answer) == pytest.approx(expected)
 
@@ -38,6 +39,9 @@ def test_answers_are_read_as_rewards_in_zero_to_one(answer, score, expected):
                                               ("maybe", "verdict", "none of the verdicts"),
                                               ("The response is not correct.", "verdict", "negates its verdict"),
                                               ("It isn't correct", "verdict", "negates its verdict"),
+                                              ("The answer is not at all correct.", "verdict", "negates"),
+                                              ("This isn't really fully correct.", "verdict", "negates"),
+                                              ("There is no correct step", "verdict", "negates"),
                                               ("7 out of 9", "0-10", "not out of 10")])
 def test_an_answer_that_cannot_be_read_raises_naming_it(answer, score, why):
     with pytest.raises(JudgeError, match=why):
