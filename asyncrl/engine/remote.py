@@ -243,9 +243,8 @@ class RemoteEngine:
         (a server may hold part of it)."""
         if self._failed_update:
             raise WeightSyncError(self._failed_update)
-        self._retire_unreachable(version)
-        addrs = self.live_addrs()
-        if not addrs:
+        addrs = self._retire_unreachable(version)  # not live_addrs(): a request failing meanwhile would set
+        if not addrs:  # a cool-down again, and the server would miss this version
             raise WeightSyncError(f"no live server to update to version {version}")
         abort = self.interrupt_mode == "abort"
         with self._lock:
@@ -281,11 +280,11 @@ class RemoteEngine:
                 self._advance(time.monotonic())
                 self._paused_since = 0.0
 
-    def _retire_unreachable(self, version: int) -> None:
+    def _retire_unreachable(self, version: int) -> list[str]:
         """Before an update: a server that does not answer ``/health`` now is retired for good (it would miss
         this version and serve stale weights), however long ago it died; one that answers is live again, even
         within the cool-down of a failed request, so that it receives this version (left out, it would serve the
-        old weights when its cool-down ended)."""
+        old weights when its cool-down ended). Returns those that answered: the servers to update."""
         import httpx
 
         def healthy(server: _Server) -> bool:
@@ -295,11 +294,14 @@ class RemoteEngine:
                 return False
 
         candidates = [s for s in self._servers if s.retired is None]
+        answered = []
         for server, ok in zip(candidates, self._pool.map(healthy, candidates)):
             if ok:
                 server.dead_until = 0.0
+                answered.append(server.url)
             else:
                 self._retire(server, f"did not answer /health before the update to version {version}")
+        return answered
 
     def _retire(self, server: _Server, why: str) -> None:
         if server.retired is None:

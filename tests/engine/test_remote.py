@@ -213,6 +213,29 @@ def test_a_server_cooling_down_after_a_failed_request_still_gets_the_update(two_
         engine.stop()
 
 
+def test_a_request_failing_right_after_the_health_check_does_not_leave_its_server_out(two_servers, models,
+                                                                                     tmp_path, monkeypatch):
+    """A request that fails between the update's /health check and the update itself sets a cool-down again: the
+    server that answered is updated all the same (left out, it served the old weights after its cool-down)."""
+    engine = RemoteEngine(two_servers.urls, dead_cooldown_s=60).start()
+    check = engine._retire_unreachable
+
+    def then_a_request_fails(version):
+        answered = check(version)
+        engine._servers[0].dead_until = time.monotonic() + 60  # what the failing request does meanwhile
+        return answered
+
+    monkeypatch.setattr(engine, "_retire_unreachable", then_a_request_fails)
+    publisher = DiskPublisher([engine], str(tmp_path / "w"))
+    try:
+        publisher.publish(models[1].state_dict(), 1)
+        served = [int(httpx.get(f"{url}/get_model_info").json()["weight_version"]) for url in two_servers.urls]
+        assert served == [1, 1]
+    finally:
+        publisher.close()
+        engine.stop()
+
+
 def test_the_clients_phases_never_overlap_through_a_weight_update(two_servers, models, tmp_path, monkeypatch):
     """interrupt_mode=recompute keeps requests outstanding while the servers load new weights: that time is
     paused, not also generating, so the phases sum to the wall time (the run's accounting reads them)."""
