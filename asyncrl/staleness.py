@@ -117,7 +117,7 @@ class AutoStaleness:
         """Where the law stands (η, the floor, the steps it is reading or skipping), so that a resumed run goes
         on from there instead of starting again at the limit."""
         with self._lock:
-            return {"eta": self._eta, "floor": self._floor, "skip": self._skip, "warm": self._warm,
+            return {"eta": self._eta, "floor": self._floor, "skip": self._skip,
                     "recent": [{k: _num(r, k) for k in READ} for r in self._recent]}
 
     def restore(self, state: dict) -> None:
@@ -126,7 +126,7 @@ class AutoStaleness:
         with self._lock:
             self._eta = min(self.limit, max(0, int(state["eta"])))
             self._floor = min(self._eta, max(0, int(state["floor"])))
-            self._skip, self._warm = int(state["skip"]), bool(state["warm"])
+            self._skip = int(state["skip"])  # not warm: a resumed run's first step waits for generation to restart
             self._recent = [dict(r) for r in state["recent"]][-2 * self.window:]
 
 

@@ -94,18 +94,21 @@ def test_auto_falls_when_the_trainer_never_waits_but_not_back_to_a_value_that_ma
 def test_a_resumed_auto_eta_goes_on_where_it_stood(cut):
     """The state saved in a checkpoint (JSON) restores a policy that moves as the unbroken one would: here
     6 -> 5 -> 4 (no waiting), back to 6 (waiting behind a closed gate), 5 (not below the value that waited), with
-    an evaluation step between; cut anywhere, also within the steps skipped after a change."""
+    an evaluation step between; cut anywhere, also within the steps skipped after a change. The first step after
+    the resume is not read (it waits for generation to restart, as a fresh run's first step does)."""
     import json
 
     waits = [0.0] * 12 + [0.4] * 3 + [0.0] * 6 + ["eval"] + [0.0] * 8
     records = [{"step_time_s": 4.0, "trainer_eval_s": 3.0} if w == "eval" else _record(w) | {"staleness_hist": [1]}
                for w in waits]
-    unbroken, first = AutoStaleness(limit=6), AutoStaleness(limit=6)
+    unbroken, first = AutoStaleness(limit=6), AutoStaleness(limit=6)  # unbroken: never sees the restart step
     for record in records[:cut]:
         unbroken.observe(record)
         first.observe(record)
     resumed = AutoStaleness(limit=6)
     resumed.restore(json.loads(json.dumps(first.state())))
+    assert resumed.bound() == unbroken.bound()
+    resumed.observe({"step_time_s": 30.0, "trainer_wait_s": 29.0, "gate_closed_s": 1.0})  # the restart: not read
     assert resumed.bound() == unbroken.bound()
     seen = []
     for record in records[cut:]:
