@@ -33,6 +33,7 @@ from asyncrl.configlib import ConfigError
 from asyncrl.data.arith import ArithTask, arith_reward
 from asyncrl.data.formats import apply_template, detect_type, item_prompt_ids, prompt_of, to_item
 from asyncrl.data.sources import Row, RowError, read_rows, resolve_path
+from asyncrl.reward.base import UNTEMPLATED
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +156,11 @@ def hold_out(items: list[dict], size: int, seed: int) -> tuple[list[dict], list[
 
 def _prompt_key(item) -> str:
     """What an item asks, for telling repeats apart: a chat row's turns before its final assistant reply (two
-    replies to one prompt are one prompt), else its question."""
+    replies to one prompt are one prompt), else its question before any template (one problem worded by two
+    mixture entries' templates is one problem)."""
     if isinstance(item, dict) and item.get("messages"):
         return repr(prompt_of(item))
-    return repr(item.get("question") if isinstance(item, dict) else item)
+    return repr(item.get(UNTEMPLATED, item.get("question")) if isinstance(item, dict) else item)
 
 
 def default_reward(row_type: str) -> Callable[..., float]:
@@ -308,7 +310,8 @@ def _templated(items: Iterable[dict], template: str, source: str) -> Iterator[di
     for item in items:
         if template:
             try:
-                item = {**item, "question": apply_template(template, item)}
+                item = {**item, "question": apply_template(template, item),
+                        UNTEMPLATED: item.get(UNTEMPLATED, item["question"])}
             except ValueError as e:
                 raise ConfigError(f"{e} (the items of {source})") from None
         yield item

@@ -32,6 +32,7 @@ import string
 from typing import Any
 
 from asyncrl.data.chat import normalize
+from asyncrl.reward.base import UNTEMPLATED
 from asyncrl.reward.code_reward import BadTestsError, parse_tests
 from asyncrl.reward.math_reward import GSM8K_RE, last_boxed
 
@@ -104,6 +105,8 @@ def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
         item = NORMALIZERS[row_type](record, mapping)
         item["question"] = question
     if template:
+        if row_type != "chat":
+            item[UNTEMPLATED] = item["question"]
         item["question"] = apply_template(template, {**record, **item})
         if row_type == "chat":
             item["messages"] = _with_last_question(item["messages"], item["question"])

@@ -14,6 +14,7 @@ from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data import file_dataset, hold_out, split_sizes, task_dataset
+from asyncrl.reward.base import item_fields
 from asyncrl.data.config import (
     TaskConfig,
     TrainDatasetConfig,
@@ -228,3 +229,12 @@ def test_one_file_in_two_mixture_entries_never_trains_a_held_out_prompt(tmp_path
     data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
     held = [it["question"] for it in data.valid]
     assert len(held) == len(set(held)) and not set(held) & {it["question"] for it in take(data.train, 3000)}
+    # the same file under two templates: a problem held out under one wording is not trained under the other
+    entries = [{"name": "plain", "path": path, "weight": 3},
+               {"name": "cot", "path": path, "prompt_template": "Think step by step. {question}"}]
+    cfg = configlib.load(TrainConfig, None, [f"train_dataset.mixture={json.dumps(entries)}", "valid_dataset.size=40"])
+    data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
+    held = {it["question"].removeprefix("Think step by step. ") for it in data.valid}
+    trained = {it["question"].removeprefix("Think step by step. ") for it in take(data.train, 3000)}
+    assert held and not held & trained
+    assert "question_before_template" not in item_fields(data.valid[-1])  # not passed to reward functions
