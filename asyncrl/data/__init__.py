@@ -118,7 +118,8 @@ def file_dataset(path: str, *, split: str = "train", row_type: str = "auto", fie
     if not items:
         raise ConfigError(f"train_dataset.path: no training rows left in '{resolved}' after holding out "
                           f"{len(held_out)} for validation and skipping over-long prompts "
-                          f"({counters.snapshot()['data_skipped_long']}); give valid_dataset.path, more rows "
+                          f"({counters.snapshot()['data_skipped_long']}), malformed rows and rows the chat template "
+                          f"refused ({counters.snapshot()['data_bad_rows']}); give valid_dataset.path, more rows "
                           "or a larger train_dataset.max_prompt_tokens")
     return _dataset(_epochs(items, seed, shuffle, counters), held_out, default_reward(loader.row_type), counters)
 
@@ -134,7 +135,10 @@ def file_eval_set(path: str, *, size: int = 200, split: str = "test", row_type: 
     items = loader.load(resolve_path(path, "valid_dataset.path"), split, "valid_dataset.path")
     held_out = list(_PromptLimit(tokenizer, max_prompt_tokens, counters).filter(items[:size]))
     if not held_out:
-        raise ConfigError(f"valid_dataset.path: every row is longer than {max_prompt_tokens} tokens ({LIMIT_KEY})")
+        counts = counters.snapshot()
+        raise ConfigError(f"valid_dataset.path: no usable row among the first {size}: {counts['data_skipped_long']} "
+                          f"longer than {max_prompt_tokens} tokens ({LIMIT_KEY}), {counts['data_bad_rows']} malformed "
+                          "or refused by the chat template (the first is logged)")
     skipped = {k: v for k, v in counters.snapshot().items() if k != "data_epoch"}
     return held_out, default_reward(loader.row_type), skipped
 

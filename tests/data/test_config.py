@@ -2,6 +2,7 @@
 prompt limit that defaults to the model's room and covers held-out rows, field mappings, mixture entries, built-in
 paths, and evaluation sets without a training source."""
 
+import copy
 import json
 
 import pytest
@@ -97,9 +98,15 @@ def test_eval_set_applies_the_limit(tmp_path, tokenizer):
     items, _, _ = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer,
                                     default_max_prompt_tokens=200)
     assert len(items) == 6
-    with pytest.raises(ConfigError, match="valid_dataset.path: every row is longer than 5 tokens"):
+    with pytest.raises(ConfigError, match=r"valid_dataset.path: no usable row among the first 10: \d+ longer than 5 "
+                                          r"tokens .*, 0 malformed or refused by the chat template"):
         eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer,
                              default_max_prompt_tokens=5)
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None  # every row refused by the (missing) template: said so, not "longer than"
+    with pytest.raises(ConfigError, match=r"first 10: 0 longer than 200 tokens .*, \d+ malformed or refused by the chat"):
+        eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=plain,
+                             default_max_prompt_tokens=200)
 
 
 def test_a_limit_nothing_fits_under_is_a_config_error_at_build_time(tokenizer):
