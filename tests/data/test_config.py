@@ -104,7 +104,7 @@ def test_eval_set_applies_the_limit(tmp_path, tokenizer):
                              default_max_prompt_tokens=5)
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None  # every row refused by the (missing) template: said so, not "longer than"
-    with pytest.raises(ConfigError, match=r"first 10: 0 longer than 200 tokens .*, \d+ malformed or refused by the chat"):
+    with pytest.raises(ConfigError, match=r"first 10: 0 longer than 200 tokens .*, \d+ malformed or refused"):
         eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=plain,
                              default_max_prompt_tokens=200)
 
