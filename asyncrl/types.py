@@ -33,6 +33,9 @@ class SamplingParams:
     seed_offset: int = 0
     """The index i of this request's first sample: a sample resubmitted after an abort (n=1) keeps drawing as
     sample i of its group, not as another sample 0."""
+    stop_context: int = 0
+    """How many of the prompt's last tokens are this sample's own earlier output (a sample resubmitted after an
+    abort): the built-in engine looks for ``stop`` strings across them too, so that one the abort split is seen."""
 
     def __post_init__(self):
         if self.n < 1:
@@ -46,6 +49,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.stop_context < 0:
+            raise ValueError(f"stop_context must be >= 0, got {self.stop_context}")
 
 
 @dataclass

@@ -91,7 +91,8 @@ async def continue_aborted(c: Completion, params: SamplingParams,
     empty = 0
     while c.finish_reason == "abort" and len(c.output_ids) < params.max_new_tokens:
         rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids),
-                                   seed_offset=params.seed_offset + index)
+                                   seed_offset=params.seed_offset + index,
+                                   stop_context=params.stop_context + len(c.output_ids))
         more = await resubmit(c.prompt_ids + c.output_ids, rest)
         empty = 0 if more.output_ids else empty + 1
         if empty >= MAX_EMPTY_RESUMES:

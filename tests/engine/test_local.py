@@ -296,6 +296,41 @@ def test_stop_strings_end_a_sample(tokenizer):
         LocalEngine(model, max_slots=2, max_len=96).submit(prompt, SamplingParams(stop=("x",)))
 
 
+def test_a_stop_string_split_by_an_abort_is_seen(tokenizer):
+    """An abort cuts a sample inside a stop string (its first characters before, its last after): the resubmitted
+    rest, whose prompt ends with the sample's own earlier output (stop_context), stops there all the same, as
+    the uninterrupted sample does (it ran on to max_new_tokens)."""
+    from asyncrl.engine.base import continue_aborted
+    from asyncrl.models import build_tiny_model
+    from asyncrl.types import Completion
+
+    model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128).eval()
+    engine = LocalEngine(model, max_slots=2, max_len=96, tokenizer=tokenizer)
+    prompt = tokenizer("Compute 12 + 30.").input_ids
+    params = SamplingParams(max_new_tokens=40, greedy=True, stop_token_ids=NO_STOP_TOKENS)
+    free = engine.generate_batch([prompt], params)[0][0]
+
+    def split_stop(k: int, chars: int) -> str | None:  # a string that first appears across tokens k-1 and k
+        before, after = tokenizer.decode(free.output_ids[:k]), tokenizer.decode(free.output_ids[k:k + 1])
+        stop = before[-chars:] + after[:1]
+        return stop if len(before) >= chars and after and stop not in before else None
+
+    found = [(k, s) for k in range(1, len(free.output_ids)) for chars in (1, 2, 3) for s in [split_stop(k, chars)] if s]
+    if not found:
+        pytest.skip("no string first appears across two tokens of this greedy sample")
+    cut, stop = found[0]
+    aborted = Completion(prompt, free.output_ids[:cut], free.logprobs[:cut], free.versions[:cut], "abort")
+    stopping = dataclasses.replace(params, stop=(stop,))
+
+    async def resubmit(ids, rest):
+        future = engine.submit(ids, rest)
+        engine.run_until_idle()
+        return future.result()[0]
+
+    c = asyncio.run(continue_aborted(aborted, stopping, resubmit))
+    assert c.finish_reason == "stop" and c.output_ids == free.output_ids[:cut + 1]
+
+
 def test_abort_ends_running_samples_and_keeps_queued_requests():
     engine = LocalEngine(make_model(VOCAB), max_slots=2, max_len=64)
     running = engine.submit([1, 2, 3], SamplingParams(n=2, max_new_tokens=30, greedy=True))
