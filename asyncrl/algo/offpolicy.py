@@ -63,6 +63,9 @@ class BehaviourCorrection:
                 raise ValueError(f"behaviour weight {name} '{value}' is not one of {list(allowed)}")
         if self.metric != "ratio" and self.mode == "clamp":
             raise ValueError("a KL metric can only mask (mode='mask'): there is no weight to clamp it to")
+        if self.level == "sequence" and self.agg != "mean" and self.mode == "clamp":
+            raise ValueError(f"a sequence's weight is the geometric mean of its ratios, which agg='{self.agg}' does "
+                             "not bound: clamping it would change nothing; use mode='mask' (or agg='mean')")
         if self.upper is not None and self.lower is not None and self.lower > self.upper:
             raise ValueError(f"behaviour weight lower bound {self.lower} exceeds the upper bound {self.upper}")
 
@@ -80,7 +83,9 @@ def behaviour_weight(prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, 
     if c.metric == "ratio":
         metric_tok = log_w  # compared in log space
     else:
-        metric_tok = KL_ESTIMATORS[c.metric[3:]](prox_logprobs.detach(), behav_logprobs.detach())
+        # KL(π_behav || π_prox), estimated on tokens sampled from π_behav: the sampling policy comes first
+        # (k3 = w - 1 - log w, large where the weight w is; the other order kept w = 148 and dropped w = 0.007)
+        metric_tok = KL_ESTIMATORS[c.metric[3:]](behav_logprobs.detach(), prox_logprobs.detach())
     if c.level == "sequence":
         if c.metric == "ratio":
             weight = sequence_mean(log_w, m).exp()  # geometric mean of the ratios

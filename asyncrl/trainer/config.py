@@ -219,6 +219,11 @@ class ActorConfig:
         if self.behav_imp_weight_metric != "ratio" and self.behav_imp_weight_mode != "mask":
             raise ConfigError(f"actor.behav_imp_weight_metric='{self.behav_imp_weight_metric}' bounds a KL "
                               "estimate, which has no weight to clamp; set actor.behav_imp_weight_mode=mask")
+        if (self.behav_imp_weight_level == "sequence" and self.behav_imp_weight_agg != "mean"
+                and self.behav_imp_weight_mode == "clamp"):
+            raise ConfigError(f"actor.behav_imp_weight_agg='{self.behav_imp_weight_agg}' bounds a sum or maximum, "
+                              "but a sequence's weight is the geometric mean of its ratios: clamping it changes "
+                              "nothing; set actor.behav_imp_weight_mode=mask (or behav_imp_weight_agg=mean)")
         if self.behav_imp_weight_metric == "ratio":
             cap = self.behav_imp_weight_cap
             if cap is not None and not cap > 1:

@@ -71,11 +71,18 @@ def test_kl_metrics_mask_and_k1_can_be_negative():
     assert close(k1(prox, behav), [[-LOG(2), LOG(2)]])  # k1 < 0 where π_prox < π_behav
     assert (k3(prox, behav) >= 0).all()
     c = BehaviourCorrection(upper=0.25, metric="kl_k3", mode="mask")
-    # k3 = exp(-Δ) - 1 + Δ: Δ = -log 2 -> 2 - 1 - 0.693 = 0.307 (dropped); Δ = log 2 -> 0.193 (kept)
+    # KL(π_behav || π_prox) on tokens sampled from π_behav: k3 with Δ = log π_behav - log π_prox = -log w, i.e.
+    # w - 1 - log w: w = 0.5 -> 0.193 (kept); w = 2 -> 0.307 (dropped: a large weight is the dangerous one)
     _, keep, _ = behaviour_weight(prox, behav, mask, c)
-    assert keep.tolist() == [[0.0, 1.0]]
+    assert keep.tolist() == [[1.0, 0.0]]
+    prox, behav = t([LOG(0.99), LOG(0.99)]), t([LOG(0.99 / 148), LOG(0.99 * 0.007 / 0.99)])  # w = 148, w = 141
+    _, keep, _ = behaviour_weight(prox, behav, mask, BehaviourCorrection(upper=5, metric="kl_k3", mode="mask"))
+    assert keep.tolist() == [[0.0, 0.0]]
     with pytest.raises(ValueError, match="mode='mask'"):
         BehaviourCorrection(metric="kl_k1", mode="clamp")
+    for agg in ("sum", "max"):  # a bound on these does not bound the geometric mean that weighs the sequence
+        with pytest.raises(ValueError, match="use mode='mask'"):
+            BehaviourCorrection(level="sequence", agg=agg, mode="clamp")
 
 
 # ---- log-linear proximal approximation --------------------------------------------------------------------

@@ -69,6 +69,7 @@ def test_actor_values_are_checked_with_the_key_named():
     (["actor.behav_imp_weight_cap=0"], "zeroes all learning"),
     (["actor.behav_imp_weight_cap=1.0"], "shrinks the weight of every on-policy token"),
     (["actor.behav_imp_weight_floor=1.0"], "floor at or above 1"),
+    (["actor.behav_imp_weight_level=sequence", "actor.behav_imp_weight_agg=max"], "clamping it changes nothing"),
     (["actor.lr=2"], "above 1"),
 ])
 def test_off_policy_guardrails(overrides, match):
