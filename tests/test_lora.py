@@ -244,3 +244,21 @@ def test_the_lora_example_loads_with_rank_8_and_trains_under_5_percent_of_the_sh
     assert cfg.actor.lr == pytest.approx(1e-3)
     model = apply_lora(load_model(resolve_model_path(cfg.model.path)), **dataclasses.asdict(cfg.model.lora))
     assert 0 < trainable_summary(model)["fraction"] < 0.05
+
+
+def test_the_proximal_log_probs_are_those_of_the_weights_not_of_a_dropout_mask():
+    """With LoRA dropout, the no-grad passes (proximal log-probs, values) run in eval mode, as the engine samples:
+    two recomputes under the same weights agree (they differed by 0.49 nats), and the model trains on after."""
+    from asyncrl.trainer import PolicyTrainer
+    from conftest import make_model
+
+    torch.manual_seed(0)
+    model = apply_lora(make_model(320, seed=7), rank=4, dropout=0.5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # adapters that change the outputs, so that their dropout shows
+    trainer = PolicyTrainer(model, ppo_n_minibatches=2)
+    batch = varied_batch(4)
+    first, second = trainer.logprobs(batch), trainer.logprobs(batch)
+    assert torch.equal(first, second) and trainer.module.training

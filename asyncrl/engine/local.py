@@ -432,7 +432,7 @@ class LocalEngine:
                 reason = "abort"
             elif s.output_ids[-1] in (p.stop_token_ids or self.default_stop):
                 reason = "stop"
-            elif p.stop and ends_with_stop_string(self.tokenizer, s.tokens[_output_start(s):], p.stop):
+            elif p.stop and ends_with_stop_string(self.tokenizer, s.tokens[s.output_start:], p.stop):
                 reason = "stop"
             elif len(s.output_ids) >= p.max_new_tokens or len(s.tokens) >= self.max_len:
                 reason = "length"
@@ -496,9 +496,3 @@ class LocalEngine:
         self._rows = None
         for r in reqs:
             settle(r.future, error=error)
-
-
-def _output_start(s: SampleState) -> int:
-    """Where the tokens a stop string may span begin in ``s.tokens``: the output, and the sample's own earlier
-    output at the end of its prompt (``SamplingParams.stop_context``) when it was resubmitted after an abort."""
-    return max(0, len(s.req.prompt_ids) - s.req.params.stop_context)

@@ -70,6 +70,12 @@ class SampleState:
     def cached(self) -> int:  # positions held in the KV cache
         return len(self.tokens) - 1
 
+    @property
+    def output_start(self) -> int:
+        """Where the tokens a stop string may span begin in ``tokens``: the output, and the sample's own earlier
+        output at the end of its prompt (``SamplingParams.stop_context``) when it was resubmitted after an abort."""
+        return max(0, len(self.req.prompt_ids) - self.req.params.stop_context)
+
 
 @dataclass
 class PendingUpdate:

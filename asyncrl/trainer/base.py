@@ -4,6 +4,7 @@ several) are both."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -60,3 +61,15 @@ class Snapshots(Protocol):
 
     def snapshot(self) -> WeightsWriter | None:
         """The weights now (non-finite ones refused), or None where they can only be written in the foreground."""
+
+@contextlib.contextmanager
+def evaluating(*modules):
+    """``modules`` (None skipped) in eval mode for the block, then back in the mode each was in."""
+    modes = [(m, m.training) for m in modules if m is not None]
+    for m, _ in modes:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.train(training)

@@ -35,7 +35,7 @@ from asyncrl.lora import is_lora, merged_state_dict
 from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
 from asyncrl.parallel import DataParallel
 from asyncrl.trainer import state
-from asyncrl.trainer.base import NonFiniteWeights, finite
+from asyncrl.trainer.base import NonFiniteWeights, evaluating, finite
 from asyncrl.trainer.critic import ValueHead, critic_step
 from asyncrl.types import Batch
 
@@ -72,13 +72,7 @@ class PolicyTrainer:
     on a ``Batch`` with the functions of an ``Algorithm``."""
 
     def __init__(
-        self,
-        model,
-        algo: Algorithm | None = None,
-        *,
-        ref_model=None,
-        critic: str = "none",
-        critic_model=None,
+        self, model, algo: Algorithm | None = None, *, ref_model=None, critic: str = "none", critic_model=None,
         critic_lr: float | None = None,
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
@@ -208,16 +202,18 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _gather(self, batch: Batch, fn) -> torch.Tensor:
-        """``fn(ids, rows) -> (len(ids), T_mb - 1)`` over every micro-batch of ``batch``, as (N, T-1)."""
+        """``fn(ids, rows) -> (len(ids), T_mb - 1)`` over every micro-batch of ``batch``, as (N, T-1), in eval
+        mode: without (LoRA) dropout, as the engine sampled, the proximal log-probs are the weights' own."""
         out = torch.zeros_like(batch.behav_logprobs)
-        for item in self._micro_batches(batch, list(range(batch.input_ids.shape[0]))):
-            if item is None:
-                self._empty_loss(self.model)
-                continue
-            _, ids, rows = item
-            self._set_threads()
-            o = fn(ids, rows)
-            out[ids, : o.shape[1]] = o.to(out.device)
+        with evaluating(self.model, self.critic_model, self.value_head):
+            for item in self._micro_batches(batch, list(range(batch.input_ids.shape[0]))):
+                if item is None:
+                    self._empty_loss(self.model)
+                    continue
+                _, ids, rows = item
+                self._set_threads()
+                o = fn(ids, rows)
+                out[ids, : o.shape[1]] = o.to(out.device)
         return out
 
     def _set_threads(self) -> None:
@@ -498,3 +494,4 @@ class PolicyTrainer:
             for name, p in items:
                 if not finite(p):
                     raise NonFiniteWeights(f"the {what} weight '{name}' holds NaN or inf values")
+
