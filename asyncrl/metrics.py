@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from asyncrl.report.reader import merge_evaluations
+from asyncrl.report.reader import merge_evaluations, read_jsonl
 from asyncrl.report.account import SIDES, key
 from asyncrl.types import Batch
 
@@ -328,5 +328,6 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     """The records of ``run_dir/metrics.jsonl``, one per step (evaluations that ended beside training merged
     into their step's record)."""
     path = Path(run_dir) / "metrics.jsonl"
-    return merge_evaluations([decode_record(json.loads(line)) for line in path.read_text().splitlines()
-                              if line.strip()])
+    if not path.is_file():
+        raise FileNotFoundError(2, "no such file", str(path))
+    return merge_evaluations([decode_record(r) for r in read_jsonl(path)])  # a torn last line (running) skipped

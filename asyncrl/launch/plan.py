@@ -125,14 +125,22 @@ def _fitted(cfg: TrainConfig, args) -> Fitted:
 
 
 def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
-    from asyncrl.metrics import read_metrics
+    """The costs of the run in ``run_dir``, divided by its own passes and samples per prompt (its config.yaml:
+    the settings asked about may differ from those it ran with)."""
+    import yaml
 
+    from asyncrl.metrics import read_metrics
+    from asyncrl.report.reader import ReportError
+
+    config = Path(run_dir) / "config.yaml"
     try:
         records = read_metrics(run_dir)
-    except OSError as e:
-        raise ValueError(f"--from-run {run_dir}: {e.strerror or e}") from None
-    return fit_run(records, cfg.gconfig.max_new_tokens, cfg.gconfig.n_samples, name=str(run_dir),
-                   epochs=cfg.actor.ppo_epochs)
+        saved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
+    except (OSError, ReportError, yaml.YAMLError) as e:
+        raise ValueError(f"--from-run {run_dir}: {getattr(e, 'strerror', None) or e}") from None
+    n_samples = (saved.get("gconfig") or {}).get("n_samples", cfg.gconfig.n_samples)
+    epochs = (saved.get("actor") or {}).get("ppo_epochs", cfg.actor.ppo_epochs)
+    return fit_run(records, cfg.gconfig.max_new_tokens, n_samples, name=str(run_dir), epochs=epochs)
 
 
 def _from_profile(cfg: TrainConfig, args) -> Fitted:

@@ -268,8 +268,9 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     recomputed = total("trainer_recompute_s") / max(1.0, total("train_tokens"))  # once per step, where it ran
     last = steps[-1]
 
-    def counted(key):  # a cumulative counter over the steps read
-        return (last.get(key, 0) or 0) - (before.get(key, 0) or 0)
+    def counted(key):  # a cumulative counter over the steps read; it restarts at 0 in a resumed process
+        values = [before.get(key, 0) or 0] + [r.get(key, 0) or 0 for r in steps]
+        return sum(b - a if b >= a else b for a, b in zip(values, values[1:]))
 
     episodes = max(1, counted("agent_episodes"))
     calls, tool = counted("agent_calls") / episodes, total("episode_tool_s") / episodes

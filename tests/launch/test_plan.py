@@ -102,6 +102,28 @@ def test_a_profile_with_a_runs_workload_takes_the_profiles_costs_and_the_runs_le
     assert both["step_time_s"] != pytest.approx(run_only["step_time_s"], rel=0.05)  # the profile's costs, not the run's
 
 
+def test_a_run_is_fitted_with_its_own_epochs_and_a_torn_last_line_is_skipped(profile, tmp_path, capsys):
+    """--from-run divides the run's training time by the passes it made (its config.yaml), not by those asked
+    about: ppo_epochs=1 asked of a 4-epoch run predicts a quarter of its training, as a sweep does; a run still
+    writing its metrics (a torn last line) is read."""
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"step_time_s": 9.0, "gen_decode_s": 1.0, "gen_prefill_s": 0.1, "gen_tokens_per_s": 600.0,
+              "n_samples": 64, "response_len_mean": 60.0, "response_len_max": 60, "train_tokens": 5376,
+              "trainer_fwd_bwd_s": 8.0, "trainer_recompute_s": 0.5, "trainer_optim_s": 0.05, "trainer_other_s": 0.0,
+              "trainer_sync_s": 0.01}
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **record}) + "\n" for s in range(1, 6))
+                                       + '{"step": 6, "step_ti')
+    (run / "config.yaml").write_text("actor:\n  ppo_epochs: 4\ngconfig:\n  n_samples: 8\n")
+
+    def predict(*args):
+        assert cli.main(["plan", "--json", "--from-run", str(run), *args, "gconfig.max_new_tokens=96"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    four, one = predict("actor.ppo_epochs=4"), predict("actor.ppo_epochs=1")
+    assert one["step_time_s"] < 0.5 * four["step_time_s"]  # a quarter of the training, not the same
+
+
 @pytest.mark.parametrize("overrides, recompute, epochs", [
     ([], False, 1), (["actor.ppo_n_minibatches=2"], True, 1), (["actor.ppo_epochs=3"], True, 3),
     (["actor.ppo_n_minibatches=2", "actor.prox_logp_method=loglinear"], False, 1)])

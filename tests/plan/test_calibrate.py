@@ -62,3 +62,13 @@ def test_an_agent_runs_every_call_prefills_its_own_context():
     per_token = {name: fit_run(records, 64, 8).profile.costs.prefill_per_token_s
                  for name, records in (("single", single), ("agent", agent))}
     assert per_token["single"] == pytest.approx(8 * per_token["agent"])
+
+
+def test_a_resumed_runs_counters_restart_and_are_counted_across():
+    """reward_calls restarts at 0 in a resumed process: 8 calls a step are counted over the resume (the last value
+    minus the first counted 4x fewer calls, a reward cost 4x too high)."""
+    from asyncrl.plan.calibrate import fit_run
+
+    steps = [_record(s, 1) for s in range(1, 5)] + [_record(s, 1, reward_calls=8 * (s - 4)) for s in range(5, 9)]
+    costs = fit_run([{"step": 0}] + steps, 64, 8).profile.costs
+    assert costs.reward_s == pytest.approx(0.1)
