@@ -138,9 +138,10 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
         saved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
     except (OSError, ReportError, yaml.YAMLError) as e:
         raise ValueError(f"--from-run {run_dir}: {getattr(e, 'strerror', None) or e}") from None
+    actor = saved.get("actor") or dataclasses.asdict(cfg.actor)
     n_samples = (saved.get("gconfig") or {}).get("n_samples", cfg.gconfig.n_samples)
-    epochs = (saved.get("actor") or {}).get("ppo_epochs", cfg.actor.ppo_epochs)
-    return fit_run(records, cfg.gconfig.max_new_tokens, n_samples, name=str(run_dir), epochs=epochs)
+    return fit_run(records, cfg.gconfig.max_new_tokens, n_samples, name=str(run_dir),
+                   epochs=actor.get("ppo_epochs", 1), passes=no_grad_passes(actor))
 
 
 def _from_profile(cfg: TrainConfig, args) -> Fitted:
@@ -177,6 +178,15 @@ def load_fitted(path: Path, cfg: TrainConfig) -> Fitted:
     return Fitted(profile, lengths, int(extra.get("prompt_tokens", 24)))
 
 
+def no_grad_passes(actor: dict) -> int:
+    """The forward passes without a gradient a training step makes over its batch (``actor``: the actor section
+    as a dict, also a saved config.yaml's): the proximal recompute (more than one optimizer step a batch, not
+    loglinear), the reference model, the critic's values."""
+    steps = actor.get("ppo_n_minibatches", 1) * actor.get("ppo_epochs", 1)
+    proximal = steps > 1 and actor.get("prox_logp_method", "recompute") == "recompute"
+    return int(proximal) + int(actor.get("ref_model", "none") != "none") + int(actor.get("critic", "none") != "none")
+
+
 def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
     """The simulation's input for ``cfg``, with the lengths and prompt size the profile measured."""
     backend = cfg.rollout.placement
@@ -190,7 +200,7 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
         max_concurrent=cfg.rollout.max_concurrent_rollouts, interrupt=cfg.rollout.interrupt_mode,
         steps=min(cfg.total_train_steps, SIMULATED_STEPS), eval_every=cfg.evaluator.freq_steps,
         save_every=cfg.saver.freq_steps, epochs=cfg.actor.ppo_epochs,
-        recompute=cfg.actor.ppo_n_minibatches * cfg.actor.ppo_epochs > 1 and cfg.actor.prox_logp_method == "recompute",
+        recompute=no_grad_passes(dataclasses.asdict(cfg.actor)),
         calls_per_episode=max(1.0, fitted.calls_per_episode) if agent else 1,
         tool=ToolLatency(float(options.get("tool_latency_s", fitted.tool_s)),
                          float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))
@@ -221,7 +231,8 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
     prompts = [it["prompt_ids"] for it in items]
     fn = reward_function(cfg.reward, data.reward_fn)
 
-    one_pass = dataclasses.replace(cfg.actor, ppo_epochs=1, ppo_n_minibatches=1)  # per pass; the plan adds passes
+    # per pass of the policy: the plan adds the passes, and the reference model's as one without a gradient
+    one_pass = dataclasses.replace(cfg.actor, ppo_epochs=1, ppo_n_minibatches=1, ref_model="none", kl_ctl=0.0)
 
     def make_trainer(m):
         return build_trainer(one_pass, m, model_path=path, temperature=cfg.gconfig.temperature, autocast_dtype=None,

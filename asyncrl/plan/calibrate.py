@@ -242,9 +242,10 @@ def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[floa
 
 
 def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name: str = "",
-            epochs: int = 1) -> Fitted:
+            epochs: int = 1, passes: int = 1) -> Fitted:
     """Costs and lengths from a run's ``metrics.jsonl`` records (``group_size``: its samples per prompt; ``epochs``:
-    its passes over each batch): every cost is the run's own average after its first step, which warms up
+    its passes over each batch; ``passes``: its forward passes without a gradient a step, timed together in
+    ``trainer_recompute_s``): every cost is the run's own average after its first step, which warms up
     (decode per sequence-step at its occupancy, prefill per prompt token, training per token and pass, the
     proximal recompute per token, the median sync, evaluation and checkpoint)."""
     every = [r for r in records if r.get("step", 0) > 0]
@@ -265,7 +266,7 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     response = sum(r["n_samples"] * r["response_len_mean"] for r in steps)
     prompt = max(1.0, (total("train_tokens") - response) / max(1.0, samples))
     per_token = total("trainer_fwd_bwd_s") / max(1.0, total("train_tokens") * max(1, epochs))
-    recomputed = total("trainer_recompute_s") / max(1.0, total("train_tokens"))  # once per step, where it ran
+    recomputed = total("trainer_recompute_s") / max(1.0, total("train_tokens") * max(1, passes))  # one pass
     last = steps[-1]
 
     def counted(key):  # a cumulative counter over the steps read; it restarts at 0 in a resumed process

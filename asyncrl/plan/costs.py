@@ -25,8 +25,9 @@ class Costs:
     decode_per_ctx_s * (context tokens of all running sequences)``; prefill of ``t`` prompt tokens:
     ``prefill_base_s + prefill_per_token_s * t`` (re-prefill after new weights costs the same per token);
     a training step on ``t`` tokens (prompt + response): ``train_base_s + train_per_token_s * t`` per pass over the
-    batch (``actor.ppo_epochs`` passes), with ``recompute_per_token_s * t`` more, once, when the proximal policy is
-    recomputed; publishing weights ``sync_s``
+    batch (``actor.ppo_epochs`` passes), with ``recompute_per_token_s * t`` more for each forward pass without a
+    gradient, once a step (the proximal policy's recompute, the reference model, the critic's values); publishing
+    weights ``sync_s``
     (the engines are paused for ``pause_s`` of it); an evaluation ``eval_s``, a checkpoint ``save_s``; one
     reward call ``reward_s``. Where the trainer and the engine share the CPU's cores (``cluster.cpu_split=auto``)
     the costs above are at each side's share (``asyncrl.cores``), and the trainer runs ``train_borrow_x`` times as
@@ -61,8 +62,9 @@ class Costs:
     def prefill_s(self, tokens: int) -> float:
         return self.prefill_base_s + self.prefill_per_token_s * tokens if tokens else 0.0
 
-    def train_s(self, tokens: int, recompute: bool = False, epochs: int = 1) -> float:
-        recomputed = self.recompute_per_token_s * tokens if recompute else 0.0
+    def train_s(self, tokens: int, recompute: int = 0, epochs: int = 1) -> float:
+        """``recompute``: the forward passes without a gradient a step makes (a bool: the proximal one or none)."""
+        recomputed = self.recompute_per_token_s * tokens * int(recompute)
         return self.train_base_s + self.train_per_token_s * tokens * epochs + recomputed
 
 

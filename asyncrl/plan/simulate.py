@@ -77,7 +77,7 @@ class Workload:
     steps: int = 20
     eval_every: int = 0
     save_every: int = 0
-    recompute: bool = False  # the proximal policy is recomputed (more than one optimizer step a batch, not loglinear)
+    recompute: int = 0  # forward passes without a gradient a step: proximal recompute, reference model, critic values
     epochs: int = 1
     calls_per_episode: float = 1  # agent workflows: mean LLM calls per episode (tools between them)
     tool: ToolLatency = field(default_factory=ToolLatency)

@@ -125,8 +125,10 @@ def test_a_run_is_fitted_with_its_own_epochs_and_a_torn_last_line_is_skipped(pro
 
 
 @pytest.mark.parametrize("overrides, recompute, epochs", [
-    ([], False, 1), (["actor.ppo_n_minibatches=2"], True, 1), (["actor.ppo_epochs=3"], True, 3),
-    (["actor.ppo_n_minibatches=2", "actor.prox_logp_method=loglinear"], False, 1)])
+    ([], 0, 1), (["actor.ppo_n_minibatches=2"], 1, 1), (["actor.ppo_epochs=3"], 1, 3),
+    (["actor.ppo_n_minibatches=2", "actor.prox_logp_method=loglinear"], 0, 1),
+    (["actor.kl_ctl=0.1", "actor.ref_model=init"], 1, 1),  # the reference model's pass (it was left out)
+    (["actor.kl_ctl=0.1", "actor.ref_model=init", "actor.ppo_n_minibatches=2"], 2, 1)])
 def test_the_plan_prices_the_proximal_recompute_only_where_the_trainer_runs_it(overrides, recompute, epochs):
     from asyncrl import configlib
     from asyncrl.config import TrainConfig

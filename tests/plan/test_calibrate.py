@@ -50,6 +50,10 @@ def test_a_run_is_fitted_per_pass_after_its_first_step(epochs):
     assert costs.train_per_token_s == pytest.approx(0.002) and costs.recompute_per_token_s == pytest.approx(0.0005)
     assert costs.train_base_s == pytest.approx(0.2) and costs.reward_s == pytest.approx(0.1)
     assert costs.train_s(1000, recompute=True, epochs=epochs) == pytest.approx(0.2 + 2.0 * epochs + 0.5)
+    two_passes = fit_run([{"step": 0}, warm_up] + [_record(s, epochs) for s in range(2, 6)], 64, 8, epochs=epochs,
+                         passes=2).profile.costs  # the proximal and the reference model's, timed together
+    assert two_passes.recompute_per_token_s == pytest.approx(0.00025)
+    assert two_passes.train_s(1000, recompute=2, epochs=epochs) == pytest.approx(0.2 + 2.0 * epochs + 0.5)
 
 
 def test_an_agent_runs_every_call_prefills_its_own_context():
