@@ -27,8 +27,16 @@ def run_settings(run) -> dict:
                                                         ("max_new_tokens", "gconfig.max_new_tokens"),
                                                         ("workers", "reward.workers"),
                                                         ("lr", "actor.lr")) if run.setting(key) is not None}
+    settings["eval_background"] = bool(run.setting("evaluator.background"))
+    settings["save_background"] = bool(run.setting("saver.background"))
+    transport, backend = run.setting("rollout.weight_transport"), run.setting("rollout.backend") or "local"
+    if transport == "auto":  # as RolloutConfig.resolved_transport
+        transport = "inprocess" if backend.split(":")[0] == "local" else "disk"
+    if transport:
+        settings["transport"] = transport
     machine = _machine(run.path)
     if machine is not None:
+        settings["device"] = str(machine.get("device") or "cpu").split(":")[0]
         if machine.get("cpu_split"):
             settings["cpu_split"] = machine["cpu_split"]
     elif _split_applied(run):

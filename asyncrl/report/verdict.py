@@ -145,11 +145,13 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
             f"the generator idled {g['idle_gate']:.0%} of the time with the staleness gate closed while the trainer "
             f"was busy {busy:.0%} (waiting {t['wait']:.0%}; computing {compute:.0%})",
             _lend_cores(s, g["idle_gate"]) + "make training faster: "
-            + _more_threads(s, "more trainer threads (actor.threads)",
+            + _more_threads(s, "more trainer threads (actor.threads) or ranks (actor.backend=ddp:dN)",
                             "more cores (the trainer already borrows the generator's core while it idles: "
-                            "cluster.cpu_split=auto)")
-            + f" or ranks (actor.backend=ddp:dN), or fewer samples per prompt (gconfig.n_samples"
-            f"{_now(s, 'n_samples')}); a larger η would not help",
+                            "cluster.cpu_split=auto) or ranks (actor.backend=ddp:dN)",
+                            "more trainer ranks (actor.backend=ddp:dN)")
+            + f", or fewer samples per prompt (gconfig.n_samples{_now(s, 'n_samples')})"
+            + (f"; η >= 1 (rollout.max_head_offpolicyness) would also hide the {t['wait']:.0%} the trainer waits"
+               if eta == 0 and t["wait"] > 0.02 else "; a larger η would not help"),
             compute * THREADS_GAIN))
     if t["wait"] >= TRAINER_WAIT:
         lens = [(r.get("response_len_max"), r.get("response_len_mean")) for r in steps]
@@ -193,24 +195,24 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                 f"{g['decode'] + g['prefill'] + g['reprefill']:.0%} and the gate seldom closed, so a larger η "
                 "would not help",
                 "make generation faster: "
-                + _more_threads(s, "more engine threads (rollout.threads)",
+                + _more_threads(s, "more engine threads (rollout.threads) or servers (rollout.backend=asyncrl:dN)",
                                 "more engine threads (cluster.cpu_split=fixed with rollout.threads set to every "
-                                "core: the shared split keeps the engine at half of them)")
-                + " or servers (rollout.backend=asyncrl:dN), or fewer tokens (gconfig.n_samples, "
-                "gconfig.max_new_tokens)",
+                                "core: the shared split keeps the engine at half of them) or servers "
+                                "(rollout.backend=asyncrl:dN)", "more servers (rollout.backend=sglang:dN, vllm:dN)")
+                + ", or fewer tokens (gconfig.n_samples, gconfig.max_new_tokens)",
                 t["wait"]))
     if t["sync"] >= SYNC_SHARE:
         out.append(Finding(
             "sync-bound", "bottleneck", f"publishing weights took {t['sync']:.0%} of the time",
-            "use a faster weight transport (rollout.weight_transport=dist for servers; inprocess for the local "
-            "engine) or a smaller model dtype (model.dtype=bfloat16)", t["sync"] * 0.9))  # disk -> inprocess
+            _faster_transport(s.get("transport")) + "a smaller model dtype (model.dtype=bfloat16)",
+            t["sync"] * 0.9))  # disk -> inprocess
             # with the ~100M model saved 33% of a step whose sync was 34%
     if t["eval"] + t["save"] >= EVAL_SAVE_SHARE:
         out.append(Finding(
             "eval/checkpoint-bound", "bottleneck",
             f"evaluation took {t['eval']:.0%} and checkpoints {t['save']:.0%} of the trainer's time",
             "evaluate and save less often (evaluator.freq_steps, saver.freq_steps), on fewer items "
-            "(valid_dataset.size), or beside training (evaluator.background=true, saver.background=true)",
+            "(valid_dataset.size)" + _beside(s),
             (t["eval"] + t["save"]) * 0.8))
     if acc.measured("episode") and not any(f.name == "tool-bound" for f in out):
         e = acc.fractions("episode")
@@ -319,10 +321,29 @@ def _lend_cores(settings: dict, idle: float) -> str:
     return f"lend the generator's idle cores ({idle:.0%} of the time) to the trainer: cluster.cpu_split=auto; or "
 
 
-def _more_threads(settings: dict, fixed: str, shared: str) -> str:
-    """More threads for one side: ``fixed`` names its threads key, ``shared`` what to do where the sides share the
-    cores (and that key is not read)."""
+def _more_threads(settings: dict, fixed: str, shared: str, device: str) -> str:
+    """More for one side: ``fixed`` names its threads key, ``shared`` what to do where the sides share the cores
+    (and that key is not read), ``device`` off the CPU (a GPU run, as its machine.json says: threads do not help)."""
+    if settings.get("device", "cpu") != "cpu":
+        return device
     return shared if settings.get("cpu_split") == "auto" else fixed
+
+
+def _faster_transport(transport: str | None) -> str:
+    """The weight transports faster than ``transport`` (the run's ``rollout.weight_transport``, resolved)."""
+    if transport == "inprocess":
+        return "publish less data: "
+    if transport == "dist":
+        return "use "
+    return ("use a faster weight transport (rollout.weight_transport=dist for servers; inprocess for the local "
+            "engine) or ")
+
+
+def _beside(settings: dict) -> str:
+    """The evaluation and checkpoints the run does not yet do beside training."""
+    keys = [k for k, on in (("evaluator.background", settings.get("eval_background")),
+                            ("saver.background", settings.get("save_background"))) if not on]
+    return f", or beside training ({', '.join(k + '=true' for k in keys)})" if keys else ""
 
 
 def _now(settings: dict, name: str, eq: str = ", now ") -> str:

@@ -42,6 +42,26 @@ def test_a_planted_bottleneck_is_named_with_its_change(phases, name, change):
     assert any(name in line for line in verdict.lines())
 
 
+def test_the_advice_fits_the_run_it_reads():
+    """Off the CPU (machine.json) threads are not advised; at η = 0 a trainer that still waits is told η >= 1
+    would hide it (not that a larger η would not help); a run already on the in-process transport or evaluating
+    in the background is not told to switch to it."""
+    def change(settings, **phases):
+        verdict = diagnose(_steps(**phases), {"n_samples": 8, "workers": 1, **settings})
+        return {f.name: f.change for f in verdict.findings}
+
+    gpu = change({"eta": 2, "device": "cuda"}, gen_idle_gate_s=0.5, trainer_wait_s=0.02)["trainer-bound"]
+    assert "actor.threads" not in gpu and "ddp:dN" in gpu
+    slow = change({"eta": 2, "device": "cuda"}, trainer_wait_s=0.4)["generator-bound"]
+    assert "rollout.threads" not in slow and "servers" in slow
+    sync = change({"eta": 0}, gen_idle_gate_s=0.5, trainer_wait_s=0.12)["trainer-bound"]
+    assert "η >= 1" in sync and "would not help" not in sync
+    assert "would not help" in change({"eta": 2}, gen_idle_gate_s=0.5, trainer_wait_s=0.02)["trainer-bound"]
+    done = change({"eta": 2, "transport": "inprocess", "eval_background": True, "save_background": True},
+                  trainer_sync_s=0.3, trainer_eval_s=0.1, trainer_save_s=0.1)
+    assert "weight_transport" not in done["sync-bound"] and "background" not in done["eval/checkpoint-bound"]
+
+
 def test_the_first_step_is_never_read_even_when_it_is_the_only_one():
     """A run diagnosed after its first step (live, or a 1-step run): that step waited for the first batch
     whatever the settings, so nothing is judged on it."""
