@@ -27,7 +27,8 @@ from asyncrl.configlib import ConfigError
 log = logging.getLogger(__name__)
 
 RESUME_MODES = ("auto", "fresh")
-SETTABLE = ("total_train_steps", "max_train_time_s", "progress_bar", "report", "resume", "launcher", "cluster.",
+SETTABLE = ("output_dir", "experiment_name", "trial_name",  # where the run is, however it is spelt or moved
+            "total_train_steps", "max_train_time_s", "progress_bar", "report", "resume", "launcher", "cluster.",
             "evaluator.", "saver.", "stats_logger.", "watchdog.", "reward.workers", "reward.timeout_s",
             "rollout.request_timeout_s", "rollout.batch_timeout_s", "rollout.weight_sync_timeout_s",
             "rollout.server_startup_timeout_s", "rollout.backend", "rollout.server_addrs", "rollout.server_key_env",

@@ -20,7 +20,7 @@ from asyncrl.configlib import ConfigError
 
 STATE_FILE = "sft_state.pt"  # in a step checkpoint: what a resume needs beyond the weights
 BEST_DIR, BEST_FILE = "best", "best.json"  # OUTPUT/best: the model of the best held-out evaluation so far
-RESUME_SETTABLE = ("total_train_steps", "log_every", "evaluator.", "saver.", "progress_bar", "resume",
+RESUME_SETTABLE = ("output_dir", "total_train_steps", "log_every", "evaluator.", "saver.", "progress_bar", "resume",
                    "actor.threads")
 """Keys a resumed SFT run may change: how long it runs and how it is watched, evaluated, saved and threaded."""
 

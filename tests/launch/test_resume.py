@@ -90,7 +90,7 @@ def test_synchronous_run_stopped_and_resumed_replays_the_uninterrupted_losses(tm
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_model_dir, capsys):
+def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_model_dir, capsys, monkeypatch):
     from asyncrl import cli
 
     train, valid = prompt_files(tmp_path, 20)
@@ -105,7 +105,12 @@ def test_resume_refuses_a_changed_run_and_fresh_moves_it_aside(tmp_path, tiny_mo
     assert cli.main(args + ["total_train_steps=3", "evaluator.freq_steps=1"]) == 0  # settable keys may change
     run = tmp_path / "out" / "asyncrl" / "default"
     assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
-    assert cli.main(args + ["actor.lr=1e-3", "resume=fresh"]) == 0
+    # the same directory spelt another way (a job requeued from another working directory) resumes too
+    relative = [a if not a.startswith("output_dir=") else "output_dir=out" for a in args]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(relative + ["total_train_steps=4"]) == 0
+    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3, 4]
+    assert cli.main(relative + ["actor.lr=1e-3", "resume=fresh"]) == 0
     assert len(list((tmp_path / "out" / "asyncrl").glob("default.replaced-*"))) == 1
     assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
 
