@@ -154,10 +154,28 @@ def load_tokenizer(path: str):
                           f"{str(e).splitlines()[0] if str(e) else ''}") from e
 
 
+def architectures(path: str) -> list[str]:
+    """The model classes a checkpoint directory's ``config.json`` names ([] when it names none or cannot be read)."""
+    try:
+        names = json.loads((Path(path) / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def is_reward_model(path: str) -> bool:
+    """Whether the checkpoint is a sequence classifier (a reward model, e.g. from ``asyncrl rm``)."""
+    names = architectures(path)
+    return bool(names) and all(n.endswith("ForSequenceClassification") for n in names)
+
+
 def load_model(path: str, dtype: str = "float32"):
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(path)
+    if is_reward_model(path):
+        raise ConfigError(f"model.path: '{path}' is a reward model ({', '.join(architectures(path))}, from asyncrl rm "
+                          "say), not a language model to generate with: give its base model, or use it as reward.model")
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as e:

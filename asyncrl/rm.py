@@ -96,7 +96,7 @@ def rm(cfg: RMConfig) -> dict:
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.actor.threads)
     train, valid = split_pairs(cfg)
-    tokenizer, model = load_reward_model(resolve_model_path(cfg.model.path), key="model.path")
+    tokenizer, model = load_reward_model(resolve_model_path(cfg.model.path), key="model.path", trained=False)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay)
     out = Path(cfg.output_dir)

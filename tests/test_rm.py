@@ -149,3 +149,17 @@ def test_an_rl_run_trains_on_the_reward_models_scores(trained_rm, tmp_path, tiny
     assert len(records) == 2 and records[-1]["reward_errors"] == 0
     rewards = {r["reward_mean"] for r in records}
     assert not rewards <= {0.0, 1.0}  # the model's real-valued scores, not the verifier's 0/1
+
+
+def test_a_language_model_is_not_a_reward_model_nor_the_reverse(trained_rm, tiny_model_dir):
+    """reward.model of an ordinary causal LM would score with a new, random head (an RL run optimising noise,
+    exit 0): refused; a reward model as model.path would generate with a random lm_head: refused too."""
+    from asyncrl.configlib import ConfigError
+    from asyncrl.models import load_model
+    from asyncrl.reward.model import RewardModel
+
+    with pytest.raises(ConfigError, match="is not a reward model .*train one with asyncrl rm"):
+        RewardModel(str(tiny_model_dir))
+    out, _ = trained_rm
+    with pytest.raises(ConfigError, match="is a reward model .*not a language model to generate with"):
+        load_model(str(out))
