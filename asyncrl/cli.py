@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from asyncrl import configlib
 from asyncrl.configlib import ConfigError
@@ -89,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     init_help = ("build a byte-level BPE tokenizer (trained on a built-in task's text, or on your own --corpus) and "
                  "a randomly initialised tiny Qwen2 model")
     init = sub.add_parser("init-model", help=init_help, description=init_help)
-    init.add_argument("--out", default="outputs/tiny-init", help="output directory")
+    init.add_argument("--out", default="outputs/tiny-init", help="output directory (new, empty, or an earlier "
+                                                                 "init-model output)")
+    init.add_argument("--force", action="store_true", help="write into an --out that holds other files")
     text = init.add_mutually_exclusive_group()
     text.add_argument("--task", choices=["arith", "lookup"], default=None,
                       help="the built-in task whose text the tokenizer is trained on: arith (the shipped tiny-sft; "
@@ -223,10 +226,26 @@ def _check_shape(args) -> None:
         raise ConfigError(f"--layers must be >= 1, got {args.layers}")
 
 
+INIT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+              "chat_template.jinja", "special_tokens_map.json")
+"""What ``init-model`` writes: a directory holding only these is an earlier ``init-model`` output, written over."""
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """Refuse an ``--out`` holding anything ``init-model`` did not write (a trained model's run files, a data
+    directory): writing a random model there would lose the model, or mix the two. ``--force`` overwrites."""
+    others = sorted(p.name for p in out.iterdir() if p.name not in INIT_FILES) if out.is_dir() else []
+    if others and not force:
+        raise ConfigError(f"--out {out} already holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''} "
+                          "(not an earlier init-model output): give an empty or new directory, or --force to write "
+                          "the new model's files over it")
+
+
 def _init_model(args) -> int:
     from asyncrl.models import build_tiny_model
 
     _check_shape(args)
+    _check_out(Path(args.out), args.force)
     if args.fields and not args.corpus:
         raise ConfigError("--fields picks the columns of a --corpus file of rows; there is no --corpus")
     if args.corpus:

@@ -145,3 +145,18 @@ def test_hostile_configs_and_reward_modules_are_one_line(tmp_path, capsys, monke
     _refusal(capsys, ["train", "reward.fn=raising_reward:score"], "raised RuntimeError: no API key")
     _refusal(capsys, ["train", "train_dataset.batch_size=99999999999999999999"], "64-bit integer")
     _refusal(capsys, ["train", "train_dataset.batch_size=999999999"], "cannot be held in memory")
+
+
+def test_init_model_writes_over_its_own_output_only(tmp_path, capsys):
+    """The same init-model command again writes over its earlier output; an --out holding anything else (a
+    trained model's run files, a data directory) is refused, unless --force: one typo lost a trained model."""
+    out = tmp_path / "m"
+    assert main(["init-model", "--out", str(out), *SHAPE]) == 0
+    assert main(["init-model", "--out", str(out), *SHAPE, "--seed", "1"]) == 0
+    (out / "sft_metrics.jsonl").write_text("{}\n")
+    before = (out / "model.safetensors").read_bytes()
+    assert main(["init-model", "--out", str(out), *SHAPE, "--seed", "2"]) == 2
+    assert "already holds sft_metrics.jsonl (not an earlier init-model output)" in capsys.readouterr().err
+    assert (out / "model.safetensors").read_bytes() == before
+    assert main(["init-model", "--out", str(out), *SHAPE, "--seed", "2", "--force"]) == 0
+    assert (out / "model.safetensors").read_bytes() != before
