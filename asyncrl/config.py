@@ -299,9 +299,9 @@ class SFTConfig:
         if self.resume not in ("auto", "fresh"):
             raise ConfigError(f"resume must be 'auto' or 'fresh', got '{self.resume}'")
         _non_negative(self, ["evaluator.freq_steps", "saver.freq_steps", "max_length", "actor.warmup_steps"])
-        if self.actor.warmup_steps >= self.total_train_steps:
+        if self.actor.warmup_steps > self.total_train_steps:  # step N of a warm-up of N reaches actor.lr
             logging.getLogger(__name__).warning(
-                "actor.warmup_steps=%d is not below total_train_steps=%d: the learning rate never reaches "
+                "actor.warmup_steps=%d is above total_train_steps=%d: the learning rate never reaches "
                 "actor.lr=%g (lower actor.warmup_steps)", self.actor.warmup_steps, self.total_train_steps,
                 self.actor.lr)
         self.model.lora.validate()

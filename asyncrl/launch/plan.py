@@ -133,6 +133,10 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
     from asyncrl.report.reader import ReportError
 
     config = Path(run_dir) / "config.yaml"
+    if not (Path(run_dir) / "metrics.jsonl").is_file():
+        raise ValueError(f"--from-run {run_dir} is not a run directory: it has no metrics.jsonl (asyncrl train writes "
+                         "outputs/<experiment_name>/<trial_name>/metrics.jsonl; an asyncrl sft output cannot be "
+                         "fitted)")
     try:
         records = read_metrics(run_dir)
         saved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}

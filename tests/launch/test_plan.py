@@ -139,3 +139,9 @@ def test_the_plan_prices_the_proximal_recompute_only_where_the_trainer_runs_it(o
     fitted = Fitted(Profile("p", Costs(), ""), fixed(50), 24)
     w = workload(configlib.load(TrainConfig, None, overrides), fitted)
     assert (w.recompute, w.epochs) == (recompute, epochs)
+
+
+def test_from_run_of_a_directory_that_is_not_a_run_says_so(tmp_path, capsys):
+    (tmp_path / "sft_metrics.jsonl").write_text("{}\n")  # an asyncrl sft output
+    assert cli.main(["plan", "--from-run", str(tmp_path)]) == 2
+    assert "is not a run directory: it has no metrics.jsonl" in capsys.readouterr().err
