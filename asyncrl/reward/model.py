@@ -35,15 +35,18 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
     ``trained`` False also from a causal LM checkpoint, its trunk with a new score head (what ``asyncrl rm`` starts
     from; scoring with that untrained head would reward noise, so it is refused otherwise). ``path`` is a
     directory (``asyncrl.models.resolve_model_path`` resolves other names)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     from asyncrl.configlib import ConfigError
-    from asyncrl.models import architectures, is_reward_model
 
-    if trained and architectures(path) and not is_reward_model(path):
-        raise ConfigError(f"{key}: '{path}' is not a reward model (its config.json names {architectures(path)}, "
-                          "not a *ForSequenceClassification): its score head would be new and random; train one "
-                          "with asyncrl rm")
+    try:
+        classes = AutoConfig.from_pretrained(path).architectures or []
+    except (OSError, ValueError, KeyError):
+        classes = []  # said below, when the model itself does not load
+    if trained and classes and not any(c.endswith("ForSequenceClassification") for c in classes):
+        raise ConfigError(f"{key}: '{path}' is not a reward model (its config.json names {classes}, not a "
+                          "*ForSequenceClassification): its score head would be new and random; train one with "
+                          "asyncrl rm")
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
