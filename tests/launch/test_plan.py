@@ -3,6 +3,7 @@ object with the documented keys, a sweep as a table with a recommendation (or a 
 curves; a missing or broken profile is one line and exit status 2."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,16 +81,22 @@ def test_agent_calls_asked_afresh_train_fewer_tokens_than_a_continued_conversati
     assert per_step[0] < 0.8 * per_step[1] and fresh["step_time_s"] < chained["step_time_s"]
 
 
-def test_a_profile_with_a_runs_workload_takes_the_profiles_costs_and_the_runs_lengths(profile, tmp_path, capsys):
-    """RL lengthens the answers a profile sampled from the starting policy: --hardware (or --profile) with
-    --from-run prices the run's own lengths at the profile's costs; --from-run alone takes the run's costs too."""
+def _run_dir(tmp_path, torn: str = "", **record) -> Path:
+    """A run directory of 5 steps of 64 samples of 60 tokens (3 s each: 2 s training), then ``torn``."""
     run = tmp_path / "run"
     run.mkdir()
     record = {"step_time_s": 3.0, "gen_decode_s": 1.0, "gen_prefill_s": 0.1, "gen_tokens_per_s": 600.0,
               "n_samples": 64, "response_len_mean": 60.0, "response_len_max": 60, "train_tokens": 5376,
               "trainer_fwd_bwd_s": 2.0, "trainer_recompute_s": 0.0, "trainer_optim_s": 0.05, "trainer_other_s": 0.0,
-              "trainer_sync_s": 0.01}
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **record}) + "\n" for s in range(1, 6)))
+              "trainer_sync_s": 0.01, **record}
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **record}) + "\n" for s in range(1, 6)) + torn)
+    return run
+
+
+def test_a_profile_with_a_runs_workload_takes_the_profiles_costs_and_the_runs_lengths(profile, tmp_path, capsys):
+    """RL lengthens the answers a profile sampled from the starting policy: --hardware (or --profile) with
+    --from-run prices the run's own lengths at the profile's costs; --from-run alone takes the run's costs too."""
+    run = _run_dir(tmp_path)
 
     def predict(*args):
         assert cli.main(["plan", "--json", *args, "total_train_steps=20", "gconfig.max_new_tokens=96"]) == 0
@@ -106,14 +113,7 @@ def test_a_run_is_fitted_with_its_own_epochs_and_a_torn_last_line_is_skipped(pro
     """--from-run divides the run's training time by the passes it made (its config.yaml), not by those asked
     about: ppo_epochs=1 asked of a 4-epoch run predicts a quarter of its training, as a sweep does; a run still
     writing its metrics (a torn last line) is read."""
-    run = tmp_path / "run"
-    run.mkdir()
-    record = {"step_time_s": 9.0, "gen_decode_s": 1.0, "gen_prefill_s": 0.1, "gen_tokens_per_s": 600.0,
-              "n_samples": 64, "response_len_mean": 60.0, "response_len_max": 60, "train_tokens": 5376,
-              "trainer_fwd_bwd_s": 8.0, "trainer_recompute_s": 0.5, "trainer_optim_s": 0.05, "trainer_other_s": 0.0,
-              "trainer_sync_s": 0.01}
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **record}) + "\n" for s in range(1, 6))
-                                       + '{"step": 6, "step_ti')
+    run = _run_dir(tmp_path, '{"step": 6, "step_ti', step_time_s=9.0, trainer_fwd_bwd_s=8.0, trainer_recompute_s=0.5)
     (run / "config.yaml").write_text("actor:\n  ppo_epochs: 4\ngconfig:\n  n_samples: 8\n")
 
     def predict(*args):
