@@ -196,6 +196,10 @@ class TrainConfig:
                 raise ConfigError(f"agent.timeout_s={self.agent.timeout_s:g} must be below rollout.request_timeout_s="
                                   f"{self.rollout.request_timeout_s:g}, which bounds the whole group: one slow "
                                   "episode would cancel its n episodes (none counted as an episode failure)")
+            if self.agent.export == "concat" and self.actor.overlong_reward_penalty:
+                raise ConfigError("actor.overlong_reward_penalty reads a sample's length against "
+                                  "gconfig.max_new_tokens, a budget per call: a sample of agent.export=concat holds "
+                                  "every call of a chain and would be penalised uncut; use agent.export=individual")
         self.watchdog.validate()
         self.cluster.validate()
         self.saver.validate()

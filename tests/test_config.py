@@ -101,3 +101,13 @@ def test_a_model_directory_can_carry_its_own_defaults(tmp_path):
     (own / RECIPE_FILE).write_text('{"train": 1}')
     with pytest.raises(ConfigError, match="must map each command to its keys and values"):
         configlib.load(TrainConfig, None, [f"model.path={own}"])
+
+
+def test_the_overlong_penalty_is_refused_on_concatenated_agent_samples():
+    """DAPO's overlong penalty compares a sample's length with max_new_tokens, a budget per call: a concat sample
+    holds a chain of calls (3 x 40 tokens under max_new_tokens=64 lost the whole penalty with no call cut)."""
+    agent = ["workflow.name=agent", "agent.episode=agents_for_tests:three_turns", "actor.overlong_reward_penalty=true",
+             "actor.overlong_tokens=8"]
+    with pytest.raises(ConfigError, match="agent.export=concat holds every call"):
+        configlib.load(TrainConfig, None, agent + ["agent.export=concat"])
+    configlib.load(TrainConfig, None, agent + ["agent.export=individual"])
