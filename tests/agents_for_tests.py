@@ -77,3 +77,15 @@ async def needs_base_url(client, item):
     reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
                                                  max_tokens=4)
     return float(bool(reply.choices[0].message.content))
+
+
+async def two_choices_no_latency(client, item, tool_latency_s=0.0, **_):
+    """One request with n = 2 (max_tokens left out the SDK's way: NOT_GIVEN), rewarded per choice; fails if any
+    simulated tool latency reaches it (held-out evaluation runs without)."""
+    import openai
+
+    if tool_latency_s and item.get("evaluation"):
+        raise AssertionError(f"evaluation got tool_latency_s={tool_latency_s}")
+    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "q"}], n=2,
+                                                 max_tokens=openai.NOT_GIVEN)
+    return {reply.id: [1.0, 0.0]}

@@ -32,14 +32,20 @@ def _wrap(value):
 
 def _plain(value):
     """A request value as JSON data: pydantic objects (an ``openai`` message appended to the history as it
-    came back) are dumped."""
+    came back) are dumped; the SDK's "not given" placeholders (``NOT_GIVEN``, ``omit``) are left out, as the
+    ``openai`` client leaves them out of its requests."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if v is not None}
+        return {k: _plain(v) for k, v in value.items() if v is not None and not _placeholder(v)}
     if hasattr(value, "model_dump"):
         return _plain(value.model_dump(exclude_none=True))
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _placeholder(value) -> bool:
+    """The ``openai`` SDK's marker of an argument not given (by class name: no import of ``openai`` needed)."""
+    return type(value).__name__ in ("NotGiven", "Omit")
 
 
 def as_response(kind: str, body: dict):

@@ -109,19 +109,22 @@ class Episode:
         completion (creation order; of a completion with n choices, the mean of theirs: its choices are
         alternatives, not steps, so none takes another's reward). A number is the reward of the last completion
         (each of its choices)."""
-        completions = self._completions()
-        if isinstance(outcome, dict):
-            rewards = self._rewards_by_id(outcome)
-        else:
-            rewards = [0.0] * len(self.calls)
-            for i in completions[-1] if completions else []:
-                rewards[i] = float(outcome)
+        completions, rewards = self._completions(), self.rewards(outcome)
         out, ahead = [0.0] * len(rewards), 0.0
         for calls in reversed(completions):
             for i in calls:
                 out[i] = rewards[i] + gamma * ahead
             ahead = sum(out[i] for i in calls) / len(calls)
         return out
+
+    def rewards(self, outcome) -> list[float]:
+        """Each call's own reward (before any discounting) from the episode's outcome."""
+        if isinstance(outcome, dict):
+            return self._rewards_by_id(outcome)
+        rewards = [0.0] * len(self.calls)
+        for i in (self._completions() or [[]])[-1]:
+            rewards[i] = float(outcome)
+        return rewards
 
     def _completions(self) -> list[list[int]]:
         """The calls grouped by completion (a request's choices are recorded one after another), in order."""
@@ -158,9 +161,11 @@ class Episode:
         if mode == "individual":
             return [Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason)
                     for c, r in zip(self.calls, returns) if c.output_ids]
-        return self._chains(returns)
+        return self._chains(returns, self.rewards(outcome), gamma)
 
-    def _chains(self, returns: list[float]) -> list[Trajectory]:
+    def _chains(self, returns: list[float], rewards: list[float], gamma: float) -> list[Trajectory]:
+        """One sample per chain, rewarded with the chain's own return: its leaf's, discounted back over the
+        chain's calls (two choices continuing one call are two chains with their own rewards, not the mean)."""
         children = {i for c in self.calls for i in [c.parent] if i is not None}
         trained: set[int] = set()
         samples = []
@@ -171,7 +176,10 @@ class Episode:
             while self.calls[chain[-1]].parent is not None:
                 chain.append(self.calls[chain[-1]].parent)
             chain.reverse()
-            samples.append(self._concat(chain, trained, returns[chain[0]]))
+            value = returns[leaf]
+            for i in reversed(chain[:-1]):
+                value = rewards[i] + gamma * value
+            samples.append(self._concat(chain, trained, value))
         return samples
 
     def _concat(self, chain: list[int], trained: set[int], reward: float) -> Trajectory:

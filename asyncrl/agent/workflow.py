@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy, check_bind
+from asyncrl.agent.tasks.evaluate import LATENCY_OPTIONS, outcome_score
 from asyncrl.configlib import ConfigError
 from asyncrl.plugins import load_object
 from asyncrl.report.account import EPISODES as EPISODE_PHASES
@@ -170,21 +171,23 @@ class AgentWorkflow:
     def evaluate(self, engine, items: list[dict], tokenizer, params, success_threshold: float = 1.0) -> dict:
         """One episode per held-out item on ``engine`` with ``params`` (greedy by default), run from the calling
         thread with ``tokenizer`` (that thread's own) through the same kind of client as training's (the
-        ``openai`` client over HTTP to a proxy of its own, or the in-process one); a failed episode scores 0
-        and is counted in ``eval_episode_failures``."""
+        ``openai`` client over HTTP to a proxy of its own, or the in-process one), without the simulated tool
+        latency (``LATENCY_OPTIONS``: it only slows evaluation down); a failed episode scores 0 and is counted in
+        ``eval_episode_failures``."""
         t0 = time.perf_counter()
         proxy = AgentProxy(ChatRenderer(tokenizer, self.proxy.renderer.stop_token_id), params, self.proxy.max_len,
                            tool_parser=self.tool_parser, engine=engine)
         server = self.serve_fn(proxy, "127.0.0.1", 0, None) if self.use_http else None
         failures = []
+        options = {k: v for k, v in self.options.items() if k not in LATENCY_OPTIONS}  # they only slow it down
 
         async def one(item: dict, http) -> float:
             key = proxy.open()
             client = InProcessClient(proxy, key) if server is None else _timed_openai()(
                 base_url=server.url + "/v1", api_key=key, http_client=http, max_retries=2, on_call=lambda s: None)
             try:
-                outcome = await asyncio.wait_for(self.episode_fn(client, item, **self.options), self.timeout_s)
-                return float(outcome) if not isinstance(outcome, dict) else float(sum(outcome.values()))
+                outcome = await asyncio.wait_for(self.episode_fn(client, item, **options), self.timeout_s)
+                return outcome_score(outcome)
             except Exception as e:  # noqa: BLE001 - counted; evaluation goes on
                 failures.append(e)
                 return 0.0

@@ -28,3 +28,16 @@ def test_the_choices_of_a_completion_are_alternatives_not_steps():
                      Call("b", [], "[]", [1], None, 0, [5], [0.0], [0], "stop", choice=1)]
     assert episode.returns(1.0, gamma=0.5) == pytest.approx([0.5, 0.5, 1.0, 1.0])
     assert episode.returns({"a": [1.0, 0.0], "b": [0.0, 2.0]}, gamma=0.5) == pytest.approx([1.5, 0.5, 0.0, 2.0])
+
+
+def test_concat_chains_branching_from_one_call_keep_their_own_rewards():
+    """A call continued by a request with n = 4 choices: each chain (root + one choice) gets its choice's reward
+    discounted back over the root, not the mean of the four."""
+    from asyncrl.agent.session import Call
+
+    episode = Episode("k", None)
+    episode.calls = [Call("a", [], "[]", [1], None, 0, [2], [0.0], [0], "stop")]
+    episode.calls += [Call("b", [], "[]", [1, 2, 9], 0, 1, [3 + i], [0.0], [0], "stop", choice=i) for i in range(4)]
+    samples = episode.samples({"b": [1.0, 0.0, 0.0, 0.0]}, mode="concat", gamma=1.0)
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0, 0.0]
+    assert [s.reward for s in episode.samples({"b": [1.0, 0.0, 0.0, 0.0]})] == [0.25, 1.0, 0.0, 0.0, 0.0]

@@ -110,3 +110,18 @@ def test_held_out_evaluation_uses_the_training_client_over_http(tokenizer):
     finally:
         workflow.close()
     assert record["eval_episode_failures"] == 0 and record["eval_accuracy"] == 1.0
+
+
+def test_evaluation_reads_per_choice_rewards_drops_tool_latency_and_the_sdks_placeholders(tokenizer):
+    """A documented reward ({id: [r0, r1]}) scored 0 in evaluation (TypeError); the simulated tool latency slowed
+    every held-out episode; the in-process client sent openai.NOT_GIVEN on to the proxy (a 400)."""
+    pytest.importorskip("openai")
+    context = agent_context(tokenizer)
+    workflow = AgentWorkflow(context, episode="agents_for_tests:two_choices_no_latency", client="inprocess",
+                             options={"tool_latency_s": 0.5})
+    try:
+        record = workflow.evaluate(ScriptedEngine(tokenizer, ["a", "b"] * 3), [{"question": "q", "evaluation": 1}] * 3,
+                                   tokenizer, context.params)
+    finally:
+        workflow.close()
+    assert record["eval_episode_failures"] == 0 and record["eval_reward_mean"] == 1.0

@@ -44,7 +44,7 @@ async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *,
         try:
             run = episode_fn(client_factory(proxy, key), item, **options)
             outcome = await (asyncio.wait_for(run, timeout_s) if timeout_s else run)
-            score = _score(outcome)
+            score = outcome_score(outcome)
         except Exception as e:  # noqa: BLE001 - counted; one failing episode never stops evaluation
             score, failed = 0.0, True
             if not logged:
@@ -68,9 +68,11 @@ async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *,
     }
 
 
-def _score(outcome) -> float:
+def outcome_score(outcome) -> float:
+    """An episode's held-out score: its reward, or the sum of its ``{completion_id: reward}`` (a list of rewards
+    for a completion's choices counts each)."""
     if isinstance(outcome, dict):
-        return float(sum(outcome.values()))
+        return float(sum(x for v in outcome.values() for x in (v if isinstance(v, (list, tuple)) else [v])))
     if isinstance(outcome, numbers.Real) and not isinstance(outcome, bool):
         return float(outcome)
     raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or {{completion_id: reward}}")
