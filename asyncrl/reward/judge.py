@@ -38,9 +38,11 @@ DEFAULT_TEMPLATE = (
     "Reply with one line, 'Score: N', where N is an integer from 0 (wrong) to 10 (correct and complete)."
 )
 """The default prompt: ``{question}``, ``{response}``, ``{reference}`` (the item's ``answer``) are filled in."""
-NEGATIONS = {"not", "never", "isn", "t"}  # "isn't" reads as isn, t; so does "doesn't"
+NEGATIONS = {"not", "never"}
 """Words that, anywhere in the verdict's clause before it ("not at all correct"), make the answer unreadable
-rather than that verdict; "no" only just before it ("no correct answer"), as "no errors, so correct" is common."""
+rather than that verdict; ``NEAR_NEGATIONS`` only just before it ("isn't correct", "no correct answer"), as
+"there isn't any mistake and it is correct" and "no errors, so correct" are common."""
+NEAR_NEGATIONS = {"no", "isn", "t"}  # "isn't" reads as isn, t; so do "doesn't", "wasn't"
 
 VERDICTS = {"correct": 1.0, "incorrect": 0.0}
 """The default verdict words (``score=verdict``) and their rewards."""
@@ -128,15 +130,16 @@ class Judge:
                                  f"{answer[:200]!r}")
             c, i = found[-1]
             before, verdict = clauses[c][:i], clauses[c][i]
-            if NEGATIONS & set(before) or "no" in before[-2:]:  # "not (at all) correct" is no pass
+            if NEGATIONS & set(before) or NEAR_NEGATIONS & set(before[-3:]):  # "not (at all) correct" is no pass
                 raise JudgeError(f"the judge's answer negates its verdict '{verdict}': {answer[:200]!r}")
             return float(self.verdicts[verdict])
         low, high = parse_range(self.score)
         labelled = re.findall(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
         fractions = list(re.finditer(r"(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?)", answer,
                                      flags=re.IGNORECASE))
-        if fractions and re.search(r"\d", answer[fractions[-1].end():]):  # "1/2 of the steps right. 9": the 9
-            fractions = []
+        after = answer[fractions[-1].end():] if fractions else ""
+        if re.search(r"(?:^|[.:;!?\n])\s*-?\d+(?:\.\d+)?\W*$", after):  # "1/2 of the steps right. 9": 9
+            fractions = []  # a bare score closing the answer is the score; "7/10 - it misses step 3" is 7/10
         if not labelled and fractions:  # "7/10", "3 out of 10": the numerator, if it is out of the range's top
             numerator, denominator = fractions[-1].groups()
             if float(denominator) != high:

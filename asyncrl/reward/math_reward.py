@@ -67,15 +67,21 @@ def final_answer(text: str) -> str | None:
     if found:
         return _trim_sentence(found[-1])
     # "Final Answer: The final answer is $42$." -> the last marker; "The answer is 42. I am sure my answer is
-    # right." -> the last marker followed by something that reads as an answer
+    # right." -> the one before a last marker that only vouches for it
     found = [_trim_sentence(text[m.end():].split("\n", 1)[0]) for m in ANSWER_IS_RE.finditer(text)]
     found = [f for f in found if f]
-    return next((f for f in reversed(found) if _reads_as_answer(f)), found[-1] if found else None)
+    while len(found) > 1 and _vouches(found[-1]):
+        found.pop()
+    return found[-1] if found else None
 
 
-def _reads_as_answer(s: str) -> bool:
-    """Whether a marker's text holds a number or a formula, not just words ('right', 'yes, checked')."""
-    return any(ch.isdigit() or ch in "\\^=+-*/()[]{}" for ch in s)
+VOUCHING = ("right", "correct", "confirmed", "checked", "verified", "sound", "consistent")
+"""Words after a later "my answer is" that vouch for the answer given before instead of giving one."""
+
+
+def _vouches(s: str) -> bool:
+    words = re.findall(r"[a-z]+", s.lower())
+    return bool(words) and words[0] in VOUCHING and not any(ch.isdigit() for ch in s)
 
 
 def _trim_sentence(s: str) -> str:

@@ -29,7 +29,9 @@ def fresh_cache():
     ("Correct", "verdict", 1.0), ("Not incorrect at first sight, but on reflection: incorrect", "verdict", 0.0),
     ("7/10", "0-10", 0.7), ("I would rate it 3 out of 10.", "0-10", 0.3), ("Rating: 2/10", "0-10", 0.2),
     ("Score: 4/5", "1-5", 0.75), ("The response gets 1/2 of the steps right. 9", "0-10", 0.9),
-    ("No errors, so it is correct.", "verdict", 1.0)])
+    ("No errors, so it is correct.", "verdict", 1.0), ("7/10 - it misses step 3", "0-10", 0.7),
+    ("I'd give it 8 out of 10; 2 minor issues", "0-10", 0.8),
+    ("There isn't any mistake and the final answer is correct", "verdict", 1.0)])
 def test_answers_are_read_as_rewards_in_zero_to_one(answer, score, expected):
     assert Judge("http://unused", score=score).parse(answer) == pytest.approx(expected)
 

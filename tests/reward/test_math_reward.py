@@ -62,7 +62,8 @@ CASES = [
     ("\\boxed{23}", "2**3", 0.0),
     ("\\boxed{x**2 + y**2}", "x2 + y2", 0.0),
     ("The answer is 42. I am confident my answer is right.", "42", 1.0),  # a later marker with no answer
-    ("Final answer: 42\nI double-checked the answer: yes.", "42", 1.0),
+    ("Option (A) says answer = 12, which fails. The answer is B.", "B", 1.0),  # a word answer after a number
+    ("Checking x = 2: answer is 5? No. Therefore the answer is even.", "even", 1.0),
     ("The answer is 41. No wait, the answer is 42.", "42", 1.0),
     ("The answer is 3 x.", "3", 0.0),
     ("The answer is 12 m.", "12", 1.0),
