@@ -507,6 +507,6 @@ def test_starting_over_refuses_to_move_the_model_it_trains_from(tmp_path, monkey
             start_over(out, model)
     assert (out / "step2").is_dir()
     monkeypatch.chdir(out)
-    start_over(Path("."), "builtin:tiny-sft")
+    start_over(Path("."), "Qwen/Qwen2.5-0.5B-Instruct")  # a hub name is no directory of out's
     assert not (out / "step2").exists() and len(list(tmp_path.glob("out.replaced-*/step2"))) == 1
     assert Path.cwd() == out.resolve()  # the new run writes where the working directory is

@@ -265,8 +265,8 @@ class RemoteEngine:
         self._end_pause()
         if abort:
             try:
-                self._call_all(self.live_addrs(), self.api.resume(), timeout, f"resuming after version {version}",
-                               survive=version)
+                self._call_all(addrs, self.api.resume(), timeout, f"resuming after version {version}",
+                               survive=version)  # those paused: one in a cool-down since would stay paused
             except BaseException as e:  # later requests fail naming it instead of waiting at the closed gate
                 self._failed_update = str(e) if isinstance(e, WeightSyncError) else \
                     f"resuming after version {version} failed: {type(e).__name__}: {e}"

@@ -276,9 +276,12 @@ def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
 
 
 def verdict_settings(cfg: TrainConfig) -> dict:
-    """What the verdict's rules know of the configuration."""
+    """What the verdict's rules know of the configuration (those ``asyncrl diagnose`` reads off a run directory:
+    ``asyncrl.report.diagnose.run_settings``)."""
     return {"eta": cfg.rollout.max_head_offpolicyness, "n_samples": cfg.gconfig.n_samples,
             "max_new_tokens": cfg.gconfig.max_new_tokens, "workers": cfg.reward.workers, "lr": cfg.actor.lr,
+            "eval_background": cfg.evaluator.background, "save_background": cfg.saver.background,
+            "transport": cfg.rollout.resolved_transport, "device": cfg.cluster.resolved_device().split(":")[0],
             **({"cpu_split": cfg.cluster.cpu_split} if cfg.cpu_split_applies() else {})}
 
 

@@ -38,7 +38,7 @@ def start_over(out: Path, model_path: str = "") -> None:
     if not _step_points(out):
         return
     out = out.resolve()  # output_dir=. has no name of its own
-    model = Path(model_path).resolve() if model_path and not model_path.startswith("builtin:") else None
+    model = Path(model_path).resolve() if model_path and Path(model_path).exists() else None  # not a hub name
     if model is not None and (model == out or out in model.parents):
         raise ConfigError(f"model.path '{model_path}' is inside output_dir '{out}', which holds an earlier SFT run "
                           "that starting over moves aside: write this run to another output_dir")

@@ -213,11 +213,13 @@ def test_a_server_cooling_down_after_a_failed_request_still_gets_the_update(two_
         engine.stop()
 
 
+@pytest.mark.parametrize("mode", ["recompute", "abort"])
 def test_a_request_failing_right_after_the_health_check_does_not_leave_its_server_out(two_servers, models,
-                                                                                     tmp_path, monkeypatch):
+                                                                                     tmp_path, monkeypatch, mode):
     """A request that fails between the update's /health check and the update itself sets a cool-down again: the
-    server that answered is updated all the same (left out, it served the old weights after its cool-down)."""
-    engine = RemoteEngine(two_servers.urls, dead_cooldown_s=60).start()
+    server that answered is updated all the same (left out, it served the old weights after its cool-down), and
+    in abort mode resumed (it stayed paused: requests sent to it after its cool-down hung)."""
+    engine = RemoteEngine(two_servers.urls, dead_cooldown_s=60, interrupt_mode=mode).start()
     check = engine._retire_unreachable
 
     def then_a_request_fails(version):
@@ -231,6 +233,7 @@ def test_a_request_failing_right_after_the_health_check_does_not_leave_its_serve
         publisher.publish(models[1].state_dict(), 1)
         served = [int(httpx.get(f"{url}/get_model_info").json()["weight_version"]) for url in two_servers.urls]
         assert served == [1, 1]
+        assert [httpx.get(f"{url}/get_server_info").json()["paused"] for url in two_servers.urls] == [False, False]
     finally:
         publisher.close()
         engine.stop()

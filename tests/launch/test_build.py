@@ -94,3 +94,15 @@ def test_sharing_the_cores_the_evaluation_runs_in_the_trainers_thread(tmp_path, 
         assert (engine.threads == parts.trainer.threads) == in_trainer_thread
         if in_trainer_thread:
             assert parts.evaluate(1)["eval_accuracy"] >= 0.0  # generates here, not waiting on a loop
+
+
+def test_the_live_verdict_knows_what_diagnose_knows_of_the_run():
+    """The warnings during a run read the same settings as asyncrl diagnose: the transport, where evaluations and
+    checkpoints run, the device (a run on the in-process transport was told to use it; a GPU run, more threads)."""
+    from asyncrl import configlib
+    from asyncrl.config import TrainConfig
+    from asyncrl.launch.build import verdict_settings
+
+    settings = verdict_settings(configlib.load(TrainConfig, None, ["evaluator.background=true", "cluster.device=cpu"]))
+    assert settings["transport"] == "inprocess" and settings["eval_background"] and settings["save_background"]
+    assert settings["device"] == "cpu"
