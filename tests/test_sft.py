@@ -502,6 +502,7 @@ def test_starting_over_refuses_to_move_the_model_it_trains_from(tmp_path, monkey
     out = tmp_path / "out"
     (out / "step2").mkdir(parents=True)
     (out / "step2" / "sft_state.pt").write_bytes(b"")
+    (out / "best").mkdir()
     for model in (str(out), str(out / "best"), str(out / "step2")):
         with pytest.raises(ConfigError, match="is inside output_dir .* write this run to another output_dir"):
             start_over(out, model)
