@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from asyncrl.agent.proxy import AgentProxy, ProxyError, check_bind
 from asyncrl.server.app import ServerThread
-from asyncrl.server.middleware import BodyLimit, bearer
+from asyncrl.server.middleware import BodyLimit, CancelOnDisconnect, bearer
 
 MAX_BODY_BYTES = 4 << 20
 MAX_CONTAINERS = 1 << 16
@@ -78,7 +78,9 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
                                "logprobs": c.logprobs, "versions": c.versions, "finish_reason": c.finish_reason}
                               for c in episode.calls]}
 
-    return BodyLimit(app, max_body_bytes, MAX_CONTAINERS)
+    # an episode whose client went away (agent.timeout_s) stops generating: its samples free the engine's slots
+    return BodyLimit(CancelOnDisconnect(app, ("/v1/chat/completions", "/v1/completions")), max_body_bytes,
+                     MAX_CONTAINERS)
 
 
 def _json(body: dict) -> Response:

@@ -122,7 +122,7 @@ class CancelOnDisconnect:
         self.app, self.paths, self.on_cancel = app, paths, on_cancel
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] not in self.paths:
+        if scope["type"] != "http" or _route_path(scope) not in self.paths:
             return await self.app(scope, receive, send)
         body_read, gone = asyncio.Event(), asyncio.Event()
 
@@ -157,6 +157,12 @@ class CancelOnDisconnect:
         task.cancel()  # the client went away: nobody will read the answer
         self.on_cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def _route_path(scope) -> str:
+    """The request's path within this app (an app mounted at ``/agent`` sees ``/v1/...``)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
 
 
 class InternalErrors:

@@ -212,3 +212,42 @@ def test_the_largest_accepted_request_does_not_stall_the_loop(tokenizer):
         assert times and max(times) < HEALTH_BOUND_S, times
     finally:
         server.close()
+
+
+def test_a_call_whose_client_went_away_stops_generating(tokenizer):
+    """An episode's client that times out and closes its connection (agent.timeout_s over HTTP): its call is
+    cancelled, so the engine frees its slots, instead of generating to max_new_tokens for nobody."""
+    pytest.importorskip("fastapi")
+    import json
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    from asyncrl.server.agent import build_app
+    from asyncrl.server.app import ServerThread
+
+    class Hanging:
+        version, entered, cancelled = 0, threading.Event(), threading.Event()
+
+        async def generate(self, prompt_ids, params):
+            self.entered.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+
+    engine = Hanging()
+    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
+                       engine=engine)
+    server = ServerThread(build_app(proxy))
+    try:
+        address, key = urlparse(server.url), proxy.open()
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
+        with socket.create_connection((address.hostname, address.port)) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                         b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s" % (key.encode(), len(body), body))
+            assert engine.entered.wait(10)  # the call reached the engine; then the client leaves
+        assert engine.cancelled.wait(10)
+    finally:
+        server.close()
