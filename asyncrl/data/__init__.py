@@ -162,9 +162,11 @@ def _prompt_key(item) -> str:
     """What an item asks, for telling repeats apart: a chat row's turns before its final assistant reply (two
     replies to one prompt are one prompt), else its question before any template (one problem worded by two
     mixture entries' templates is one problem)."""
-    if isinstance(item, dict) and item.get("messages"):
-        return repr(prompt_of(item))
-    return repr(item.get(UNTEMPLATED, item.get("question")) if isinstance(item, dict) else item)
+    if not isinstance(item, dict):
+        return repr(item)
+    if UNTEMPLATED in item:
+        return repr(item[UNTEMPLATED])
+    return repr(prompt_of(item) if item.get("messages") else item.get("question"))
 
 
 def default_reward(row_type: str) -> Callable[..., float]:

@@ -105,8 +105,7 @@ def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
         item = NORMALIZERS[row_type](record, mapping)
         item["question"] = question
     if template:
-        if row_type != "chat":
-            item[UNTEMPLATED] = item["question"]
+        item[UNTEMPLATED] = prompt_of(item) if row_type == "chat" else item["question"]
         item["question"] = apply_template(template, {**record, **item})
         if row_type == "chat":
             item["messages"] = _with_last_question(item["messages"], item["question"])

@@ -14,8 +14,9 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from asyncrl.plugins import load_object
 
 UNTEMPLATED = "question_before_template"
-"""An item's question as its row gave it, kept when ``prompt_template`` rewrote ``question``: what tells two items
-apart as the same problem (a held-out one and a training one worded by different templates). Not a reward field."""
+"""An item's question as its row gave it (a chat row: its prompt turns), kept when ``prompt_template`` rewrote it:
+what tells two items apart as the same problem (a held-out one and a training one worded by different templates).
+Not a reward field."""
 
 NOT_FIELDS = ("question", "prompt_ids", UNTEMPLATED)
 

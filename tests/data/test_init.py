@@ -238,3 +238,16 @@ def test_one_file_in_two_mixture_entries_never_trains_a_held_out_prompt(tmp_path
     trained = {it["question"].removeprefix("Think step by step. ") for it in take(data.train, 3000)}
     assert held and not held & trained
     assert "question_before_template" not in item_fields(data.valid[-1])  # not passed to reward functions
+    chat = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": f"q{i}"},
+                                                            {"role": "assistant", "content": str(i)}]}
+                                              for i in range(300)])  # the same with chat rows
+    entries = [{"name": "plain", "path": chat, "weight": 3},
+               {"name": "cot", "path": chat, "prompt_template": "Think step by step. {question}"}]
+    cfg = configlib.load(TrainConfig, None, [f"train_dataset.mixture={json.dumps(entries)}", "valid_dataset.size=40"])
+    data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
+
+    def asked(item):
+        return item["messages"][0]["content"].removeprefix("Think step by step. ")
+
+    held = {asked(it) for it in data.valid}
+    assert held and not held & {asked(it) for it in take(data.train, 3000)}
