@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy, check_bind
-from asyncrl.agent.tasks.evaluate import LATENCY_OPTIONS, outcome_score
 from asyncrl.configlib import ConfigError
 from asyncrl.plugins import load_object
 from asyncrl.report.account import EPISODES as EPISODE_PHASES
@@ -31,6 +30,18 @@ log = logging.getLogger(__name__)
 
 EXPORTS = ("individual", "concat")
 CLIENTS = ("auto", "openai", "inprocess")
+LATENCY_OPTIONS = ("tool_latency_s", "tool_latency_p99_s")
+"""Episode options that only simulate tool latency: left out of held-out evaluation, which they would only slow."""
+
+
+def outcome_score(outcome) -> float:
+    """An episode's held-out score: its reward, or the sum of its ``{completion_id: reward}`` (a list of rewards
+    for a completion's choices counts each)."""
+    if isinstance(outcome, dict):
+        return float(sum(x for v in outcome.values() for x in (v if isinstance(v, (list, tuple)) else [v])))
+    if isinstance(outcome, numbers.Real) and not isinstance(outcome, bool):
+        return float(outcome)
+    raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or {{completion_id: reward}}")
 
 
 @dataclass

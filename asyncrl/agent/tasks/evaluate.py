@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import numbers
 import time
 
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy
+from asyncrl.agent.workflow import LATENCY_OPTIONS, outcome_score
 from asyncrl.types import SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
 
-LATENCY_OPTIONS = ("tool_latency_s", "tool_latency_p99_s")
 
 
 async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *, options: dict | None = None,
@@ -66,16 +65,6 @@ async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *,
         "eval_items": len(results),
         "eval_time_s": time.perf_counter() - t0,
     }
-
-
-def outcome_score(outcome) -> float:
-    """An episode's held-out score: its reward, or the sum of its ``{completion_id: reward}`` (a list of rewards
-    for a completion's choices counts each)."""
-    if isinstance(outcome, dict):
-        return float(sum(x for v in outcome.values() for x in (v if isinstance(v, (list, tuple)) else [v])))
-    if isinstance(outcome, numbers.Real) and not isinstance(outcome, bool):
-        return float(outcome)
-    raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or {{completion_id: reward}}")
 
 
 def make_proxy(engine, tokenizer, params: SamplingParams, max_len: int, tool_parser: str = "hermes") -> AgentProxy:
