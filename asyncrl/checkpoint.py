@@ -135,7 +135,7 @@ class Checkpointer:
             _write_json(tmp / MANIFEST, manifest(tmp))
             _fsync_tree(tmp)
             if final.exists():  # the same version again (e.g. saved at the end of a resumed run)
-                shutil.rmtree(final)
+                _remove(final)
             os.rename(tmp, final)
             _fsync_dir(self.dir)
             _write_json(self.dir / LATEST, None, text=final.name + "\n")
@@ -161,9 +161,21 @@ class Checkpointer:
         ahead = [p for p in steps if self.last is not None and int(p.name[4:]) > self.last]
         kept = [p for p in steps if p not in ahead]
         for old in ahead + kept[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in self.dir.glob(".tmp-step*"):  # left by a run killed while saving
+            _remove(old)
+        for stale in self.dir.glob(".tmp-step*"):  # left by a run killed while saving or removing
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _remove(checkpoint: Path) -> None:
+    """Delete a checkpoint directory: renamed out of the resume's sight first (one step), then removed, so that a
+    kill in the middle never leaves a half-deleted ``stepN`` that a resume would take (its manifest gone first, it
+    read as a checkpoint from before manifests, without its weights). A later prune removes what is left."""
+    doomed = checkpoint.with_name(f".tmp-step-removed-{checkpoint.name}-{os.getpid()}")
+    try:
+        os.rename(checkpoint, doomed)
+    except OSError:
+        doomed = checkpoint
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _disk_full(e: BaseException, directory: Path) -> bool:

@@ -312,6 +312,30 @@ def test_rotation_never_prunes_the_checkpoint_just_written(tmp_path):
     assert newest_valid(checkpoints)[0] == checkpoints / "step4"
 
 
+def test_a_kill_while_a_checkpoint_is_removed_never_leaves_one_a_resume_takes(tmp_path, monkeypatch):
+    """rmtree deletes a checkpoint's manifest before its run.json: killed in between, the rest read as a
+    checkpoint from before manifests, without weights, and a resume took it. A checkpoint is renamed out of
+    sight before it is removed."""
+    import shutil
+
+    from asyncrl import checkpoint
+    from asyncrl.checkpoint import newest_valid
+
+    checkpoints = tmp_path / "checkpoints"
+    _fake_checkpoints(checkpoints, versions=(4, 5))
+
+    def killed_midway(path, ignore_errors=False):
+        for name in ("manifest.json", "model.safetensors"):
+            (Path(path) / name).unlink(missing_ok=True)
+        raise KeyboardInterrupt  # the kill
+
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint._remove(checkpoints / "step5")
+    monkeypatch.undo()
+    assert newest_valid(checkpoints) == (checkpoints / "step4", [])
+
+
 def test_resume_says_which_checkpoints_it_skipped_and_why(tmp_path, caplog):
     import logging
 

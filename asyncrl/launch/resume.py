@@ -32,6 +32,7 @@ SETTABLE = ("output_dir", "experiment_name", "trial_name",  # where the run is, 
             "evaluator.", "saver.", "stats_logger.", "watchdog.", "reward.workers", "reward.timeout_s",
             "rollout.request_timeout_s", "rollout.batch_timeout_s", "rollout.weight_sync_timeout_s",
             "rollout.server_startup_timeout_s", "rollout.backend", "rollout.server_addrs", "rollout.server_key_env",
+            "rollout.server_api",  # the Ray launcher writes the servers it started as remote ones of their dialect
             "rollout.threads", "rollout.weight_transport", "rollout.weight_dir", "rollout.dist_",
             "rollout.max_failures_in_a_row", "actor.threads", "actor.backend", "actor.mb_max_tokens", "agent.timeout_s",
             "agent.client", "agent.proxy_", "agent.admin_key")
