@@ -18,7 +18,7 @@ def normalize(messages: list[dict]) -> list[dict]:
     out = []
     for m in messages:
         role = "system" if m["role"] == "developer" else m["role"]
-        msg = {"role": role, "content": _text(m.get("content"))}
+        msg = {"role": role, "content": content_text(m.get("content"))}
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 msg[key] = m[key]
@@ -28,7 +28,9 @@ def normalize(messages: list[dict]) -> list[dict]:
     return out
 
 
-def _text(content) -> str:
+def content_text(content) -> str:
+    """A message's text: its string, or the text of its OpenAI content parts; None is "" (TemplateError for any
+    other content)."""
     if content is None:
         return ""
     if isinstance(content, str):

@@ -70,7 +70,7 @@ def detect_type(record: dict, mapping: dict) -> str:
     answer, solution = get("answer"), get("solution")
     if isinstance(answer, str) and GSM8K_RE.search(answer):
         return "gsm8k"
-    if isinstance(solution, str) and "\\boxed" in solution:
+    if isinstance(solution, str) and last_boxed(solution):  # \boxed{...} or \fbox{...}
         return "math"
     if get("question") is not None and (answer is not None or isinstance(solution, str)):
         return "qa"
@@ -272,6 +272,9 @@ def _chat(record: dict, mapping: dict) -> dict:
         raise ValueError(f"{col}[{user}]: the user turn before the final assistant turn is empty")
     item = {"messages": messages, "question": messages[user]["content"], "solution": messages[final]["content"]}
     ans_col, answer = field_value(record, "answer", mapping)
+    if answer in (None, ""):  # NuminaMath-style rows: the boxed result of the solution column or the reply
+        solution = field_value(record, "solution", mapping)[1]
+        answer = (last_boxed(solution) if isinstance(solution, str) else None) or last_boxed(item["solution"])
     if answer not in (None, ""):
         item["answer"] = str(answer)
     return item

@@ -8,10 +8,21 @@ The text it is trained on is a built-in task's (``asyncrl.models.tokenizer_corpu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable
 
 from asyncrl.configlib import ConfigError
+from asyncrl.data.chat import TemplateError, content_text
+
+
+def _turn_text(message: dict) -> str:
+    """An OpenAI turn's text (content parts too); "" for content that is neither (a ShareGPT turn's is ``value``)."""
+    try:
+        return content_text(message.get("content"))
+    except TemplateError:
+        return ""
+
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -136,10 +147,15 @@ def row_texts(data, fields: list[str] | None = None) -> list[str]:
     texts = []
     for name in names:
         value = data.get(name)
+        if name in ("messages", "conversations", "conversation") and isinstance(value, str):
+            try:  # a conversation stored as JSON text: its turns, not the JSON
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
         if name in ("messages", "conversations", "conversation") and isinstance(value, list):
             if not all(isinstance(m, dict) for m in value):
                 raise ValueError(f"'{name}' must be a list of {{role, content}} objects")
-            texts += [t for m in value for t in (m.get("content"), m.get("value")) if isinstance(t, str)]  # ShareGPT
+            texts += [t for m in value for t in (_turn_text(m), m.get("value")) if isinstance(t, str) and t]
         elif isinstance(value, str):
             texts.append(value)
         elif isinstance(value, list):

@@ -137,3 +137,29 @@ def test_a_first_line_that_is_no_object_does_not_decide_the_rows_format(tmp_path
     path.write_text("null\n" + "".join(json.dumps(r) + "\n" for r in rows))
     items, _, _ = file_eval_set(str(path))
     assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
+
+
+def test_common_exports_are_read_with_their_answers_and_tests():
+    """NuminaMath-CoT rows (problem, solution, messages) are chat rows whose answer is the solution's boxed
+    result (they had none: every RL reward failed); a MATH file whose first solution uses \\fbox is math, not qa;
+    CodeContests' {"input": [...], "output": [...]} tests are read."""
+    from asyncrl.data.formats import detect_type, to_item
+    from asyncrl.reward.code_reward import parse_tests
+
+    numina = {"problem": "What is 2+3?", "solution": "So it is $\\boxed{5}$.",
+              "messages": [{"role": "user", "content": "What is 2+3?"},
+                           {"role": "assistant", "content": "So it is $\\boxed{5}$."}]}
+    assert to_item(numina, detect_type(numina, {}), {}, "")["answer"] == "5"
+    fbox = {"problem": "What is 1+2?", "solution": "Thus \\fbox{3}."}
+    assert detect_type(fbox, {}) == "math" and to_item(fbox, "math", {}, "")["answer"] == "3"
+    cases = parse_tests({"input": ["1\n", "2\n"], "output": ["2\n", "3\n"]})
+    assert [(c.stdin, c.stdout) for c in cases] == [("1\n", "2\n"), ("2\n", "3\n")]
+
+
+def test_init_model_corpus_reads_content_parts_and_json_text_conversations():
+    from asyncrl.data.tokenizer import row_texts
+
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is two plus two?"}]},
+                          {"role": "assistant", "content": "Four."}]}
+    assert row_texts(parts) == ["What is two plus two?", "Four."]
+    assert row_texts({"messages": '[{"role": "user", "content": "hi"}]'}) == ["hi"]
