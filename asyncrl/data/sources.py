@@ -87,10 +87,11 @@ DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".ndjson")
 
 def split_files(folder: Path, split: str, key: str) -> list[Path]:
     """The data files of ``split`` in a folder of files (a hub dataset's snapshot): those whose path names the
-    split (``train-00000-of-00001.parquet``, ``data/test.jsonl``, ``train/0.parquet``), in order."""
+    split (``train-00000-of-00001.parquet``, ``data/test.jsonl``, ``train/0.parquet``, ``gsm8k_train.jsonl``), in
+    order; ``train_sft-...`` is another split (``train_sft``), not ``train``."""
     files = sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    named = [p for p in files if re.search(rf"(^|[/_.-]){re.escape(split)}([/_.-]|$)",
+    named = [p for p in files if re.search(rf"(^|[/_.-]){re.escape(split)}([/.-]|$)",
                                            p.relative_to(folder).as_posix())]
     if not named:
         found = ", ".join(p.relative_to(folder).as_posix() for p in files[:6]) or "no .parquet/.jsonl/.json file"

@@ -110,6 +110,12 @@ def test_a_hub_dataset_in_the_local_cache_is_read_by_name(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="has no file of split 'validation'"):
         dataset_from_config(TaskConfig(), TrainDatasetConfig(path="acme/sums"),
                             ValidDatasetConfig(path="acme/sums", split="validation"))
+    fake_hub_dataset(tmp_path / "hub", "acme/chat", {"data/train_sft-00000-of-00001.jsonl": rows[:6],
+                                                     "data/train_gen-00000-of-00001.jsonl": rows[6:]})
+    with pytest.raises(ConfigError, match="has no file of split 'train' .*train_gen.*train_sft"):
+        build("acme/chat")  # ultrachat_200k's splits: train_sft and train_gen are not train (both were read)
+    assert questions(dataset_from_config(TaskConfig(), TrainDatasetConfig(path="acme/chat", split="train_sft"),
+                                         ValidDatasetConfig(size=2))) <= {f"q{i}" for i in range(6)}
     with pytest.raises(ConfigError, match="'acme/absent' does not exist .*hub dataset already in the local "
                                           "Hugging Face cache.*nothing is downloaded"):
         build("acme/absent")
