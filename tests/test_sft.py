@@ -173,6 +173,19 @@ def test_an_assistant_turn_with_only_a_tool_call_is_trained(tokenizer):
     assert runs[1].startswith("It is sunny.")
 
 
+def test_an_assistant_turn_marked_weight_0_is_not_trained(tokenizer):
+    """OpenAI's fine-tuning format marks assistant turns not to learn with "weight": 0 (it was dropped, and the
+    turn trained)."""
+    from asyncrl.data.formats import chat_messages
+
+    tok = _with_template(tokenizer, "qwen2.5.jinja")
+    messages = chat_messages([{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
+                              {"role": "assistant", "content": "bad", "weight": 0}, {"role": "user", "content": "q2"},
+                              {"role": "assistant", "content": "good", "weight": 1}])
+    ids, mask, untrained = chat_example(tok, messages)
+    assert untrained == 0 and [tok.decode(r, skip_special_tokens=True) for r in spans(ids, mask)] == ["good"]
+
+
 def test_chat_turns_the_template_renders_differently_are_left_untrained(tokenizer):
     tok = _with_template(tokenizer, "qwen3.jinja")  # drops earlier turns' reasoning once a new query follows
     messages = [{"role": "user", "content": "Add 2 and 3."},

@@ -22,6 +22,8 @@ def normalize(messages: list[dict]) -> list[dict]:
         for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 msg[key] = m[key]
+        if m.get("weight") == 0:  # OpenAI's fine-tuning format: an assistant turn not to learn (SFT skips it)
+            msg["weight"] = 0
         if m.get("tool_calls"):
             msg["tool_calls"] = [_tool_call(c) for c in m["tool_calls"]]
         out.append(msg)

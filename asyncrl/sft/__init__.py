@@ -85,6 +85,8 @@ def chat_example(tokenizer, messages: list[dict]) -> tuple[list[int], list[int],
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or not (message.get("content") or message.get("tool_calls")):
             continue  # an assistant turn with only tool calls is trained too: calling the tool is the target
+        if message.get("weight") == 0:  # marked not to learn (OpenAI's fine-tuning format)
+            continue
         try:
             start = _render(tokenizer, messages[:i], generation_prompt=True)
             end = _render(tokenizer, messages[: i + 1], generation_prompt=False)
