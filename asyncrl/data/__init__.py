@@ -113,7 +113,7 @@ def file_dataset(path: str, *, split: str = "train", row_type: str = "auto", fie
                           "trained on: give valid_dataset.path (a separate held-out file) or more rows")
     else:
         items, held_out = hold_out(items, valid_size, valid_seed)
-    limit = _PromptLimit(tokenizer, max_prompt_tokens, counters)
+    limit = _PromptLimit(tokenizer, max_prompt_tokens, counters, loader.skip_bad_rows, loader.where)
     held_out, items = list(limit.filter(held_out)), list(limit.filter(items))  # each row checked once
     if not items:
         raise ConfigError(f"train_dataset.path: no training rows left in '{resolved}' after holding out "
@@ -133,7 +133,8 @@ def file_eval_set(path: str, *, size: int = 200, split: str = "test", row_type: 
     counters = _Counters()
     loader = _RowLoader(row_type, fields or {}, template, skip_bad_rows, counters)
     items = loader.load(resolve_path(path, "valid_dataset.path"), split, "valid_dataset.path")
-    held_out = list(_PromptLimit(tokenizer, max_prompt_tokens, counters).filter(items[:size]))
+    held_out = list(_PromptLimit(tokenizer, max_prompt_tokens, counters, skip_bad_rows,
+                                 loader.where).filter(items[:size]))
     if not held_out:
         counts = counters.snapshot()
         raise ConfigError(f"valid_dataset.path: no usable row among the first {size}: {counts['data_skipped_long']} "
@@ -348,6 +349,10 @@ class _RowLoader:
         self.row_type = None if row_type == "auto" else row_type
         self.fields, self.template, self.skip_bad_rows, self.counters = fields, template, skip_bad_rows, counters
         self.bad: list[str] = []
+        self.places: dict[int, str] = {}  # id of an item -> its file and line, for what is said of it later
+
+    def where(self, item: dict) -> str | None:
+        return self.places.get(id(item))
 
     def load(self, path, split: str, key: str) -> list[dict]:
         items = []
@@ -367,7 +372,9 @@ class _RowLoader:
             if self.row_type is None and isinstance(row.data, dict):  # the first row that is an object decides
                 self.row_type = detect_type(row.data, self.fields)
                 log.info("train_dataset.type=auto: %s looks like '%s' rows", row.where, self.row_type)
-            return to_item(row.data, self.row_type, self.fields, self.template)
+            item = to_item(row.data, self.row_type, self.fields, self.template)
+            self.places[id(item)] = row.where
+            return item
         except ValueError as e:
             return self._bad(f"{row.where}: {e}")
 
@@ -411,6 +418,8 @@ class _PromptLimit:
     tokenizer: object
     max_tokens: int | None
     counters: _Counters
+    skip_bad_rows: bool = True  # a row the chat template rejects: skipped and counted, else a ConfigError
+    where: Callable[[dict], str | None] = lambda item: None  # an item's file and line, where known
     warned: bool = False
 
     def filter(self, items: Iterable[dict]) -> Iterator[dict]:
@@ -425,10 +434,12 @@ class _PromptLimit:
             try:
                 ids = item_prompt_ids(self.tokenizer, item)
             except Exception as e:  # noqa: BLE001 - a chat template rejects a conversation in many ways (jinja)
+                place = self.where(item) or f"item {item.get('source_id', item.get('id'))}"
+                why = f"{place}: the chat template rejects the row ({type(e).__name__}: {str(e)[:200]})"
+                if not self.skip_bad_rows:
+                    raise ConfigError(why + " (train_dataset.skip_bad_rows=true skips such rows)") from None
                 if self.counters.add("data_bad_rows") == 1:
-                    log.warning("skipping a row the chat template rejects (item %s: %s: %s); further ones are "
-                                "counted in data_bad_rows", item.get("source_id", item.get("id")), type(e).__name__,
-                                str(e)[:200])
+                    log.warning("skipping a row: %s; further ones are counted in data_bad_rows", why)
                 continue
             if self.max_tokens and len(ids) > self.max_tokens:
                 if self.counters.add("data_skipped_long") == 1:

@@ -191,9 +191,10 @@ def test_held_out_rows_are_never_trained_on(tmp_path):
     assert held and not held & {it["messages"][0]["content"] for it in take(data.train, 80)}
 
 
-def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path):
-    """A template that needs alternating roles (Mistral's, Llama 2's) rejects one row of fifty: counted and said,
-    the others load (the whole load ended in a bare jinja error)."""
+def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path, caplog):
+    """A template that needs alternating roles (Mistral's, Llama 2's) rejects one row of fifty: counted and said
+    with its file and line, the others load (the whole load ended in a bare jinja error); with
+    skip_bad_rows=false it stops there, as for any bad row."""
     from asyncrl.models import load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path("builtin:tiny-sft"))  # its own copy: the template changes
@@ -203,9 +204,12 @@ def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path):
     rows = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
             for i in range(50)]
     rows[17]["messages"].insert(0, {"role": "user", "content": "twice"})
-    data = file_dataset(write_jsonl(tmp_path / "chat.jsonl", rows), tokenizer=tokenizer, max_prompt_tokens=100,
-                        valid_size=5)
+    path = write_jsonl(tmp_path / "chat.jsonl", rows)
+    data = file_dataset(path, tokenizer=tokenizer, max_prompt_tokens=100, valid_size=5)
     assert data.stats()["data_bad_rows"] == 1 and len(take(data.train, 44)) == 44
+    assert "chat.jsonl:18: the chat template rejects the row (TemplateError: Conversation roles must" in caplog.text
+    with pytest.raises(ConfigError, match=r"chat.jsonl:18: the chat template rejects .*skip_bad_rows=true skips"):
+        file_dataset(path, tokenizer=tokenizer, max_prompt_tokens=100, valid_size=5, skip_bad_rows=False)
 
 
 def test_a_file_with_many_over_long_prompts_in_a_row_is_read_to_its_end(tmp_path, tokenizer, monkeypatch):
