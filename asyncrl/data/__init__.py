@@ -341,6 +341,10 @@ def _epochs(items: list[dict], seed: int, shuffle: bool, counters: "_Counters") 
             yield items[i]
 
 
+CONTEXT_COLUMNS = ("context", "input")
+"""Columns that hold the text a question is about (Dolly, Alpaca): only a prompt template puts them in the prompt."""
+
+
 class _RowLoader:
     """Rows -> items with a row format (``row_type``, 'auto' = detected from the first usable row), a field
     mapping and a prompt template; bad rows skipped and counted or raised (``skip_bad_rows``)."""
@@ -350,6 +354,7 @@ class _RowLoader:
         self.fields, self.template, self.skip_bad_rows, self.counters = fields, template, skip_bad_rows, counters
         self.bad: list[str] = []
         self.places: dict[int, str] = {}  # id of an item -> its file and line, for what is said of it later
+        self.warned_context = False
 
     def where(self, item: dict) -> str | None:
         return self.places.get(id(item))
@@ -374,9 +379,21 @@ class _RowLoader:
                 log.info("train_dataset.type=auto: %s looks like '%s' rows", row.where, self.row_type)
             item = to_item(row.data, self.row_type, self.fields, self.template)
             self.places[id(item)] = row.where
+            self._check_context(row)
             return item
         except ValueError as e:
             return self._bad(f"{row.where}: {e}")
+
+    def _check_context(self, row: Row) -> None:
+        """Say once that a row's context column (Dolly's ``context``, Alpaca's ``input``) is not in the prompt
+        unless ``prompt_template`` puts it there: the model would be asked about a text it never sees."""
+        if self.template or self.warned_context or not isinstance(row.data, dict):
+            return
+        column = next((c for c in CONTEXT_COLUMNS if isinstance(row.data.get(c), str) and row.data[c].strip()), None)
+        if column is not None and self.row_type != "chat":
+            self.warned_context = True
+            log.warning("%s: the column '%s' is not part of the prompt (only the question is); to ask with it, set "
+                        "train_dataset.prompt_template, e.g. '{question}\\n\\n{%s}'", row.where, column, column)
 
     def _bad(self, message: str) -> None:
         if not self.skip_bad_rows:

@@ -255,3 +255,19 @@ def test_one_file_in_two_mixture_entries_never_trains_a_held_out_prompt(tmp_path
 
     held = {asked(it) for it in data.valid}
     assert held and not held & {asked(it) for it in take(data.train, 3000)}
+
+
+def test_a_context_column_left_out_of_the_prompt_is_said_once(tmp_path, caplog):
+    """Dolly's rows (instruction, context, response): without a template the model is asked to summarise a text
+    it never sees; said once, naming the column and the template that puts it in."""
+    rows = [{"instruction": f"Summarize this. {i}", "context": "A long paragraph.", "response": "Short."}
+            for i in range(20)]
+    path = write_jsonl(tmp_path / "dolly.jsonl", rows)
+    file_dataset(path, valid_size=2)
+    said = [r.getMessage() for r in caplog.records if "is not part of the prompt" in r.getMessage()]
+    assert len(said) == 1 and "dolly.jsonl:1: the column 'context'" in said[0]
+    assert "{question}\\n\\n{context}" in said[0]
+    caplog.clear()
+    data = file_dataset(path, valid_size=2, template="{question}\n\n{context}")
+    assert not [r for r in caplog.records if "is not part of the prompt" in r.getMessage()]
+    assert data.valid[0]["question"].endswith("A long paragraph.")
