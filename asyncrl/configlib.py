@@ -16,6 +16,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import textwrap
 import types
 import typing
@@ -86,10 +87,13 @@ def flat(d: dict, prefix: str = "") -> dict[str, str]:
 
 
 def dump(cfg, path: str | Path, mask_secrets: bool = True) -> None:
-    """``cfg`` as YAML at ``path``; secrets (``SECRET_KEYS``) as ``***`` unless ``mask_secrets`` is off (a
+    """``cfg`` as YAML at ``path``, written aside and renamed into place (a run killed while writing it leaves the
+    previous one whole: a resume reads it); secrets (``SECRET_KEYS``) as ``***`` unless ``mask_secrets`` is off (a
     configuration handed to the run's own processes)."""
-    data = to_dict(cfg)
-    Path(path).write_text(yaml.safe_dump(_masked(data) if mask_secrets else data, sort_keys=False))
+    data, path = to_dict(cfg), Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(_masked(data) if mask_secrets else data, sort_keys=False))
+    os.replace(tmp, path)
 
 
 def _masked(data):

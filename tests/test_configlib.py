@@ -230,3 +230,23 @@ def test_secrets_are_never_written_to_a_config_file(tmp_path):
     assert "s3cret" not in text and "admin_key: '***'" in text
     configlib.dump(cfg, tmp_path / "ranks.yaml", mask_secrets=False)
     assert "s3cret" in (tmp_path / "ranks.yaml").read_text()
+
+
+def test_dump_replaces_the_file_whole(tmp_path, monkeypatch):
+    """config.yaml is written at every start of a run: a kill in the middle left it torn, and the resume refused
+    the run ("cannot read ... set resume=fresh"). It is written aside and renamed into place."""
+    import os
+
+    from asyncrl.config import TrainConfig
+
+    path = tmp_path / "config.yaml"
+    configlib.dump(configlib.load(TrainConfig, None, ["total_train_steps=7"]), path)
+    before = path.read_text()
+
+    def killed(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        configlib.dump(configlib.load(TrainConfig, None, ["total_train_steps=9"]), path)
+    assert path.read_text() == before
