@@ -42,6 +42,14 @@ class Backend:
         return self.dp * self.tp
 
 
+def resolve_transport(transport: str, backend_kind: str) -> str:
+    """``rollout.weight_transport`` as a run uses it: ``auto`` is inprocess for the built-in engine in the
+    process (``local``), disk for servers."""
+    if transport != "auto":
+        return transport
+    return "inprocess" if backend_kind == "local" else "disk"
+
+
 def parse(spec: str, key: str, kinds: tuple[str, ...]) -> Backend:
     """``kind[:dims]`` with dims like ``d4t2``: the kind and its data/tensor parallel sizes."""
     kind, _, dims = spec.strip().partition(":")

@@ -109,9 +109,11 @@ class Episode:
         completion (creation order; of a completion with n choices, the mean of theirs: its choices are
         alternatives, not steps, so none takes another's reward). A number is the reward of the last completion
         (each of its choices)."""
-        completions, rewards = self._completions(), self.rewards(outcome)
+        return self._discounted(self.rewards(outcome), gamma)
+
+    def _discounted(self, rewards: list[float], gamma: float) -> list[float]:
         out, ahead = [0.0] * len(rewards), 0.0
-        for calls in reversed(completions):
+        for calls in reversed(self._completions()):
             for i in calls:
                 out[i] = rewards[i] + gamma * ahead
             ahead = sum(out[i] for i in calls) / len(calls)
@@ -157,11 +159,12 @@ class Episode:
     def samples(self, outcome, mode: str = "individual", gamma: float = 1.0) -> list[Trajectory]:
         if not any(c.output_ids for c in self.calls):
             return []
-        returns = self.returns(outcome, gamma)
+        rewards = self.rewards(outcome)
+        returns = self._discounted(rewards, gamma)
         if mode == "individual":
             return [Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason)
                     for c, r in zip(self.calls, returns) if c.output_ids]
-        return self._chains(returns, self.rewards(outcome), gamma)
+        return self._chains(returns, rewards, gamma)
 
     def _chains(self, returns: list[float], rewards: list[float], gamma: float) -> list[Trajectory]:
         """One sample per chain, rewarded with the chain's own return: its leaf's, discounted back over the

@@ -34,11 +34,18 @@ LATENCY_OPTIONS = ("tool_latency_s", "tool_latency_p99_s")
 """Episode options that only simulate tool latency: left out of held-out evaluation, which they would only slow."""
 
 
+def outcome_values(outcome) -> list:
+    """The rewards an episode returned: its number, or every value of its ``{completion_id: reward}`` (a list of
+    rewards for a completion's choices counts each)."""
+    if not isinstance(outcome, dict):
+        return [outcome]
+    return [x for v in outcome.values() for x in (v if isinstance(v, (list, tuple)) else [v])]
+
+
 def outcome_score(outcome) -> float:
-    """An episode's held-out score: its reward, or the sum of its ``{completion_id: reward}`` (a list of rewards
-    for a completion's choices counts each)."""
+    """An episode's held-out score: its reward, or the sum of its ``{completion_id: reward}``."""
     if isinstance(outcome, dict):
-        return float(sum(x for v in outcome.values() for x in (v if isinstance(v, (list, tuple)) else [v])))
+        return float(sum(outcome_values(outcome)))
     if isinstance(outcome, numbers.Real) and not isinstance(outcome, bool):
         return float(outcome)
     raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or {{completion_id: reward}}")
@@ -163,9 +170,7 @@ class AgentWorkflow:
             if not isinstance(outcome, (numbers.Real, dict)) or isinstance(outcome, bool):
                 raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or "
                                 "{completion_id: reward}")
-            values = [outcome] if not isinstance(outcome, dict) else [
-                x for v in outcome.values() for x in (v if isinstance(v, (list, tuple)) else [v])]
-            if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values):
+            if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in outcome_values(outcome)):
                 raise ValueError(f"the episode returned a reward that is not a finite number: {outcome!r}")
             episode = self.proxy.episodes[key]
             return episode.samples(outcome, self.export, self.gamma)

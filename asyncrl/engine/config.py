@@ -156,9 +156,9 @@ class RolloutConfig:
 
     @property
     def resolved_transport(self) -> str:
-        if self.weight_transport != "auto":
-            return self.weight_transport
-        return "inprocess" if self.placement.kind == "local" else "disk"
+        from asyncrl.placement import resolve_transport
+
+        return resolve_transport(self.weight_transport, self.placement.kind)
 MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)
 
 

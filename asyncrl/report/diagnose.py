@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from asyncrl.placement import resolve_transport
 from asyncrl.report.reader import ReportError, load_run, read_jsonl
 from asyncrl.report.verdict import Verdict, diagnose, diagnose_sft
 
@@ -30,10 +31,8 @@ def run_settings(run) -> dict:
     settings["eval_background"] = bool(run.setting("evaluator.background"))
     settings["save_background"] = bool(run.setting("saver.background"))
     transport, backend = run.setting("rollout.weight_transport"), run.setting("rollout.backend") or "local"
-    if transport == "auto":  # as RolloutConfig.resolved_transport
-        transport = "inprocess" if backend.split(":")[0] == "local" else "disk"
     if transport:
-        settings["transport"] = transport
+        settings["transport"] = resolve_transport(transport, backend.split(":")[0])
     machine = _machine(run.path)
     if machine is not None:
         settings["device"] = str(machine.get("device") or "cpu").split(":")[0]

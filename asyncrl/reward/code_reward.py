@@ -65,9 +65,8 @@ def parse_tests(tests: Any, fn_name: str | None = None) -> list[CodeCase]:
         except json.JSONDecodeError as e:
             raise BadTestsError(f"tests is a string but not JSON ({e.msg} at char {e.pos})") from None
     if isinstance(tests, dict):
-        if {"input", "output"} <= set(tests) and not {"inputs", "outputs"} & set(tests):  # CodeContests' columns
-            if isinstance(tests["input"], list):
-                tests = {"inputs": tests["input"], "outputs": tests["output"]}
+        if "inputs" not in tests and isinstance(tests.get("input"), list):  # CodeContests' {input, output} lists
+            tests = {"inputs": tests["input"], "outputs": tests.get("output")}
         if "inputs" not in tests or "outputs" not in tests:
             raise BadTestsError(f"a tests mapping needs 'inputs' and 'outputs', got keys {sorted(tests)}")
         ins, outs = tests["inputs"], tests["outputs"]

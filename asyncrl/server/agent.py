@@ -74,9 +74,9 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
             if key not in proxy.episodes:
                 raise ProxyError(404, "no live session has this key")
             episode = proxy.close(key)
-            return {"calls": [{"id": c.id, "choice": c.choice, "parent": c.parent, "prompt_ids": c.prompt_ids, "output_ids": c.output_ids,
-                               "logprobs": c.logprobs, "versions": c.versions, "finish_reason": c.finish_reason}
-                              for c in episode.calls]}
+            return {"calls": [{"id": c.id, "choice": c.choice, "parent": c.parent, "prompt_ids": c.prompt_ids,
+                               "output_ids": c.output_ids, "logprobs": c.logprobs, "versions": c.versions,
+                               "finish_reason": c.finish_reason} for c in episode.calls]}
 
     # an episode whose client went away (agent.timeout_s) stops generating: its samples free the engine's slots
     return BodyLimit(CancelOnDisconnect(app, ("/v1/chat/completions", "/v1/completions")), max_body_bytes,
