@@ -1,5 +1,5 @@
 """The ``asyncrl`` command: train | sft | rm | eval | serve | report | diagnose | plan | init-model
-(``asyncrl.eval_run`` holds eval, ``asyncrl.rm`` rm).
+(``asyncrl.commands.eval`` holds eval, ``asyncrl.commands.rm`` rm).
 
 Every start-up refusal (a bad config value, a model directory that is not one, a missing extra) prints one
 line naming the problem and the fix and exits with status 2; a run stopped by its own checks (the watchdog,
@@ -121,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _quiet_loading()
-    from asyncrl.buffer import BatchTimeout
-    from asyncrl.checkpoint import CheckpointError
+    from asyncrl.loop.buffer import BatchTimeout
+    from asyncrl.loop.checkpoint import CheckpointError
     from asyncrl.launch.ranks import RankDied
     from asyncrl.launch.signals import StopRequested
-    from asyncrl.publish import WeightSyncError
-    from asyncrl.rollout import RolloutFailures
-    from asyncrl.watchdog import TrainingHalted
+    from asyncrl.weights.publish import WeightSyncError
+    from asyncrl.loop.rollout import RolloutFailures
+    from asyncrl.telemetry.watchdog import TrainingHalted
 
     try:
         return _dispatch(args)
@@ -196,15 +196,15 @@ def _dispatch(args) -> int:
 
         record = train(cfg)
     elif args.command == "sft":
-        from asyncrl.sft import sft
+        from asyncrl.commands.sft import sft
 
         record = sft(cfg)
     elif args.command == "rm":
-        from asyncrl.rm import rm
+        from asyncrl.commands.rm import rm
 
         record = rm(cfg)
     else:
-        from asyncrl.eval_run import run_eval
+        from asyncrl.commands.eval import run_eval
 
         record = run_eval(cfg)
     if record:  # trainer ranks other than 0 return nothing to show
@@ -242,7 +242,7 @@ def _check_out(out: Path, force: bool) -> None:
 
 
 def _init_model(args) -> int:
-    from asyncrl.models import build_tiny_model
+    from asyncrl.models.hf import build_tiny_model
 
     _check_shape(args)
     _check_out(Path(args.out), args.force)
@@ -261,14 +261,14 @@ def _init_model(args) -> int:
     else:
         from asyncrl.data.arith import ArithTask
         from asyncrl.data.tokenizer import build_tokenizer
-        from asyncrl.models import tokenizer_corpus
+        from asyncrl.models.hf import tokenizer_corpus
 
         tokenizer = build_tokenizer(tokenizer_corpus(ArithTask()), vocab_size=args.vocab_size or 1024)
     model = build_tiny_model(tokenizer, hidden_size=args.hidden_size, num_layers=args.layers, seed=args.seed)
     shared = None
     if args.init_from:
         from asyncrl.agent.tasks.model import transplant
-        from asyncrl.models import check_model_dir, load_model, load_tokenizer
+        from asyncrl.models.hf import check_model_dir, load_model, load_tokenizer
 
         source = check_model_dir(args.init_from, "--init-from")
         try:

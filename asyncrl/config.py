@@ -17,11 +17,11 @@ from asyncrl.configlib import ConfigError
 from asyncrl.types import MIN_TEMPERATURE
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
-from asyncrl.placement import LAUNCHERS, ClusterConfig
-from asyncrl.lora import LoraConfig
-from asyncrl.metrics import StatsLoggerConfig
+from asyncrl.cluster.placement import LAUNCHERS, ClusterConfig
+from asyncrl.models.lora import LoraConfig
+from asyncrl.telemetry.metrics import StatsLoggerConfig
 from asyncrl.reward.config import RewardConfig
-from asyncrl.watchdog import WatchdogConfig
+from asyncrl.telemetry.watchdog import WatchdogConfig
 from asyncrl.workflow.config import WorkflowConfig
 
 MAX_BATCH_SAMPLES = 1 << 20
@@ -46,9 +46,9 @@ for each key the user leaves unset (a file or the command line sets it otherwise
 
 def model_recipe(model_path: str, command: str) -> dict:
     """The defaults ``model_path`` gets for ``command``, for each key the user leaves unset: ``SMALL_MODEL_RECIPE``
-    when it is a small model, then what its directory asks for (``asyncrl.models.RECIPE_FILE``: the shipped
+    when it is a small model, then what its directory asks for (``asyncrl.models.hf.RECIPE_FILE``: the shipped
     ``tiny-sft`` trains RL at ``actor.lr=1e-5``, docs/algorithms.md "The learning rate")."""
-    from asyncrl.models import is_small_model, own_recipe
+    from asyncrl.models.hf import is_small_model, own_recipe
 
     return {**(SMALL_MODEL_RECIPE[command] if is_small_model(model_path) else {}), **own_recipe(model_path, command)}
 
@@ -218,7 +218,7 @@ class TrainConfig:
                               f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
 
     def cpu_sharing(self) -> str:
-        """How the trainer and the built-in engine use the CPU's cores (``asyncrl.cores``): fixed (their own
+        """How the trainer and the built-in engine use the CPU's cores (``asyncrl.cluster.cores``): fixed (their own
         threads), shared (the trainer borrows a core of the engine's while the engine idles) or alternating (η = 0:
         the trainer always borrows it)."""
         if self.cluster.cpu_split != "auto" or not self.cpu_split_applies():

@@ -32,7 +32,7 @@ async def main(args) -> None:
     from asyncrl.server.agent import build_app
     from asyncrl.agent.proxy import AgentProxy
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.models import load_model, load_tokenizer
+    from asyncrl.models.hf import load_model, load_tokenizer
     from asyncrl.server.app import ServerThread
     from asyncrl.types import SamplingParams
 

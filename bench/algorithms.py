@@ -19,7 +19,7 @@ from pathlib import Path
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
-from asyncrl.metrics import read_metrics
+from asyncrl.telemetry.metrics import read_metrics
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

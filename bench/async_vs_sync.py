@@ -13,7 +13,7 @@ held-out split and batch shape; only η, the loss, the interrupt mode and the th
 CPU: the synchronous arm gets both cores for each phase (``actor.threads=2 rollout.threads=2``; its phases
 alternate), the asynchronous arms one core each for the trainer and the generator (1 + 1, at the same time),
 TRL both cores. The auto suite adds a synchronous arm with the CPU default (``cluster.cpu_split=auto``: the
-trainer on both cores, the generator on one, which on 2 cores avoids libgomp's sleeping workers: asyncrl/cores.py)
+trainer on both cores, the generator on one, which on 2 cores avoids libgomp's sleeping workers: asyncrl/cluster/cores.py)
 and the asynchronous arm with it.
 
 The prompts are chain-arithmetic problems with a long-tailed length mix (``--mix``, number of terms: mostly

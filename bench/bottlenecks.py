@@ -86,7 +86,7 @@ def suggested(top, fix: list[str]) -> bool:
 
 
 def step_time(run: Path) -> float:
-    from asyncrl.metrics import read_metrics
+    from asyncrl.telemetry.metrics import read_metrics
 
     records = read_metrics(run)
     return statistics.median(r["step_time_s"] for r in records if r["step"] > 1)

@@ -3,7 +3,7 @@
 
     python bench/checkpoint.py [--repeats 3]
 
-A checkpoint here is what a run writes (asyncrl.checkpoint.Checkpointer.save): the HF weights and tokenizer,
+A checkpoint here is what a run writes (asyncrl.loop.checkpoint.Checkpointer.save): the HF weights and tokenizer,
 trainer.pt (AdamW state after one real step, so its moments exist, and the RNGs), run.json and rollouts.pt
 (empty here), written to a temporary directory, fsynced, renamed, then ``latest``. Resume time is what a
 resumed run spends on it: loading the weights (``load_model``) and restoring the training state. Background:
@@ -35,9 +35,9 @@ def size_mb(path: Path) -> float:
 def bench(model_path: str, where: Path, repeats: int) -> dict:
     import torch
 
-    from asyncrl.checkpoint import Checkpointer, RunState, restore_training_state
+    from asyncrl.loop.checkpoint import Checkpointer, RunState, restore_training_state
     from asyncrl.config import ActorConfig
-    from asyncrl.models import load_model, load_tokenizer
+    from asyncrl.models.hf import load_model, load_tokenizer
     from asyncrl.trainer import build_trainer
 
     tokenizer, model = load_tokenizer(model_path), load_model(model_path)
@@ -77,7 +77,7 @@ def main() -> None:
     args = p.parse_args()
     from weight_sync import model_100m
 
-    from asyncrl.models import resolve_model_path
+    from asyncrl.models.hf import resolve_model_path
 
     tiny = resolve_model_path("builtin:tiny-sft")
     big = model_100m(tiny, Path(tempfile.gettempdir()) / "asyncrl-bench-100m")

@@ -89,7 +89,7 @@ class Builtin:
         import torch
 
         from asyncrl.engine.local import LocalEngine
-        from asyncrl.models import DTYPES, load_model
+        from asyncrl.models.hf import DTYPES, load_model
 
         torch.set_num_threads(threads)
         self.engine = LocalEngine(load_model(path), max_slots=max_batch, max_len=max_len, dtype=DTYPES[dtype],
@@ -120,7 +120,7 @@ class HF:
     def __init__(self, path: str, dtype: str, threads: int, max_len: int, max_batch: int):
         import torch
 
-        from asyncrl.models import load_model
+        from asyncrl.models.hf import load_model
 
         torch.set_num_threads(threads)
         self.model = load_model(path, dtype).eval()
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         vllm_worker(json.loads(args.vllm_worker))
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from asyncrl.models import resolve_model_path
+    from asyncrl.models.hf import resolve_model_path
 
     args.engines = args.engines.split(",")
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -249,7 +249,7 @@ def section_trainer(args, ctx) -> dict:
 def section_weight_sync(args, ctx) -> dict:
     from asyncrl.engine.local import LocalEngine
     from asyncrl.engine.requests import NO_STOP_TOKENS
-    from asyncrl.publish import InProcessPublisher
+    from asyncrl.weights.publish import InProcessPublisher
     from asyncrl.types import SamplingParams
 
     size, device, dtype = ctx["size"], ctx["device"], ctx["dtype"]
@@ -323,11 +323,11 @@ def task_items(vocab: int, prompt_len: int, short: int, tail_x: int, seed: int):
 
 
 def run_arm(eta: int, args, ctx) -> dict:
-    from asyncrl.buffer import RolloutBuffer
+    from asyncrl.loop.buffer import RolloutBuffer
     from asyncrl.data.collate import collate
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.publish import InProcessPublisher
-    from asyncrl.rollout import RolloutRunner
+    from asyncrl.weights.publish import InProcessPublisher
+    from asyncrl.loop.rollout import RolloutRunner
 
     size, device, dtype = ctx["size"], ctx["device"], ctx["dtype"]
     base = ctx["model"]

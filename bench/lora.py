@@ -48,8 +48,8 @@ def fixed_batch(vocab: int, n_groups: int = 4, n_samples: int = 2, seed: int = 0
 def bench(model_path: str, rank: int, repeats: int) -> dict:
     import torch
 
-    from asyncrl.lora import apply_lora, trainable_summary
-    from asyncrl.models import load_model
+    from asyncrl.models.lora import apply_lora, trainable_summary
+    from asyncrl.models.hf import load_model
     from asyncrl.trainer import PolicyTrainer
 
     model = load_model(model_path)
@@ -83,7 +83,7 @@ def main() -> None:
     import torch
     from weight_sync import model_100m
 
-    from asyncrl.models import resolve_model_path
+    from asyncrl.models.hf import resolve_model_path
 
     torch.set_num_threads(args.threads)
     tiny = resolve_model_path("builtin:tiny-sft")

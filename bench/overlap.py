@@ -37,7 +37,7 @@ QUIET = ["progress_bar=false", "report=false", "max_train_time_s=0", "watchdog.n
 
 
 def run(out: Path, name: str, overrides: list[str]) -> list[dict]:
-    from asyncrl.metrics import read_metrics
+    from asyncrl.telemetry.metrics import read_metrics
 
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", *QUIET, f"output_dir={out}", f"experiment_name={name}",
            "resume=fresh", *overrides]

@@ -59,7 +59,7 @@ def arrival_order(lengths: list[int], max_tokens: int) -> list[list[list[int]]]:
 
 
 def load(model_path: str | None):
-    from asyncrl.models import load_model, resolve_model_path
+    from asyncrl.models.hf import load_model, resolve_model_path
 
     if model_path:
         try:

@@ -47,8 +47,8 @@ def _gather_rank(rank: int, port: int, model_dir: str, repeats: int, out) -> Non
     import torch
 
     torch.set_num_threads(1)
-    from asyncrl import parallel
-    from asyncrl.models import load_model
+    from asyncrl.cluster import parallel
+    from asyncrl.models.hf import load_model
 
     dp = parallel.from_env("fsdp", torch.device("cpu"), 600)
     model = dp.wrap(load_model(model_dir))
@@ -67,7 +67,7 @@ def gather(model_dir: str, repeats: int = 5) -> tuple[float, float]:
     import torch
     import torch.multiprocessing as mp
 
-    from asyncrl.models import load_model
+    from asyncrl.models.hf import load_model
 
     m = load_model(model_dir)
     t0 = time.perf_counter()
@@ -108,7 +108,7 @@ def main() -> None:
     if not args.skip_gather:
         from weight_sync import model_100m
 
-        from asyncrl.models import resolve_model_path
+        from asyncrl.models.hf import resolve_model_path
 
         big = model_100m(resolve_model_path("builtin:tiny-sft"), Path(tempfile.gettempdir()) / "asyncrl-bench-100m")
         print("\nfull weights on rank 0 (median of 5): one process's state dict copy vs FSDP2 gather over 2 ranks")

@@ -11,7 +11,7 @@ per generation batch (on-policy, like η = 0), AdamW with the same learning rate
 weight decay, no warm-up, a constant schedule, grad-norm clip 1.0, PPO clip 0.2, no KL term (β = 0), GRPO
 group-normalised advantages, token-mean loss (TRL's "dapo"), sampling at temperature 1 without top-k/top-p,
 float32 (TRL's default is bf16) without activation checkpointing (TRL's default recomputes activations),
-and the same threads (both cores). Held-out accuracy comes from asyncrl's own evaluator (``asyncrl.evaluate``
+and the same threads (both cores). Held-out accuracy comes from asyncrl's own evaluator (``asyncrl.loop.evaluate``
 with a ``LocalEngine`` loaded with the trainer's current weights), every ``--eval-every`` steps, in the
 training loop, exactly as ``asyncrl train`` does it; its time counts in the wall time as it does there.
 
@@ -121,8 +121,8 @@ def build(args):
 
     from asyncrl.data.arith import arith_reward
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.evaluate import evaluate
-    from asyncrl.models import load_model, load_tokenizer, resolve_model_path
+    from asyncrl.loop.evaluate import evaluate
+    from asyncrl.models.hf import load_model, load_tokenizer, resolve_model_path
     from asyncrl.types import SamplingParams, WeightUpdate
 
     torch.manual_seed(args.seed)

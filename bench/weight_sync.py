@@ -63,8 +63,8 @@ def bench_model(path: str, args) -> dict[str, float]:
     from asyncrl.engine.requests import NO_STOP_TOKENS
     from asyncrl.engine.remote import RemoteEngine
     from asyncrl.engine.spawn import asyncrl_server, vllm_server
-    from asyncrl.models import load_model
-    from asyncrl.publish import DiskPublisher, DistPublisher, InProcessPublisher
+    from asyncrl.models.hf import load_model
+    from asyncrl.weights.publish import DiskPublisher, DistPublisher, InProcessPublisher
     from asyncrl.types import SamplingParams
 
     torch.set_num_threads(1)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=str(REPO / "outputs" / "bench"))
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from asyncrl.models import resolve_model_path
+    from asyncrl.models.hf import resolve_model_path
 
     tiny = resolve_model_path(args.model)
     models = [("tiny", tiny)]

@@ -20,7 +20,7 @@ ROOT = TESTS.parent
 def tokenizer():
     from asyncrl.data.arith import ArithTask
     from asyncrl.data.tokenizer import build_tokenizer
-    from asyncrl.models import tokenizer_corpus
+    from asyncrl.models.hf import tokenizer_corpus
 
     return build_tokenizer(tokenizer_corpus(ArithTask(), n_problems=2000), vocab_size=512)
 
@@ -77,7 +77,7 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
 @pytest.fixture
 def tiny_model_dir(tmp_path, tokenizer):
     """A randomly initialised tiny model with the task tokenizer, saved in HF format."""
-    from asyncrl.models import build_tiny_model
+    from asyncrl.models.hf import build_tiny_model
 
     model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128)
     path = tmp_path / "tiny"

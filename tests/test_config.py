@@ -76,7 +76,7 @@ def test_a_model_directory_can_carry_its_own_defaults(tmp_path):
     import shutil
 
     from asyncrl.config import SFTConfig
-    from asyncrl.models import BUILTIN_DIR, RECIPE_FILE
+    from asyncrl.models.hf import BUILTIN_DIR, RECIPE_FILE
 
     assert configlib.load(TrainConfig).actor.lr == 1e-5
     assert configlib.load(TrainConfig, None, ["actor.lr=5e-5"]).actor.lr == 5e-5

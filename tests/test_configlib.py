@@ -208,7 +208,7 @@ def test_describe_shows_each_commands_own_defaults(cls):
 
 
 def test_every_commands_default_model_is_shipped():
-    from asyncrl.models import resolve_model_path
+    from asyncrl.models.hf import resolve_model_path
 
     for cls in (TrainConfig, SFTConfig, EvalConfig, RMConfig):
         assert Path(resolve_model_path(cls().model.path)).is_dir(), cls.__name__

@@ -83,7 +83,7 @@ PARALLEL_CASES = {"one-minibatch": {}, "two-minibatches": {"ppo_n_minibatches": 
 def _parallel_cases(rank, world, mode, out):
     """One step of each PARALLEL_CASES trainer on this rank's shard of varied_batch(); rank 0 puts
     (case-mode, weights, the ranks' combined stats) on ``out``."""
-    from asyncrl import parallel
+    from asyncrl.cluster import parallel
     from asyncrl.launch.ranks import combine, split
 
     dp = parallel.from_env(mode, torch.device("cpu"), timeout_s=120)
@@ -101,7 +101,7 @@ def _parallel_cases(rank, world, mode, out):
 
 def _lora_case(rank, world, out):
     """lora_model()'s adapters trained one step by DDP on this rank's shard of varied_batch(5)."""
-    from asyncrl import parallel
+    from asyncrl.cluster import parallel
     from asyncrl.launch.ranks import combine, split
     from asyncrl.trainer import PolicyTrainer
 
@@ -157,8 +157,8 @@ def two_trainer_ranks() -> dict:
 
 def lora_model(rank=8, seed=0, path=None):
     """A LoRA model with random (not zero) B, so that the adapters change the outputs and get every gradient."""
-    from asyncrl.lora import apply_lora
-    from asyncrl.models import load_model
+    from asyncrl.models.lora import apply_lora
+    from asyncrl.models.hf import load_model
 
     model = load_model(path) if path else make_model(320, seed=7)
     torch.manual_seed(seed)

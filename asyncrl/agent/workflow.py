@@ -23,7 +23,7 @@ from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy, check_bind
 from asyncrl.configlib import ConfigError
 from asyncrl.plugins import load_object
-from asyncrl.report.account import EPISODES as EPISODE_PHASES
+from asyncrl.telemetry.account import EPISODES as EPISODE_PHASES
 from asyncrl.types import TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class AgentWorkflow:
                 raise ValueError("agent.client=openai needs the proxy on HTTP, and no server was given (serve=None)")
             self._serve(serve, context.tokenizer, stop_token_id, proxy_host, proxy_port, admin_key)
         self.episodes = self.failures = self.history_edits = self.retries = 0
-        self.time = dict.fromkeys(EPISODE_PHASES, 0.0)  # episode-seconds per phase (asyncrl.report.account)
+        self.time = dict.fromkeys(EPISODE_PHASES, 0.0)  # episode-seconds per phase (asyncrl.telemetry.account)
         self._client_s: dict[str, float] = {}  # per episode key: time its HTTP calls took, seen by the client
         self._logged: set[str] = set()
 

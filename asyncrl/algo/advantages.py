@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.parallel import all_reduce_cpu
+from asyncrl.cluster.parallel import all_reduce_cpu
 
 
 _all_reduce = all_reduce_cpu

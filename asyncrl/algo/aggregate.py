@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.parallel import all_reduce_cpu
+from asyncrl.cluster.parallel import all_reduce_cpu
 
 
 def _global_sum(x: torch.Tensor) -> float:

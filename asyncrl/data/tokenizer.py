@@ -2,7 +2,7 @@
 
 Digits are always single tokens (as in Qwen and Llama 3), so arithmetic is written digit by digit. The
 byte-level alphabet means any text encodes and decodes exactly, even characters never seen in training.
-The text it is trained on is a built-in task's (``asyncrl.models.tokenizer_corpus``) or a user's file
+The text it is trained on is a built-in task's (``asyncrl.models.hf.tokenizer_corpus``) or a user's file
 (:func:`read_corpus`, ``asyncrl init-model --corpus FILE``), plus the chat template's own words.
 """
 

@@ -1,6 +1,6 @@
 """Inference engines behind one Protocol (``base.Engine``), built from the ``rollout`` config section.
 
-``rollout.backend`` (``asyncrl.placement``):
+``rollout.backend`` (``asyncrl.cluster.placement``):
 - ``local`` (= ``local:d1``): ``LocalEngine``, the built-in engine in this process;
 - ``asyncrl:dN``: N ``asyncrl serve`` processes on 127.0.0.1, driven by a ``RemoteEngine`` (started by
   ``engine.start()``, ended by ``engine.stop()``);
@@ -27,7 +27,7 @@ def build_engine(cfg: RolloutConfig, model, *, model_path: str, dtype: torch.dty
     run's: every token it generates is stamped with it). ``model`` is the trainer's live model (for in-process
     engines, which run on ``device``); ``model_path`` the resolved checkpoint directory it was loaded from (servers
     load it); ``server_devices`` the GPU ids of each server (none on the CPU). ``threads`` (the built-in engine only)
-    replaces ``cfg.threads``: a number, or a callable asked before each step (``asyncrl.cores.CoreShare``)."""
+    replaces ``cfg.threads``: a number, or a callable asked before each step (``asyncrl.cluster.cores.CoreShare``)."""
     backend = cfg.placement
     if backend.kind == "local":
         return LocalEngine(model, max_slots=cfg.max_slots, max_len=max_len, dtype=dtype, seed=seed,

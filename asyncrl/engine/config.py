@@ -10,7 +10,7 @@ class RolloutConfig:
     max_head_offpolicyness: int | str = 2
     """η, the max staleness in versions: prompts are admitted while accepted + running < (η + v + 1)·B.
     0 is synchronous RL. 'auto': η starts at rollout.max_staleness_limit and is tuned online to the smallest
-    value that keeps the trainer from waiting (asyncrl/staleness.py; docs/report.md)."""
+    value that keeps the trainer from waiting (asyncrl/loop/staleness.py; docs/report.md)."""
     max_staleness_limit: int = 8
     """With max_head_offpolicyness=auto: the largest η it may choose."""
     max_concurrent_rollouts: int = 0
@@ -93,7 +93,7 @@ class RolloutConfig:
             raise ConfigError(f"rollout.max_staleness_limit must be >= 0, got {self.max_staleness_limit}")
         if self.max_context < 0:
             raise ConfigError(f"rollout.max_context must be 0 (the default) or positive, got {self.max_context}")
-        from asyncrl.placement import ROLLOUT_KINDS, PlacementError, parse
+        from asyncrl.cluster.placement import ROLLOUT_KINDS, PlacementError, parse
 
         try:
             parse(self.backend, "rollout.backend", ROLLOUT_KINDS)
@@ -138,7 +138,7 @@ class RolloutConfig:
 
     @property
     def placement(self):
-        from asyncrl.placement import ROLLOUT_KINDS, parse
+        from asyncrl.cluster.placement import ROLLOUT_KINDS, parse
 
         return parse(self.backend, "rollout.backend", ROLLOUT_KINDS)
 
@@ -156,7 +156,7 @@ class RolloutConfig:
 
     @property
     def resolved_transport(self) -> str:
-        from asyncrl.placement import resolve_transport
+        from asyncrl.cluster.placement import resolve_transport
 
         return resolve_transport(self.weight_transport, self.placement.kind)
 MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)

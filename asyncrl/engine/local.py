@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from asyncrl.cores import use_threads
+from asyncrl.cluster.cores import use_threads
 from asyncrl.engine.base import EngineStats, continue_all
 from asyncrl.engine.decoder import Decoder, Weights, resolve_device
 from asyncrl.engine.requests import (CPU, INTERRUPT_MODES, MAX_VERSION, PendingUpdate, Request, SampleState,

@@ -32,7 +32,7 @@ from typing import Callable
 
 from asyncrl.engine.base import EngineStats, continue_aborted
 from asyncrl.engine.dialects import APIS, Call
-from asyncrl.publish import WeightSyncError
+from asyncrl.weights.publish import WeightSyncError
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)

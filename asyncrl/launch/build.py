@@ -1,4 +1,4 @@
-"""Assembly: a ``TrainConfig`` becomes the ``asyncrl.controller.Parts`` of a run, built inside one exit stack
+"""Assembly: a ``TrainConfig`` becomes the ``asyncrl.loop.controller.Parts`` of a run, built inside one exit stack
 that closes each part, in reverse order, on every path (a failure half-way through start-up closes what was
 built). This is where config sections become plain arguments.
 
@@ -24,11 +24,11 @@ import torch
 
 from asyncrl import configlib
 from asyncrl.algo import build_group_filter
-from asyncrl.buffer import RolloutBuffer
-from asyncrl.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
+from asyncrl.loop.buffer import RolloutBuffer
+from asyncrl.loop.checkpoint import (CheckpointError, Checkpointer, RunState, load_run_state, restore_training_state,
                                 weights_dir)
-from asyncrl.controller import LoopPlan, Parts
-from asyncrl.cores import SHARED_MB_TOKENS, CoreShare, cpu_model, process_cores, spare_threads
+from asyncrl.loop.controller import LoopPlan, Parts
+from asyncrl.cluster.cores import SHARED_MB_TOKENS, CoreShare, cpu_model, process_cores, spare_threads
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
@@ -36,24 +36,24 @@ from asyncrl.engine import build_engine
 from asyncrl.engine.base import Lifecycle
 from asyncrl.engine.config import builtin_context
 from asyncrl.engine.local import LocalEngine
-from asyncrl.evaluate import BackgroundEvaluator, Evaluator
+from asyncrl.loop.evaluate import BackgroundEvaluator, Evaluator
 from asyncrl.trainer.critic import CRITIC_DIR
-from asyncrl.placement import Allocation, PlacementError, allocate
+from asyncrl.cluster.placement import Allocation, PlacementError, allocate
 from asyncrl.report.diagnose import MACHINE_FILE
 from asyncrl.launch.ranks import RANK_ENV, RankedTrainer
 from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
-from asyncrl.lora import apply_lora, load_adapter, trainable_summary
-from asyncrl.parallel import DataParallel
-from asyncrl.publish import build_publisher
-from asyncrl.metrics import Console, MetricsLogger, StepMeter
-from asyncrl.models import DTYPES, check_model_dir, load_model, load_tokenizer
+from asyncrl.models.lora import apply_lora, load_adapter, trainable_summary
+from asyncrl.cluster.parallel import DataParallel
+from asyncrl.weights.publish import build_publisher
+from asyncrl.telemetry.metrics import Console, MetricsLogger, StepMeter
+from asyncrl.models.hf import DTYPES, check_model_dir, load_model, load_tokenizer
 from asyncrl.reward import build_reward_service
-from asyncrl.rollout import RolloutRunner
-from asyncrl.staleness import AutoStaleness, FixedStaleness
-from asyncrl.timeline import Timeline
+from asyncrl.loop.rollout import RolloutRunner
+from asyncrl.loop.staleness import AutoStaleness, FixedStaleness
+from asyncrl.telemetry.timeline import Timeline
 from asyncrl.trainer import build_trainer
 from asyncrl.types import SamplingParams
-from asyncrl.watchdog import LiveVerdict, Watchdog
+from asyncrl.telemetry.watchdog import LiveVerdict, Watchdog
 from asyncrl.workflow import Closable, Counted, Evaluating, Workflow, WorkflowContext, build_workflow
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         log.info("evaluator.background: the agent workflow evaluates in the foreground (its episodes share the "
                  "rollout side's proxy and tools)")
     in_trainer_thread = share is not None and not background_eval and not isinstance(workflow, Evaluating)
-    if in_trainer_thread:  # single-turn, in the trainer's thread: on its cores and pool (asyncrl/cores.py)
+    if in_trainer_thread:  # single-turn, in the trainer's thread: on its cores and pool (asyncrl/cluster/cores.py)
         eval_engine.threads = share.trainer_threads
     else:
         eval_engine.threads = share.eval_threads() if share else _fixed_eval_threads(cfg)
@@ -250,7 +250,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
 
 def _fixed_eval_threads(cfg: TrainConfig) -> int:
     """The evaluation engine's threads with fixed threads: the trainer's, at most what the trainer and the engine
-    leave of the process's cores where both run here on the CPU (asyncrl/cores.py); a warning where they alone
+    leave of the process's cores where both run here on the CPU (asyncrl/cluster/cores.py); a warning where they alone
     already hold more OpenMP workers than cores."""
     if not cfg.cpu_split_applies():
         return cfg.actor.threads
@@ -258,7 +258,7 @@ def _fixed_eval_threads(cfg: TrainConfig) -> int:
     if actor + engine > cores + 1:
         log.warning("cluster.cpu_split=fixed with actor.threads=%d and rollout.threads=%d on %d cores: torch's "
                     "OpenMP workers outnumber the cores, and libgomp then makes them sleep between operators "
-                    "(each pays a wake-up: asyncrl/cores.py); keep actor.threads + rollout.threads <= %d, or use "
+                    "(each pays a wake-up: asyncrl/cluster/cores.py); keep actor.threads + rollout.threads <= %d, or use "
                     "cluster.cpu_split=auto", actor, engine, cores, cores + 1)
     return min(actor, spare_threads(cores, actor, engine))
 

@@ -129,8 +129,8 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
     the settings asked about may differ from those it ran with)."""
     import yaml
 
-    from asyncrl.metrics import read_metrics
-    from asyncrl.report.reader import ReportError
+    from asyncrl.telemetry.metrics import read_metrics
+    from asyncrl.telemetry.record import ReportError
 
     config = Path(run_dir) / "config.yaml"
     if not (Path(run_dir) / "metrics.jsonl").is_file():
@@ -217,11 +217,11 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
     """Measure the configured model's costs on this machine (``asyncrl.plan.calibrate.measure``)."""
     import torch
 
-    from asyncrl.cores import CoreShare, process_cores
+    from asyncrl.cluster.cores import CoreShare, process_cores
     from asyncrl.data.config import dataset_from_config
     from asyncrl.launch.build import context_len
-    from asyncrl.models import check_model_dir, load_model, load_tokenizer
-    from asyncrl.publish import build_publisher
+    from asyncrl.models.hf import check_model_dir, load_model, load_tokenizer
+    from asyncrl.weights.publish import build_publisher
     from asyncrl.reward import reward_function
     from asyncrl.reward.base import call_reward
     from asyncrl.trainer import build_trainer
@@ -259,7 +259,7 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
         torch.save(torch.optim.AdamW(m.parameters()).state_dict(), Path(directory) / "trainer.pt")
 
     engine_threads, trainer_threads, trainer_most = cfg.rollout.threads, cfg.actor.threads, 0
-    if cfg.cpu_sharing() != "fixed":  # each side's share while both work, and the trainer's most (asyncrl.cores)
+    if cfg.cpu_sharing() != "fixed":  # each side's share while both work, and the trainer's most (asyncrl.cluster.cores)
         share = CoreShare(process_cores())
         engine_threads, trainer_threads, trainer_most = share.engine_threads(), share.trainer_threads(), share.most
     return measure(model, tokenizer, prompts, max_slots=cfg.rollout.max_slots, max_len=max_len,

@@ -23,7 +23,7 @@ from dataclasses import fields, replace
 import torch
 
 from asyncrl.engine.spawn import die_with_parent
-from asyncrl.parallel import DataParallel, shard_groups
+from asyncrl.cluster.parallel import DataParallel, shard_groups
 from asyncrl.types import Batch
 
 log = logging.getLogger(__name__)

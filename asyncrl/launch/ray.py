@@ -93,7 +93,7 @@ def run(cfg) -> dict:
     """Run ``cfg`` on Ray (see the module's docstring); returns rank 0's last metrics record."""
     from asyncrl.launch.resume import resume_point
     from asyncrl.launch.signals import GracefulStop
-    from asyncrl.models import check_model_dir
+    from asyncrl.models.hf import check_model_dir
 
     # refused before anything starts; the run directory is read here (the ranks' working directory is this one)
     model_path = str(Path(check_model_dir(cfg.model.path)).resolve())
@@ -362,7 +362,7 @@ class _Process:
         import ray
 
         from asyncrl.engine import _server
-        from asyncrl.models import DTYPES
+        from asyncrl.models.hf import DTYPES
 
         # the GPUs are the ones Ray gave this actor (CUDA_VISIBLE_DEVICES, inherited by the server)
         self.server = _server(rollout, kind, tp, model_path, DTYPES[dtype], max_len, seed, (),
@@ -406,7 +406,7 @@ class _Process:
 
     def result(self, run_dir: str) -> dict:
         """Rank 0's last metrics record (what ``train`` returned there)."""
-        from asyncrl.metrics import read_metrics
+        from asyncrl.telemetry.metrics import read_metrics
 
         records = read_metrics(Path(self.cwd or ".") / run_dir)
         return records[-1] if records else {}

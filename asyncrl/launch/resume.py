@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from asyncrl import configlib
-from asyncrl.checkpoint import newest_valid
+from asyncrl.loop.checkpoint import newest_valid
 from asyncrl.configlib import ConfigError
 
 log = logging.getLogger(__name__)

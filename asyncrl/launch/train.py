@@ -5,7 +5,7 @@
 - the Ray driver (``launcher=ray``, not started by Ray): ``asyncrl.launch.ray.run`` places servers and ranks;
 - trainer rank 1..N-1 (``actor.backend=ddp:dN``/``fsdp:dN``): ``serve_rank`` trains on the shards rank 0 sends;
 - rank 0 or the only rank: the resume point (``asyncrl.launch.resume``), ``assemble(cfg)`` builds the parts, and
-  ``asyncrl.controller.run`` runs the loop; the run report is written when every part is closed.
+  ``asyncrl.loop.controller.run`` runs the loop; the run report is written when every part is closed.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import os
 import signal
 from pathlib import Path
 
-from asyncrl import parallel
-from asyncrl.checkpoint import read_latest, run_version
+from asyncrl.cluster import parallel
+from asyncrl.loop.checkpoint import read_latest, run_version
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.controller import run
+from asyncrl.loop.controller import run
 from asyncrl.data.config import source_lookup
 from asyncrl.launch.build import assemble, build_rank_trainer
 from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV, RankDied, serve_rank, spawn_ranks
@@ -109,7 +109,7 @@ def _latest_checkpoint(run_dir: Path) -> str | None:
 def _say_outcome(run_dir: Path) -> None:
     """Start -> end in a few lines: steps and time, reward, held-out accuracy, where the checkpoint and the report
     are."""
-    from asyncrl.report.reader import load_run
+    from asyncrl.telemetry.record import load_run
     from asyncrl.report.summary import summarize
 
     try:

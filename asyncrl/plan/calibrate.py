@@ -81,7 +81,7 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     (None: in process), ``reward(text) -> float`` the configured reward, ``save(model, directory)`` a checkpoint.
     With ``trainer_most`` (the shared split: the trainer's threads while it borrows the idle engine's core), also
     how much faster training runs on that many threads than on its own (``Costs.train_borrow_x``). Decode is
-    timed in this thread, which runs no other pool of workers at the same time (``asyncrl.cores``)."""
+    timed in this thread, which runs no other pool of workers at the same time (``asyncrl.cluster.cores``)."""
     torch.set_num_threads(engine_threads)
     engine = LocalEngine(copy.deepcopy(model), max_slots=max_slots, max_len=max_len, stop_token_ids=stop_token_ids,
                          threads=engine_threads, seed=0)
@@ -294,6 +294,6 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
 def _machine() -> str:
     import os
 
-    from asyncrl.cores import cpu_model
+    from asyncrl.cluster.cores import cpu_model
 
     return f"{cpu_model()}, {os.cpu_count()} cores"

@@ -30,7 +30,7 @@ class Costs:
     weights ``sync_s``
     (the engines are paused for ``pause_s`` of it); an evaluation ``eval_s``, a checkpoint ``save_s``; one
     reward call ``reward_s``. Where the trainer and the engine share the CPU's cores (``cluster.cpu_split=auto``)
-    the costs above are at each side's share (``asyncrl.cores``), and the trainer runs ``train_borrow_x`` times as
+    the costs above are at each side's share (``asyncrl.cluster.cores``), and the trainer runs ``train_borrow_x`` times as
     fast while it borrows the idle engine's core (1: no gain, or not measured). Where the two run side by side on
     one machine they share its memory bandwidth: decode steps take ``decode_overlap_x`` times as long while the
     trainer works, training ``train_overlap_x`` times as long while an engine decodes (1: separate devices, or

@@ -1,5 +1,5 @@
 """A discrete-event simulation of asyncrl itself: the real staleness gate and batch assembly
-(``asyncrl.buffer.RolloutBuffer``, driven with simulated time, and ``asyncrl.staleness`` for η), with the
+(``asyncrl.loop.buffer.RolloutBuffer``, driven with simulated time, and ``asyncrl.loop.staleness`` for η), with the
 costs of the engines, the trainer, weight sync, evaluation, checkpoints, tools and rewards replaced by a model
 (``asyncrl.plan.costs.Costs``).
 
@@ -17,7 +17,7 @@ What it simulates, as the system does it:
 - the trainer: takes B groups as soon as the buffer's rule allows, trains (``train_s`` of their tokens, times
   ``epochs``, plus the proximal recompute when asked), publishes (``sync_s``), raises the version, evaluates and
   saves when due;
-- the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cores`` shares them: the engine keeps its share;
+- the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cluster.cores`` shares them: the engine keeps its share;
   the trainer looks before each micro-batch of ``shared_mb_tokens`` and runs ``train_borrow_x`` times as fast
   while every engine is idle; alternating (η = 0): always as fast;
 - the memory bandwidth the two share on one machine: an engine's decode steps are ``decode_overlap_x`` times as
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from asyncrl.buffer import RolloutBuffer
+from asyncrl.loop.buffer import RolloutBuffer
 from asyncrl.plan.costs import Costs
 from asyncrl.plan.lengths import Z99, Lengths, fixed
-from asyncrl.staleness import AutoStaleness, FixedStaleness
+from asyncrl.loop.staleness import AutoStaleness, FixedStaleness
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class Workload:
     tool_result_tokens: int = 16
     reward_workers: int = 1
     cpu_split: str = "fixed"  # fixed | shared | alternating (cluster.cpu_split=auto on the CPU, η > 0 | η = 0)
-    shared_mb_tokens: int = 1024  # the trainer's micro-batches while it shares the cores (asyncrl.cores)
+    shared_mb_tokens: int = 1024  # the trainer's micro-batches while it shares the cores (asyncrl.cluster.cores)
     seed: int = 0
 
 
@@ -380,7 +380,7 @@ class Simulation:
         self.at(self.t + each, lambda: self._train_chunks(left - 1, each_s))
 
     def trainer_borrows(self) -> bool:
-        """Whether the trainer has the engine's idle core now (``asyncrl.cores``)."""
+        """Whether the trainer has the engine's idle core now (``asyncrl.cluster.cores``)."""
         split = self.w.cpu_split
         return split == "alternating" or (split == "shared" and all(e.idle for e in self.engines))
 

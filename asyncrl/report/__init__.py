@@ -21,7 +21,7 @@ until a figure is drawn.
 from asyncrl.report.cli import main
 from asyncrl.report.page import PLOTS_DIR, REPORT_FILE, render_html, write_report
 from asyncrl.report.plots import Figure, pyplot, render_figures
-from asyncrl.report.reader import GenSample, ReportError, Run, Span, load_run
+from asyncrl.telemetry.record import GenSample, ReportError, Run, Span, load_run
 from asyncrl.report.summary import (RunSummary, gen_rates, staleness_histogram, summarize, time_to_target,
                                     trainer_breakdown)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from asyncrl.report.fit_page import metrics_file, write_fit_report
 from asyncrl.report.page import REPORT_FILE, write_report
-from asyncrl.report.reader import ReportError
+from asyncrl.telemetry.record import ReportError
 
 PROG = "asyncrl report"
 

@@ -1,4 +1,4 @@
-"""``asyncrl diagnose RUN_DIR [--json]``: where a run's time went and what to change (``asyncrl.report.verdict``).
+"""``asyncrl diagnose RUN_DIR [--json]``: where a run's time went and what to change (``asyncrl.telemetry.verdict``).
 Works on a run still running (it reads what has been written), on a run directory copied from another machine
 (only its files are read), and on an ``asyncrl sft`` output directory (``sft_metrics.jsonl``)."""
 
@@ -9,9 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from asyncrl.placement import resolve_transport
-from asyncrl.report.reader import ReportError, load_run, read_jsonl
-from asyncrl.report.verdict import Verdict, diagnose, diagnose_sft
+from asyncrl.cluster.placement import resolve_transport
+from asyncrl.telemetry.record import ReportError, load_run, read_jsonl
+from asyncrl.telemetry.verdict import Verdict, diagnose, diagnose_sft
 
 PROG = "asyncrl diagnose"
 SFT_METRICS = "sft_metrics.jsonl"
@@ -53,7 +53,7 @@ def _machine(path: Path) -> dict | None:
 
 
 def _split_applied(run) -> bool:
-    from asyncrl.placement import ACTOR_KINDS, ROLLOUT_KINDS, PlacementError, parse
+    from asyncrl.cluster.placement import ACTOR_KINDS, ROLLOUT_KINDS, PlacementError, parse
 
     device = run.setting("cluster.device")
     try:

@@ -9,8 +9,8 @@ import html
 from pathlib import Path
 
 from asyncrl.report.plots import pyplot, series, to_png
-from asyncrl.report.reader import ReportError, finite, read_jsonl
-from asyncrl.report.verdict import diagnose_sft
+from asyncrl.telemetry.record import ReportError, finite, read_jsonl
+from asyncrl.telemetry.verdict import diagnose_sft
 
 KINDS = {"sft_metrics.jsonl": ("asyncrl sft", "eval_accuracy", "held-out accuracy"),
          "rm_metrics.jsonl": ("asyncrl rm", "eval_pair_accuracy", "held-out pairwise accuracy")}

@@ -8,9 +8,9 @@ import html
 from pathlib import Path
 
 from asyncrl.report.plots import Figure, render_figures
-from asyncrl.report.reader import Run, finite, load_run
+from asyncrl.telemetry.record import Run, finite, load_run
 from asyncrl.report.summary import RunSummary, summarize
-from asyncrl.report.verdict import diagnose
+from asyncrl.telemetry.verdict import diagnose
 from asyncrl.report.diagnose import run_settings
 
 REPORT_FILE = "report.html"

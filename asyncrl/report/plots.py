@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from asyncrl.cache import writable_dir
-from asyncrl.report.reader import SPAN_KINDS, ReportError, Run, Span, finite
+from asyncrl.telemetry.record import SPAN_KINDS, ReportError, Run, Span, finite
 from asyncrl.report.summary import gen_rates, ratio, staleness_histogram
 
 SPAN_COLORS = dict(zip(SPAN_KINDS, ("#d9d9d9", "#1f77b4", "#d62728", "#2ca02c", "#9467bd")))

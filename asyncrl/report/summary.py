@@ -8,7 +8,7 @@ import itertools
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from asyncrl.report.reader import SPAN_KINDS, GenSample, Run, Span, finite, num
+from asyncrl.telemetry.record import SPAN_KINDS, GenSample, Run, Span, finite, num
 
 
 @dataclass

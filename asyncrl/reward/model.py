@@ -34,7 +34,7 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
     """(tokenizer, model) of a sequence-classification checkpoint with one output, padding on the right; with
     ``trained`` False also from a causal LM checkpoint, its trunk with a new score head (what ``asyncrl rm`` starts
     from; scoring with that untrained head would reward noise, so it is refused otherwise). ``path`` is a
-    directory (``asyncrl.models.resolve_model_path`` resolves other names)."""
+    directory (``asyncrl.models.hf.resolve_model_path`` resolves other names)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     from asyncrl.configlib import ConfigError

@@ -6,7 +6,7 @@ Two APIs on one port:
   ``sampling_params``, ``return_logprob``), ``/pause_generation`` (``mode``: ``abort`` ends running requests
   with finish reason ``abort``, ``in_place`` holds them at a token boundary), ``/continue_generation``,
   ``/update_weights_from_disk``, ``/init_weights_update_group`` + ``/update_weights_from_distributed`` +
-  ``/destroy_weights_update_group`` (the gloo transport of ``asyncrl.publish``), ``GET /health``,
+  ``/destroy_weights_update_group`` (the gloo transport of ``asyncrl.weights.publish``), ``GET /health``,
   ``/get_model_info``, ``/get_server_info``. Each ``/generate`` result also carries
   ``meta_info.output_token_versions``: the weight version of every output token.
 - OpenAI's ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` (no streaming).

@@ -77,7 +77,7 @@ class ServerState:
     internal_errors: int = field(default=0, init=False)  # 500s answered
 
     def __post_init__(self):
-        from asyncrl.publish import DistReceiver
+        from asyncrl.weights.publish import DistReceiver
 
         self.eos = tuple(self.engine.default_stop)
         self.receiver = DistReceiver(self._apply_state_dict, timeout_s=self.update_timeout_s,
@@ -201,7 +201,7 @@ def load_state(model: str, *, max_slots: int = 64, max_len: int | None = None, d
     allocating anything large."""
     import torch
 
-    from asyncrl.models import DTYPES, load_model, resolve_model_path
+    from asyncrl.models.hf import DTYPES, load_model, resolve_model_path
 
     try:
         path = resolve_model_path(model)

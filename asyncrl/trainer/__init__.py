@@ -14,7 +14,7 @@ import os
 import torch
 
 from asyncrl.algo.algorithm import build_algorithm
-from asyncrl.lora import AdaptersOff, is_lora
+from asyncrl.models.lora import AdaptersOff, is_lora
 from asyncrl.trainer.base import Checkpointable, NonFiniteWeights, Trainer
 from asyncrl.trainer.critic import CRITIC_DIR, VALUE_HEAD_FILE, load_value_head
 from asyncrl.trainer.policy import PolicyTrainer
@@ -30,7 +30,7 @@ def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_d
     (``actor.ref_model``) from ``init_path`` (the run's starting checkpoint; default ``model_path``; with LoRA:
     the policy with its adapters disabled) or its own directory. ``max_new_tokens`` (gconfig) is DAPO's L_max
     and Dr.GRPO's default normaliser."""
-    from asyncrl.models import load_model
+    from asyncrl.models.hf import load_model
 
     ref_model = None
     if cfg.ref_model == "init" and is_lora(model):

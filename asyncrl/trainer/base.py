@@ -39,7 +39,7 @@ class Trainer(Protocol):
 
 @runtime_checkable
 class Checkpointable(Protocol):
-    """What ``asyncrl.checkpoint.Checkpointer`` writes: the weights in HF format, and the rest of an exact
+    """What ``asyncrl.loop.checkpoint.Checkpointer`` writes: the weights in HF format, and the rest of an exact
     resume (optimizer, step count)."""
 
     def check_finite(self) -> None:

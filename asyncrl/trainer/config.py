@@ -164,7 +164,7 @@ class ActorConfig:
 
     @property
     def world_size(self) -> int:
-        from asyncrl.placement import ACTOR_KINDS, parse
+        from asyncrl.cluster.placement import ACTOR_KINDS, parse
 
         return parse(self.backend, "actor.backend", ACTOR_KINDS).dp
 
@@ -199,7 +199,7 @@ class ActorConfig:
             raise ConfigError(f"actor.c_clip (dual clip) must be > 1 or null, got {self.c_clip!r}")
         if not (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0):
             raise ConfigError("actor.sapo_tau_pos and actor.sapo_tau_neg must be > 0")
-        from asyncrl.placement import ACTOR_KINDS, PlacementError, parse
+        from asyncrl.cluster.placement import ACTOR_KINDS, PlacementError, parse
 
         try:
             parse(self.backend, "actor.backend", ACTOR_KINDS)

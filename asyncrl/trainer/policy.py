@@ -29,11 +29,11 @@ from asyncrl.algo.algorithm import Algorithm
 from asyncrl.algo.losses import clipped_value_loss
 from asyncrl.algo.offpolicy import loglinear_prox_logprobs
 from asyncrl.algo.shaping import place_at_last_token, shape_rewards
-from asyncrl.cores import use_threads
-from asyncrl.logprobs import logprobs_from_logits
-from asyncrl.lora import is_lora, merged_state_dict
-from asyncrl.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
-from asyncrl.parallel import DataParallel
+from asyncrl.cluster.cores import use_threads
+from asyncrl.trainer.logprobs import logprobs_from_logits
+from asyncrl.models.lora import is_lora, merged_state_dict
+from asyncrl.trainer.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
+from asyncrl.cluster.parallel import DataParallel
 from asyncrl.trainer import state
 from asyncrl.trainer.base import NonFiniteWeights, evaluating, finite
 from asyncrl.trainer.critic import ValueHead, critic_step

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.lora import is_lora, save_lora
+from asyncrl.models.lora import is_lora, save_lora
 from asyncrl.trainer.critic import CRITIC_DIR, save_critic
 
 OPTIMIZER_SHARDS = "optimizer-shards"

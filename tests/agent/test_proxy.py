@@ -105,7 +105,7 @@ def test_a_weight_update_during_an_episode_keeps_its_tokens_with_both_versions(t
     """A weight update lands while the episode's second call decodes: the call is not aborted (the engine
     re-prefills), and its tokens carry both versions."""
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.models import build_tiny_model
+    from asyncrl.models.hf import build_tiny_model
     from asyncrl.types import WeightUpdate
 
     old = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=1)

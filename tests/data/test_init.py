@@ -100,7 +100,7 @@ def test_a_file_source_can_have_its_own_held_out_file(tmp_path):
 @pytest.mark.slow
 def test_train_on_a_two_source_mixture_reports_each_source(tmp_path, tiny_model_dir):
     from asyncrl.launch.train import train
-    from asyncrl.metrics import read_metrics
+    from asyncrl.telemetry.metrics import read_metrics
 
     entries = [{"name": "ones", "path": _file(tmp_path, "ones", 30), "reward_fn": "rewards_for_tests:one_reward"},
                {"name": "zeros", "path": _file(tmp_path, "zeros", 30, offset=100), "weight": 2,
@@ -195,7 +195,7 @@ def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path, caplog):
     """A template that needs alternating roles (Mistral's, Llama 2's) rejects one row of fifty: counted and said
     with its file and line, the others load (the whole load ended in a bare jinja error); with
     skip_bad_rows=false it stops there, as for any bad row."""
-    from asyncrl.models import load_tokenizer, resolve_model_path
+    from asyncrl.models.hf import load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path("builtin:tiny-sft"))  # its own copy: the template changes
     tokenizer.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"

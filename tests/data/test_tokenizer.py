@@ -35,7 +35,7 @@ def _tokens_per_word(tokenizer) -> float:
 def test_corpus_tokenizer_fits_the_domain(tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl.models import resolve_model_path
+    from asyncrl.models.hf import resolve_model_path
 
     corpus = tmp_path / "paints.txt"
     corpus.write_text("\n".join(_documents()) + "\n\n")  # a blank line is no document

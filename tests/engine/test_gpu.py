@@ -218,7 +218,7 @@ def test_threaded_engine_on_cuda_with_an_in_process_publisher():
     """The engine loop in its own thread, weights published from a model on the same GPU."""
     import asyncio
 
-    from asyncrl.publish import InProcessPublisher
+    from asyncrl.weights.publish import InProcessPublisher
 
     old, new = _model(seed=0), _model(seed=1)
     engine = LocalEngine(old, max_slots=8, max_len=128, device="cuda").start()

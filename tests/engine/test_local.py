@@ -278,7 +278,7 @@ def test_qwen3_greedy_matches_hf_generate():
 
 
 def test_stop_strings_end_a_sample(tokenizer):
-    from asyncrl.models import build_tiny_model
+    from asyncrl.models.hf import build_tiny_model
 
     model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128).eval()
     engine = LocalEngine(model, max_slots=2, max_len=96, tokenizer=tokenizer)
@@ -301,7 +301,7 @@ def test_a_stop_string_split_by_an_abort_is_seen(tokenizer):
     rest, whose prompt ends with the sample's own earlier output (stop_context), stops there all the same, as
     the uninterrupted sample does (it ran on to max_new_tokens)."""
     from asyncrl.engine.base import continue_aborted
-    from asyncrl.models import build_tiny_model
+    from asyncrl.models.hf import build_tiny_model
     from asyncrl.types import Completion
 
     model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128).eval()
@@ -346,7 +346,7 @@ def test_abort_ends_running_samples_and_keeps_queued_requests():
 
 
 def test_update_from_a_weights_directory(tmp_path):
-    from asyncrl.publish import write_weights
+    from asyncrl.weights.publish import write_weights
 
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
     engine = LocalEngine(old, max_slots=2, max_len=64)

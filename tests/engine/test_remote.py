@@ -11,8 +11,8 @@ import torch
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.remote import RemoteEngine, RequestRejected, ServerError
 from asyncrl.engine.spawn import asyncrl_server
-from asyncrl.models import build_tiny_model, load_model
-from asyncrl.publish import DiskPublisher, WeightSyncError
+from asyncrl.models.hf import build_tiny_model, load_model
+from asyncrl.weights.publish import DiskPublisher, WeightSyncError
 from asyncrl.server.app import ServerThread, build_app
 from asyncrl.server.state import ServerState
 from asyncrl.types import SamplingParams, WeightUpdate
@@ -386,9 +386,9 @@ def test_a_run_with_two_servers_survives_losing_one(tmp_path, tiny_model_dir, mo
 
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
-    from asyncrl.controller import run
+    from asyncrl.loop.controller import run
     from asyncrl.launch.build import assemble
-    from asyncrl.publish import DiskPublisher
+    from asyncrl.weights.publish import DiskPublisher
 
     cfg = configlib.load(TrainConfig, None, [
         f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",

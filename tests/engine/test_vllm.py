@@ -16,8 +16,8 @@ import torch
 from asyncrl.engine.remote import RemoteEngine
 from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.spawn import vllm_server
-from asyncrl.models import build_tiny_model
-from asyncrl.publish import DiskPublisher
+from asyncrl.models.hf import build_tiny_model
+from asyncrl.weights.publish import DiskPublisher
 from asyncrl.types import SamplingParams, WeightUpdate
 from conftest import ROOT, reference_logprobs
 

@@ -20,7 +20,7 @@ def test_rl_from_the_shipped_tiny_agent_raises_held_out_accuracy(tmp_path):
     import sys
 
     try:
-        from asyncrl.models import resolve_model_path
+        from asyncrl.models.hf import resolve_model_path
 
         resolve_model_path("builtin:tiny-agent")
     except FileNotFoundError:

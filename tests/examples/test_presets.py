@@ -9,8 +9,8 @@ import yaml
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
-from asyncrl.metrics import read_metrics
-from asyncrl.models import load_model
+from asyncrl.telemetry.metrics import read_metrics
+from asyncrl.models.hf import load_model
 from conftest import ROOT
 
 EXAMPLES = ROOT / "examples"

@@ -7,8 +7,8 @@ import torch
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
-from asyncrl.controller import run
-from asyncrl.cores import SHARED_MB_TOKENS
+from asyncrl.loop.controller import run
+from asyncrl.cluster.cores import SHARED_MB_TOKENS
 from asyncrl.launch.build import assemble
 
 
@@ -74,7 +74,7 @@ def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in
 def test_a_trainer_sharing_the_cores_takes_micro_batches_small_enough_to_re_read_its_share(
         tmp_path, tiny_model_dir, split, mb_tokens):
     """With cluster.cpu_split=auto the trainer asks for its threads before each micro-batch; at one micro-batch a
-    step it kept one core through a step whose second half the engine spent idle (asyncrl/cores.py)."""
+    step it kept one core through a step whose second half the engine spent idle (asyncrl/cluster/cores.py)."""
     cfg = _cfg(tmp_path, tiny_model_dir, f"cluster.cpu_split={split}")
     with assemble(cfg) as parts:
         assert parts.trainer.mb_max_tokens == mb_tokens
@@ -86,7 +86,7 @@ def test_a_trainer_sharing_the_cores_takes_micro_batches_small_enough_to_re_read
 def test_sharing_the_cores_the_evaluation_runs_in_the_trainers_thread(tmp_path, tiny_model_dir, split, background,
                                                                       in_trainer_thread):
     """A foreground single-turn evaluation under cluster.cpu_split=auto generates in the trainer's thread, on its
-    threads and its pool of OpenMP workers; an engine thread of its own would add a pool (asyncrl/cores.py)."""
+    threads and its pool of OpenMP workers; an engine thread of its own would add a pool (asyncrl/cluster/cores.py)."""
     cfg = _cfg(tmp_path, tiny_model_dir, f"cluster.cpu_split={split}", f"evaluator.background={background}")
     with assemble(cfg) as parts:
         engine = parts.evaluate.engine

@@ -16,7 +16,7 @@ def test_the_local_launcher_runs_two_ranks_end_to_end(tmp_path, tiny_model_dir, 
     import subprocess
     import sys
 
-    from asyncrl.metrics import read_metrics
+    from asyncrl.telemetry.metrics import read_metrics
 
     args = [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}",
             "progress_bar=false", "report=false", f"actor.backend={backend}", "train_dataset.batch_size=2",

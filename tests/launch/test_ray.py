@@ -63,7 +63,7 @@ def _tagged(tag: str) -> list[str]:
 @pytest.mark.slow
 def test_ray_run_two_ranks_one_server(tmp_path, tiny_model_dir, monkeypatch):
     from asyncrl.launch.train import train
-    from asyncrl.metrics import read_metrics
+    from asyncrl.telemetry.metrics import read_metrics
 
     tag = f"asyncrl-ray-test-{uuid.uuid4().hex}"
     monkeypatch.setenv("ASYNCRL_TEST_TAG", tag)  # Ray's processes and everything under them inherit it

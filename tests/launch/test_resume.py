@@ -15,7 +15,7 @@ from asyncrl.config import TrainConfig
 from asyncrl.launch.build import assemble
 from asyncrl.launch.resume import resume_point
 from asyncrl.launch.train import train
-from asyncrl.metrics import read_metrics
+from asyncrl.telemetry.metrics import read_metrics
 from runs_for_tests import is_complete, last_logged_step, latest_checkpoint, prompt_files, train_command, train_env
 
 
@@ -148,7 +148,7 @@ def test_every_trained_token_is_within_the_bound_after_each_resume(tmp_path, tin
 @pytest.mark.slow
 def test_a_resumed_auto_eta_goes_on_where_it_stood(tmp_path, tiny_model_dir, monkeypatch):
     """η = auto lowered to 1 before the checkpoint: the resumed run admits under 1, not again at the limit."""
-    from asyncrl.staleness import AutoStaleness
+    from asyncrl.loop.staleness import AutoStaleness
 
     def overrides(steps):
         return [o for o in _overrides(tmp_path, tiny_model_dir, steps) if "offpolicyness" not in o] + [

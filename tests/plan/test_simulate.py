@@ -102,7 +102,7 @@ def test_spec_costs_scale_with_the_hardware():
 
 
 def test_the_shared_split_speeds_the_trainer_while_the_engine_idles():
-    """cluster.cpu_split=auto as asyncrl.cores shares the cores (a step trains 16 samples of 24 + 50 tokens,
+    """cluster.cpu_split=auto as asyncrl.cluster.cores shares the cores (a step trains 16 samples of 24 + 50 tokens,
     1184 tokens: 1 s on the trainer's own threads). At η = 0 (alternating) the trainer always has the engine's
     core: generation 0.5 s as before, training 1 s / 4, sync unchanged. At η = 2 the trainer-bound run's
     generator is idle behind the gate for most of a step, and the trainer's micro-batches run with its core from

@@ -126,7 +126,7 @@ def test_a_run_trains_on_the_judges_scores_in_reward_workers(tmp_path, tiny_mode
     """Every sample of the run is judged (in 2 worker processes) and its reward is the judge's."""
     from asyncrl.config import TrainConfig
     from asyncrl.launch.train import train
-    from asyncrl.metrics import read_metrics
+    from asyncrl.telemetry.metrics import read_metrics
     from runs_for_tests import prompt_files
 
     train_file, valid_file = prompt_files(tmp_path, 40)

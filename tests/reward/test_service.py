@@ -262,7 +262,7 @@ class _FakeTokenizer:
 
 def test_failed_held_out_scores_get_the_configured_default(service_factory):
     """Held-out evaluation scores a failed reward with reward.default, as training does, and counts it."""
-    from asyncrl.evaluate import evaluate
+    from asyncrl.loop.evaluate import evaluate
     from asyncrl.types import SamplingParams
 
     items = [{"question": "q", "answer": "1"}] * 4

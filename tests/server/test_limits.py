@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from asyncrl.models import build_tiny_model
+from asyncrl.models.hf import build_tiny_model
 from asyncrl.server.limits import CHARS_PER_TOKEN, MAX_JSON_CONTAINERS, MAX_REQUEST_BYTES
 from servers_for_tests import HEALTH_BOUND_S, MAX_LEN, health_watch, serving
 

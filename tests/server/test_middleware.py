@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from asyncrl.engine.remote import RemoteEngine, ServerError
-from asyncrl.models import build_tiny_model
+from asyncrl.models.hf import build_tiny_model
 from asyncrl.server.limits import MAX_REQUEST_BYTES
 from asyncrl.types import SamplingParams
 from servers_for_tests import serving

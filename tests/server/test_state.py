@@ -11,8 +11,8 @@ import torch
 
 from asyncrl.engine.requests import VersionConflict
 from asyncrl.engine.spawn import free_port
-from asyncrl.models import build_tiny_model
-from asyncrl.publish import write_weights
+from asyncrl.models.hf import build_tiny_model
+from asyncrl.weights.publish import write_weights
 from asyncrl.types import WeightUpdate
 from servers_for_tests import HEALTH_BOUND_S, greedy, health_watch, serving
 

@@ -41,7 +41,7 @@ def test_separate_critic_has_its_own_model_and_optimizer():
 
 @pytest.mark.parametrize("kind", ["value_head", "separate"])
 def test_a_saved_critic_loads_back_through_critic_path(tiny_model_dir, tmp_path, kind):
-    from asyncrl.models import load_model
+    from asyncrl.models.hf import load_model
     from asyncrl.trainer.critic import CRITIC_DIR
 
     batch = make_batch([12, 14, 10, 16], group_size=2)

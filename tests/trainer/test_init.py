@@ -5,7 +5,7 @@ from asyncrl.trainer.config import ActorConfig
 
 
 def test_build_trainer_loads_reference_and_critic_from_the_model_path(tiny_model_dir):
-    from asyncrl.models import load_model
+    from asyncrl.models.hf import load_model
 
     cfg = ActorConfig(ref_model="init", kl_ctl=0.01, critic="separate", adv_estimator="gae")
     trainer = build_trainer(cfg, load_model(tiny_model_dir), model_path=tiny_model_dir, temperature=1.0,

@@ -6,7 +6,7 @@ import pytest
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
-from asyncrl.metrics import read_metrics
+from asyncrl.telemetry.metrics import read_metrics
 
 
 def _cfg(tmp_path, model_path, *extra):

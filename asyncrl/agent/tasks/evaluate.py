@@ -4,7 +4,7 @@ default), and its return value is its score.
 
 - :func:`evaluate_episodes` (async): items -> ``{"eval_accuracy", ...}`` through a given :class:`AgentProxy`;
 - :func:`evaluate_agent`: the same from the calling thread with an engine and a tokenizer;
-- :class:`AgentEvaluator`: ``evaluator(version) -> metrics`` like :class:`asyncrl.evaluate.Evaluator` (installs
+- :class:`AgentEvaluator`: ``evaluator(version) -> metrics`` like :class:`asyncrl.loop.evaluate.Evaluator` (installs
   the trainer's weights of that version on its own engine first), for the train loop.
 """
 
@@ -89,7 +89,7 @@ def evaluate_agent(engine, tokenizer, items: list[dict], episode_fn, params: Sam
 
 class AgentEvaluator:
     """Held-out accuracy of the trainer's weights at a given version, by running the agent episodes on an
-    engine of its own (a drop-in for :class:`asyncrl.evaluate.Evaluator` when ``workflow.name`` is agent)."""
+    engine of its own (a drop-in for :class:`asyncrl.loop.evaluate.Evaluator` when ``workflow.name`` is agent)."""
 
     def __init__(self, engine, tokenizer, items: list[dict], episode, params: SamplingParams, max_len: int, weights,
                  *, options: dict | None = None, tool_parser: str = "hermes", success_threshold: float = 1.0,
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from asyncrl.data import make_task
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.models import load_model, load_tokenizer
+    from asyncrl.models.hf import load_model, load_tokenizer
 
     torch.set_num_threads(args.threads)
     gen, _ = make_task(args.task, {"min_terms": args.min_terms, "max_terms": args.max_terms,

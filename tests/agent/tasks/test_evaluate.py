@@ -51,7 +51,7 @@ def test_the_shipped_tiny_agent_looks_numbers_up_and_solves_some_held_out_proble
     import yaml
 
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.models import load_model, load_tokenizer, resolve_model_path
+    from asyncrl.models.hf import load_model, load_tokenizer, resolve_model_path
 
     torch.set_num_threads(2)
     try:
