@@ -11,46 +11,21 @@ import logging
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from asyncrl.agent.workflow import AgentConfig
+from asyncrl.agent.config import AgentConfig
 from asyncrl.trainer.config import ActorConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.types import MIN_TEMPERATURE
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
-from asyncrl.cluster.placement import LAUNCHERS, ClusterConfig
-from asyncrl.models.lora import LoraConfig
-from asyncrl.telemetry.metrics import StatsLoggerConfig
+from asyncrl.cluster.config import LAUNCHERS, ClusterConfig
+from asyncrl.models.config import ModelConfig
+from asyncrl.models.hf import model_recipe
+from asyncrl.telemetry.config import StatsLoggerConfig, WatchdogConfig
 from asyncrl.reward.config import RewardConfig
-from asyncrl.telemetry.watchdog import WatchdogConfig
 from asyncrl.workflow.config import WorkflowConfig
 
 MAX_BATCH_SAMPLES = 1 << 20
 """The most samples (train_dataset.batch_size x gconfig.n_samples) a step may have: a batch is held in memory."""
-
-
-@dataclass
-class ModelConfig:
-    path: str = "builtin:tiny-sft"
-    """A Hugging Face model directory, or ``builtin:NAME`` for a checkpoint shipped with asyncrl."""
-    dtype: str = "float32"
-    """Weights dtype for training and generation: float32 | bfloat16."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    """LoRA adapters (through peft; rank 0 = off, every weight trains)."""
-
-
-SMALL_MODEL_RECIPE = {"train": {"gconfig.max_new_tokens": 64}, "eval": {"gconfig.max_new_tokens": 64},
-                      "sft": {"gconfig.max_new_tokens": 96, "actor.lr": 2e-3}}
-"""Defaults for a model under 50M parameters (asyncrl's tiny models), in place of those that suit a real model,
-for each key the user leaves unset (a file or the command line sets it otherwise)."""
-
-
-def model_recipe(model_path: str, command: str) -> dict:
-    """The defaults ``model_path`` gets for ``command``, for each key the user leaves unset: ``SMALL_MODEL_RECIPE``
-    when it is a small model, then what its directory asks for (``asyncrl.models.hf.RECIPE_FILE``: the shipped
-    ``tiny-sft`` trains RL at ``actor.lr=1e-5``, docs/algorithms.md "The learning rate")."""
-    from asyncrl.models.hf import is_small_model, own_recipe
-
-    return {**(SMALL_MODEL_RECIPE[command] if is_small_model(model_path) else {}), **own_recipe(model_path, command)}
 
 
 @dataclass

@@ -115,6 +115,19 @@ def own_recipe(path: str, command: str) -> dict:
     return data.get(command, {})
 
 
+SMALL_MODEL_RECIPE = {"train": {"gconfig.max_new_tokens": 64}, "eval": {"gconfig.max_new_tokens": 64},
+                      "sft": {"gconfig.max_new_tokens": 96, "actor.lr": 2e-3}}
+"""Defaults for a model under 50M parameters (asyncrl's tiny models), in place of those that suit a real model,
+for each key the user leaves unset (a file or the command line sets it otherwise)."""
+
+
+def model_recipe(model_path: str, command: str) -> dict:
+    """The defaults ``model_path`` gets for ``command``, for each key the user leaves unset: ``SMALL_MODEL_RECIPE``
+    when it is a small model, then what its directory asks for (``RECIPE_FILE``: the shipped
+    ``tiny-sft`` trains RL at ``actor.lr=1e-5``, docs/algorithms.md "The learning rate")."""
+    return {**(SMALL_MODEL_RECIPE[command] if is_small_model(model_path) else {}), **own_recipe(model_path, command)}
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

@@ -12,7 +12,6 @@ import logging
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -36,30 +35,6 @@ CONSOLE_LEGEND = ("each step prints: step | reward = mean reward of the batch | 
                   "of the step | cut = samples stopped by gconfig.max_new_tokens or the context limit, when any "
                   "(metrics.jsonl has every key)")
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
-
-
-@dataclass
-class StatsLoggerConfig:
-    tensorboard: bool = False
-    """Also write TensorBoard event files to RUN_DIR/tensorboard (needs the `tensorboard` package)."""
-    wandb: bool = False
-    """Also log to Weights & Biases (needs the `wandb` package; set WANDB_MODE=offline without network)."""
-    wandb_project: str = "asyncrl"
-    """W&B project name; the run is named experiment_name/trial_name."""
-    samples_per_step: int = 4
-    """Prompts and completions of each step's batch written to RUN_DIR/samples.jsonl (the best and the worst of
-    a group, with reward, versions and staleness) and shown in report.html; 0 = none."""
-
-    def validate(self) -> None:
-        import importlib.util
-
-        from asyncrl.configlib import ConfigError
-
-        for key, module in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
-            if getattr(self, key) and importlib.util.find_spec(module) is None:
-                raise ConfigError(f"stats_logger.{key}=true needs the '{module}' package (pip install {module})")
-        if self.samples_per_step < 0:
-            raise ConfigError(f"stats_logger.samples_per_step must be >= 0, got {self.samples_per_step}")
 
 
 # ---- the per-step record ---------------------------------------------------------------------------------

@@ -13,43 +13,12 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from typing import Callable
 
-from asyncrl.configlib import ConfigError
 from asyncrl.telemetry.record import merge_evaluations
 from asyncrl.telemetry.verdict import WINDOW, diagnose
 
 log = logging.getLogger(__name__)
-
-REWARD_FAILURE_ACTIONS = ("stop", "warn")
-
-
-@dataclass
-class WatchdogConfig:
-    no_signal_steps: int = 10
-    """Warn once when every advantage has been 0 for this many steps in a row (no learning signal: e.g.
-    every sample of every group got the same reward); 0 = never."""
-    reward_failure_steps: int = 5
-    """Act when every reward call failed (raised, returned a non-number or timed out) in this many steps
-    in a row, or at the first step when no call of the run has succeeded yet; 0 = never."""
-    reward_failure_action: str = "stop"
-    """What reward_failure_steps does: stop (the run ends with the reason) | warn (a warning every step)."""
-    max_nonfinite_steps: int = 3
-    """Stop when this many steps in a row had a non-finite loss or gradient norm (each such step is skipped
-    and counted in nonfinite_skipped); 0 = never stop."""
-    verdict_steps: int = 10
-    """Read the run's verdict (bottleneck and learning health, docs/report.md) every this many steps and warn
-    once about a finding seen at two checks in a row; 0 = never (the verdict still ends the run's output)."""
-
-    def validate(self) -> None:
-        for key in ("no_signal_steps", "reward_failure_steps", "max_nonfinite_steps", "verdict_steps"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"watchdog.{key} must be >= 0, got {getattr(self, key)}")
-        if self.reward_failure_action not in REWARD_FAILURE_ACTIONS:
-            raise ConfigError(f"watchdog.reward_failure_action must be one of {list(REWARD_FAILURE_ACTIONS)}, "
-                              f"got '{self.reward_failure_action}'")
-
 
 class TrainingHalted(RuntimeError):
     """The watchdog stopped the run; ``version`` is the last version trained."""

@@ -1,5 +1,5 @@
 """Placement (asyncrl.cluster.placement): backend strings parse, impossible allocations are refused with the reason, the
-trainer is placed first, the CPU fallback, and a bad backend in one line."""
+trainer is placed first, and a bad backend in one line."""
 
 import pytest
 import torch
@@ -37,16 +37,6 @@ def test_allocation_places_trainer_first_then_servers():
     assert a.trainer_devices == ((0,), (1,), (2,), (3,)) and a.server_devices == ((4, 5), (6, 7))
     cpu = allocate("asyncrl:d2", "ddp:d2", "cpu", 0)
     assert cpu.world_size == 2 and cpu.server_devices == ((), ())
-
-
-def test_device_falls_back_to_cpu_without_a_gpu(monkeypatch):
-    from asyncrl.configlib import ConfigError
-    from asyncrl.cluster.placement import ClusterConfig
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert ClusterConfig().resolved_device() == "cpu"
-    with pytest.raises(ConfigError, match="no CUDA device"):
-        ClusterConfig(device="cuda").resolved_device()
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ pytest.importorskip("peft")
 from asyncrl import configlib  # noqa: E402
 from asyncrl.config import TrainConfig  # noqa: E402
 from asyncrl.configlib import ConfigError  # noqa: E402
-from asyncrl.models.lora import (AdaptersOff, LoraConfig, apply_lora, is_lora, merged_state_dict, save_lora,  # noqa: E402
+from asyncrl.models.config import LoraConfig  # noqa: E402
+from asyncrl.models.lora import (AdaptersOff, apply_lora, is_lora, merged_state_dict, save_lora,  # noqa: E402
                           trainable_summary)
 from asyncrl.models.hf import load_model, resolve_model_path  # noqa: E402
 from conftest import ROOT, TESTS  # noqa: E402

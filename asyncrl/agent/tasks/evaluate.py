@@ -111,7 +111,7 @@ class AgentEvaluator:
 
 def _resolve(episode):
     if isinstance(episode, str):
-        from asyncrl.agent.workflow import resolve_episode
+        from asyncrl.agent.config import resolve_episode
 
         return resolve_episode(episode)
     return episode
