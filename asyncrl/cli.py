@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.loop.checkpoint import CheckpointError
     from asyncrl.launch.ranks import RankDied
     from asyncrl.launch.signals import StopRequested
-    from asyncrl.weights.publish import WeightSyncError
+    from asyncrl.api.weights import WeightSyncError
     from asyncrl.loop.rollout import RolloutFailures
     from asyncrl.telemetry.watchdog import TrainingHalted
 

@@ -186,7 +186,7 @@ class TrainConfig:
         if self.gconfig.n_samples > self.rollout.max_slots:
             raise ConfigError(f"gconfig.n_samples ({self.gconfig.n_samples}) exceeds rollout.max_slots "
                               f"({self.rollout.max_slots}): one group must fit in the engine at once")
-        self.actor.validate(max_staleness=self.rollout.staleness_bound, n_samples=self.gconfig.n_samples,
+        self.actor.validate(max_staleness=self.rollout.max_staleness, n_samples=self.gconfig.n_samples,
                             max_new_tokens=self.gconfig.max_new_tokens)
         if self.actor.world_size > self.train_dataset.batch_size:
             raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
@@ -198,7 +198,7 @@ class TrainConfig:
         the trainer always borrows it)."""
         if self.cluster.cpu_split != "auto" or not self.cpu_split_applies():
             return "fixed"
-        return "alternating" if self.rollout.staleness_bound == 0 else "shared"  # η = 0, or auto bounded by 0
+        return "alternating" if self.rollout.max_staleness == 0 else "shared"  # η = 0, or auto bounded by 0
 
     def cpu_split_applies(self) -> bool:
         """Whether cluster.cpu_split=auto shares the cores: the built-in engine in this process, one trainer rank,

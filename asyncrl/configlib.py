@@ -33,6 +33,22 @@ class ConfigError(ValueError):
     """A configuration problem, reported before anything runs."""
 
 
+@typing.runtime_checkable
+class Validated(typing.Protocol):
+    """A config tree or section that checks itself once loaded (a command tree checks its sections)."""
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` naming the key, the problem and the fix."""
+
+
+@typing.runtime_checkable
+class WithRecipe(typing.Protocol):
+    """A command's config tree whose model may ask for its own defaults (``asyncrl.models.hf.model_recipe``)."""
+
+    def recipe(self) -> dict:
+        """``{dotted key: value}`` for the keys the user leaves at their defaults."""
+
+
 def load(cls, path: str | None = None, overrides: list[str] | None = None, others: tuple = ()):
     """Build ``cls`` from its defaults, then the YAML file ``path``, then ``key.sub=value`` overrides. The file
     may be one of another command's (``others``: their config classes): its top-level keys that only they know
@@ -48,11 +64,11 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None, other
             raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
         _merge(cfg, _nested(key.strip(), _override_value(item, raw)), "", lambda _k: "command line", all_keys(cls),
                given)
-    for key, value in (cfg.recipe() if hasattr(cfg, "recipe") else {}).items():
+    for key, value in (cfg.recipe() if isinstance(cfg, WithRecipe) else {}).items():
         if key not in given:  # the model's recipe fills what the user left at its default
             _merge(cfg, _nested(key, value), "", lambda _k: f"the recipe of model.path={cfg.model.path}",
                    all_keys(cls), set())
-    if hasattr(cfg, "validate"):
+    if isinstance(cfg, Validated):
         cfg.validate()
     return cfg
 

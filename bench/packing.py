@@ -78,7 +78,7 @@ def load(model_path: str | None):
 def run(mode: str, model, batches, mb_max_tokens: int) -> dict:
     trainer = PolicyTrainer(model, pack_sequences=mode == "packed", mb_max_tokens=mb_max_tokens, lr=1e-6)
     if mode == "padded, arrival order":
-        trainer._plan = lambda lengths: arrival_order(lengths, mb_max_tokens)
+        trainer.forward.plan = lambda lengths: arrival_order(lengths, mb_max_tokens)
     trainer.step(batches[0])  # warm-up
     tokens, wall, cpu, eff = 0, 0.0, 0.0, []
     for b in batches[1:]:

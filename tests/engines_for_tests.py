@@ -9,7 +9,7 @@ from asyncrl.agent.proxy import AgentProxy
 from asyncrl.agent.tasks.lookup import episode
 from asyncrl.agent.tasks.transcripts import assistant_ids
 from asyncrl.types import Completion, SamplingParams
-from asyncrl.workflow import WorkflowContext
+from asyncrl.api.workflow import WorkflowContext
 
 
 class ScriptedEngine:

@@ -115,7 +115,7 @@ def test_only_the_command_being_run_imports_its_module():
 
 def test_a_weight_sync_failure_is_one_line_and_exit_1(monkeypatch, capsys):
     """Every engine server gone, or a server holding another run's weights: one line, no traceback."""
-    from asyncrl.weights.publish import WeightSyncError
+    from asyncrl.api.weights import WeightSyncError
 
     def fail(args):
         raise WeightSyncError("server http://127.0.0.1:9 serves weight version 2, from another run")

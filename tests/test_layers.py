@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 LAYERS = """
 cli
@@ -23,12 +22,14 @@ config
 server
 agent trainer
 models workflow
-data report
-reward telemetry
-algo engine
-cluster weights
+data
+reward
+engine report
+algo telemetry weights
+api cluster
 types configlib plugins cache
-""""""One line per layer, the top first; a name is a top-level module or package of asyncrl."""
+"""
+"""One line per layer, the top first; a name is a top-level module or package of asyncrl."""
 
 PACKAGE = Path(__file__).resolve().parent.parent / "asyncrl"
 

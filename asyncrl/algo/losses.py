@@ -1,10 +1,6 @@
-"""Policy losses: pure functions returning a per-token loss (N, T) and a dict of detached float statistics.
-
-All take the same keyword arguments: ``logprobs`` (current policy π_θ, with grad), ``prox_logprobs`` (the
-proximal policy π_prox), ``behav_logprobs`` (the behaviour policy π_behav, from the engine), ``advantages``
-and ``mask`` (1 on completion tokens), plus their own options. The per-token loss is zero outside ``mask``;
-the trainer weights it with an aggregation from :mod:`asyncrl.algo.aggregate` and stays blind to which
-loss it is.
+"""Policy losses: pure functions of one :class:`LossInputs` (and their own keyword options) returning a
+per-token loss (N, T) and a dict of detached float statistics. The per-token loss is zero outside the mask; the
+trainer weights it with an aggregation from :mod:`asyncrl.algo.aggregate` and stays blind to which loss it is.
 
 Every loss but ``ppo`` is *decoupled* (AReaL, arXiv 2505.24298, Eq. 5): its ratio u = π_θ/π_prox is
 anchored on the proximal policy and the token's surrogate is multiplied by the behaviour weight
@@ -25,11 +21,24 @@ the sequence's mean advantage (GSPO, Zheng et al. 2025, arXiv 2507.18071). The s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from asyncrl.algo.offpolicy import BehaviourCorrection, behaviour_weight, safe_log_ratio, sequence_mean
 
 IS_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What every policy loss is computed from, one value per target token (N, T)."""
+
+    logprobs: torch.Tensor  # log π_θ, the current policy (with grad)
+    prox_logprobs: torch.Tensor  # log π_prox, the proximal policy (recomputed at the step's start, or π_θ detached)
+    behav_logprobs: torch.Tensor  # log π_behav, the behaviour policy (the engine's, when the token was sampled)
+    advantages: torch.Tensor
+    mask: torch.Tensor  # 1 on the tokens trained (completion tokens), else 0
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -112,45 +121,44 @@ def pg_surrogate(log_ratio, advantages, mask, **_):
 
 
 # ---- objectives (the registry) ------------------------------------------------------------------------
-def _decoupled(surrogate, *, logprobs, prox_logprobs, behav_logprobs, advantages, mask,
-               importance_sampling_level: str = "token", correction: BehaviourCorrection = BehaviourCorrection(),
-               **options):
-    log_ratio, adv = log_ratio_at_level(logprobs, prox_logprobs, advantages, mask, importance_sampling_level)
-    loss, stats = surrogate(log_ratio, adv, mask, logprobs=logprobs, **options)
-    weight, keep, weight_stats = behaviour_weight(prox_logprobs, behav_logprobs, mask, correction)
+def _decoupled(surrogate, x: LossInputs, *, importance_sampling_level: str = "token",
+               correction: BehaviourCorrection = BehaviourCorrection(), **options):
+    log_ratio, adv = log_ratio_at_level(x.logprobs, x.prox_logprobs, x.advantages, x.mask, importance_sampling_level)
+    loss, stats = surrogate(log_ratio, adv, x.mask, logprobs=x.logprobs, **options)
+    weight, keep, weight_stats = behaviour_weight(x.prox_logprobs, x.behav_logprobs, x.mask, correction)
     return loss * weight * keep, {**stats, **weight_stats}
 
 
-def decoupled_ppo(**kw):
+def decoupled_ppo(x: LossInputs, **options):
     """Decoupled PPO (AReaL, arXiv 2505.24298, Eq. 5): the clip is anchored on the proximal policy and the
     behaviour policy enters only through the bounded weight w = π_prox/π_behav:
 
         L_t = w_t · max(-A_t·u_t, -A_t·clip(u_t, 1-ε, 1+ε_high)),   u_t = π_θ/π_prox.
     """
-    return _decoupled(clip_surrogate, **kw)
+    return _decoupled(clip_surrogate, x, **options)
 
 
-def sapo(**kw):
+def sapo(x: LossInputs, **options):
     """SAPO's soft gate, decoupled: L_t = w_t · (-(4/τ)·σ(τ(u_t - 1))·A_t)."""
-    return _decoupled(sapo_surrogate, **kw)
+    return _decoupled(sapo_surrogate, x, **options)
 
 
-def cispo(**kw):
+def cispo(x: LossInputs, **options):
     """CISPO, decoupled: L_t = w_t · (-sg(clip(u_t, 1-ε, 1+ε_high))·A_t·log π_θ)."""
-    return _decoupled(cispo_surrogate, **kw)
+    return _decoupled(cispo_surrogate, x, **options)
 
 
-def pg(**kw):
+def pg(x: LossInputs, **options):
     """Plain (importance-sampled) policy gradient, decoupled: L_t = -w_t·A_t·u_t."""
-    return _decoupled(pg_surrogate, **kw)
+    return _decoupled(pg_surrogate, x, **options)
 
 
-def ppo(*, logprobs, behav_logprobs, advantages, mask, importance_sampling_level: str = "token", **options):
+def ppo(x: LossInputs, *, importance_sampling_level: str = "token", **options):
     """Standard PPO clip anchored on the behaviour policy, with no correction for how old it is: the
     naive baseline that degrades with staleness (AReaL Table 2). Correct only on-policy (η = 0)."""
-    log_ratio, adv = log_ratio_at_level(logprobs, behav_logprobs, advantages, mask, importance_sampling_level)
-    loss, stats = clip_surrogate(log_ratio, adv, mask, **options)
-    return loss * mask, stats
+    log_ratio, adv = log_ratio_at_level(x.logprobs, x.behav_logprobs, x.advantages, x.mask, importance_sampling_level)
+    loss, stats = clip_surrogate(log_ratio, adv, x.mask, **options)
+    return loss * x.mask, stats
 
 
 POLICY_LOSSES = {"decoupled_ppo": decoupled_ppo, "ppo": ppo, "sapo": sapo, "cispo": cispo, "pg": pg}

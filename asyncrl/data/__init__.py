@@ -50,7 +50,7 @@ class Dataset:
     valid: list[dict]
     reward_fn: Callable[..., float]  # the data's own verifier, used unless reward.fn names another
     stats: Callable[[], dict] = dict  # counters for metrics: data_bad_rows, data_skipped_long, data_epoch
-    source_of: Callable[[int], str | None] | None = None  # a mixture's: the source of a training item id
+    source_of: "MixtureSchedule | None" = None  # a mixture's: the source of each training item id
 
 
 def make_task(name: str, options: dict):

@@ -86,9 +86,9 @@ class RolloutConfig:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"rollout.{key} must be one of {list(allowed)}, got '{getattr(self, key)}'")
 
-        eta = self.max_head_offpolicyness
-        if eta != "auto" and (isinstance(eta, str) or eta < 0):
-            raise ConfigError(f"rollout.max_head_offpolicyness must be >= 0 (an integer) or 'auto', got {eta!r}")
+        value = self.max_head_offpolicyness
+        if value != "auto" and (isinstance(value, str) or value < 0):
+            raise ConfigError(f"rollout.max_head_offpolicyness must be >= 0 (an integer) or 'auto', got {value!r}")
         if self.max_staleness_limit < 0:
             raise ConfigError(f"rollout.max_staleness_limit must be >= 0, got {self.max_staleness_limit}")
         if self.max_context < 0:
@@ -149,10 +149,10 @@ class RolloutConfig:
         return self.server_api if kind == "remote" else "vllm" if kind == "vllm" else "sglang"
 
     @property
-    def staleness_bound(self) -> int:
+    def max_staleness(self) -> int:
         """The largest η the run may admit under: the fixed η, or the limit of 'auto'."""
-        eta = self.max_head_offpolicyness
-        return self.max_staleness_limit if eta == "auto" else eta
+        value = self.max_head_offpolicyness
+        return self.max_staleness_limit if value == "auto" else value
 
     @property
     def resolved_transport(self) -> str:

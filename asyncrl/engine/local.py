@@ -37,7 +37,8 @@ from typing import Callable
 import torch
 
 from asyncrl.cluster.cores import use_threads
-from asyncrl.engine.base import EngineStats, continue_all
+from asyncrl.api.engine import EngineStats
+from asyncrl.engine.continuation import continue_all
 from asyncrl.engine.decoder import Decoder, Weights, resolve_device
 from asyncrl.engine.requests import (CPU, INTERRUPT_MODES, MAX_VERSION, PendingUpdate, Request, SampleState,
                                      VersionConflict, check_request, ends_with_stop_string, settle, state_dict_of)

@@ -30,9 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from asyncrl.engine.base import EngineStats, continue_aborted
+from asyncrl.api.engine import EngineStats
+from asyncrl.engine.continuation import continue_aborted
 from asyncrl.engine.dialects import APIS, Call
-from asyncrl.weights.publish import WeightSyncError
+from asyncrl.api.weights import WeightSyncError
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
 from asyncrl.engine import build_engine
-from asyncrl.engine.base import Lifecycle
+from asyncrl.api.engine import Lifecycle
 from asyncrl.engine.config import builtin_context
 from asyncrl.engine.local import LocalEngine
 from asyncrl.loop.evaluate import BackgroundEvaluator, Evaluator
@@ -54,7 +54,8 @@ from asyncrl.telemetry.timeline import Timeline
 from asyncrl.trainer import build_trainer
 from asyncrl.types import SamplingParams
 from asyncrl.telemetry.watchdog import LiveVerdict, Watchdog
-from asyncrl.workflow import Closable, Counted, Evaluating, Workflow, WorkflowContext, build_workflow
+from asyncrl.api.workflow import Closable, Counted, Evaluating, Workflow, WorkflowContext
+from asyncrl.workflow import build_workflow
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         stack.callback(workflow.close)
 
     run_dir = _run_dir(cfg, start)
-    max_staleness, batch_size = cfg.rollout.staleness_bound, cfg.train_dataset.batch_size
+    max_staleness, batch_size = cfg.rollout.max_staleness, cfg.train_dataset.batch_size
     policy = (AutoStaleness(cfg.rollout.max_staleness_limit) if cfg.rollout.max_head_offpolicyness == "auto"
               else FixedStaleness(max_staleness))
     policy.restore(start.staleness or {})  # a resumed auto η goes on where it stood
@@ -240,6 +241,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         checkpoints=Checkpointer(run_dir, trainer, tokenizer, cfg.saver.keep_last), logger=logger, timeline=timeline,
         meter=StepMeter(timeline.account, [rollout.stats, reward.stats, buffer.stats, data.stats,
                                        *([workflow.stats] if isinstance(workflow, Counted) else [])],
+                        sources=data.source_of,
                         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
                         samples_per_step=cfg.stats_logger.samples_per_step),
         watchdog=Watchdog(w.no_signal_steps, w.reward_failure_steps, w.reward_failure_action == "stop",
@@ -278,7 +280,7 @@ def _core_share(cfg: TrainConfig) -> tuple[CoreShare | None, dict]:
 def verdict_settings(cfg: TrainConfig) -> dict:
     """What the verdict's rules know of the configuration (those ``asyncrl diagnose`` reads off a run directory:
     ``asyncrl.report.diagnose.run_settings``)."""
-    return {"eta": cfg.rollout.max_head_offpolicyness, "n_samples": cfg.gconfig.n_samples,
+    return {"max_staleness": cfg.rollout.max_head_offpolicyness, "n_samples": cfg.gconfig.n_samples,
             "max_new_tokens": cfg.gconfig.max_new_tokens, "workers": cfg.reward.workers, "lr": cfg.actor.lr,
             "eval_background": cfg.evaluator.background, "save_background": cfg.saver.background,
             "transport": cfg.rollout.resolved_transport, "device": cfg.cluster.resolved_device().split(":")[0],

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [{**point, **{k: getattr(p, k) for k in KEYS}, "trained_tokens_per_s": p.trained_tokens_per_s,
              "time_for_steps_s": p.mean_step_time_s * steps, "steps": steps,
              "staleness_hist": {str(k): v for k, v in sorted(p.staleness_hist.items())},
-             "eta": p.eta[-1] if p.eta else None} for point, p, steps in results]
+             "max_staleness": p.max_staleness[-1] if p.max_staleness else None} for point, p, steps in results]
     best = recommend(rows) if len(rows) > 1 else None
     if len(inputs) > 1 and all(w == inputs[0] for w in inputs):
         print("note: the swept settings do not change what the plan simulates (the workload and the costs are the "

@@ -20,7 +20,6 @@ from asyncrl.loop.checkpoint import read_latest, run_version
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.loop.controller import run
-from asyncrl.data.config import source_lookup
 from asyncrl.launch.build import assemble, build_rank_trainer
 from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV, RankDied, serve_rank, spawn_ranks
 from asyncrl.launch.resume import resume_point
@@ -50,7 +49,6 @@ def train(cfg: TrainConfig) -> dict:
     try:
         with GracefulStop() as stop, assemble(cfg, dp, resume) as parts:
             run_dir, stop.buffer = parts.run_dir, parts.buffer
-            parts.meter.source_of = source_lookup(cfg.train_dataset)  # a mixture's metrics per source
             try:
                 record = run(parts)
                 finished = True

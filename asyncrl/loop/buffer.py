@@ -20,17 +20,10 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
+from asyncrl.api.staleness import StalenessPolicy
+from asyncrl.loop.staleness import FixedStaleness
 from asyncrl.types import TrajectoryGroup
-
-
-class StalenessPolicy(Protocol):
-    """η: fixed, or tuned online (``asyncrl.loop.staleness``). The buffer reads it once per version, when the version
-    is set, so it is constant while that version admits; the gate then trains every group admitted at version v
-    by version v + η(v), whatever η does next."""
-
-    def bound(self) -> int: ...
 
 
 def capacity(max_staleness: int, version: int, batch_size: int, accepted: int, running: int,
@@ -55,12 +48,15 @@ class Ticket:
     max_staleness: int = 0
 
 
-@dataclass
-class _Fixed:
-    eta: int
+@dataclass(frozen=True)
+class BufferSnapshot:
+    """What a checkpoint takes from the buffer, read at one moment."""
 
-    def bound(self) -> int:
-        return self.eta
+    ready: list  # [(admit version, TrajectoryGroup, η it was admitted under)], oldest admission first
+    inflight: list[dict]  # the items being rolled out
+    drawn: int  # items drawn from the prompt stream
+    accepted: int
+    rejected: int
 
 
 class RolloutBuffer:
@@ -69,7 +65,7 @@ class RolloutBuffer:
     def __init__(self, batch_size: int, max_staleness: "int | StalenessPolicy", max_concurrent: int = 0,
                  on_change=None, clock=time.perf_counter):
         self.batch_size, self.max_concurrent = batch_size, max_concurrent
-        self.policy = _Fixed(max_staleness) if isinstance(max_staleness, int) else max_staleness
+        self.policy = FixedStaleness(max_staleness) if isinstance(max_staleness, int) else max_staleness
         self.max_staleness = self.policy.bound()  # η of the current version
         self._gate_closed_s = 0.0  # time admission was refused by the staleness bound (not by max_concurrent)
         self._taken_bound = self.max_staleness  # the largest η the last batch's groups were admitted under
@@ -97,16 +93,16 @@ class RolloutBuffer:
 
     def try_admit(self) -> Ticket | None:
         with self._cv:
-            eta = self.max_staleness
-            if self._capacity(eta) <= 0:
-                gated = capacity(eta, self.version, self.batch_size, self.accepted, self.running) <= 0
+            max_staleness = self.max_staleness
+            if self._capacity(max_staleness) <= 0:
+                gated = capacity(max_staleness, self.version, self.batch_size, self.accepted, self.running) <= 0
                 if not gated:  # only max_concurrent_rollouts refuses: the staleness gate is open
                     self._gate_opened()
                 elif self._closed_since is None:
                     self._closed_since = self._clock()
                 return None
             self._gate_opened()
-            ticket = Ticket(next(self._seq), self.version, eta)
+            ticket = Ticket(next(self._seq), self.version, max_staleness)
             self._running[ticket.seq] = ticket
             return ticket
 
@@ -124,22 +120,21 @@ class RolloutBuffer:
             if ticket.seq in self._running:
                 self._items[ticket.seq] = item
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> "BufferSnapshot":
         """A consistent view for a checkpoint: the ready groups with their admission versions and the η each was
         admitted under, the items being rolled out, and the counters."""
         with self._cv:
             ready = [(t.version, g, t.max_staleness) for t, g in sorted(self._ready.values(), key=lambda tg: tg[0].seq)]
             inflight = [self._items[seq] for seq in sorted(self._items)]
-            return {"ready": ready, "inflight": inflight, "drawn": self.drawn, "rejected": self.rejected,
-                    "accepted": self.accepted}
+            return BufferSnapshot(ready, inflight, self.drawn, self.accepted, self.rejected)
 
     def restore(self, version: int, ready: list, accepted: int, rejected: int, drawn: int) -> None:
         """After a resume at ``version``: the groups that were ready (trained first, oldest admission first) and
         the counters; the items that were being rolled out are admitted again like new ones."""
         with self._cv:
             self.version, self.accepted, self.rejected, self.drawn = version, accepted, rejected, drawn
-            for admit_version, group, *eta in ready:  # checkpoints before the η was kept: at least the gap to now
-                bound = eta[0] if eta else max(self.max_staleness, version - admit_version)
+            for admit_version, group, *admitted_under in ready:  # checkpoints before the η was kept: at least the gap to now
+                bound = admitted_under[0] if admitted_under else max(self.max_staleness, version - admit_version)
                 ticket = Ticket(next(self._seq), admit_version, bound)
                 self._ready[ticket.seq] = (ticket, group)
             self._cv.notify_all()
@@ -162,9 +157,9 @@ class RolloutBuffer:
         self._changed()
 
     def set_version(self, version: int) -> None:
-        eta = self.policy.bound()
+        max_staleness = self.policy.bound()
         with self._cv:
-            self.version, self.max_staleness = version, eta
+            self.version, self.max_staleness = version, max_staleness
         self._changed()
 
     def fail(self, error: BaseException) -> None:
@@ -220,8 +215,8 @@ class RolloutBuffer:
                     "max_staleness": self.max_staleness, "staleness_bound": self._taken_bound}
 
     # ---- internals (hold the lock) -----------------------------------------------------------------------
-    def _capacity(self, eta: int) -> int:
-        return capacity(eta, self.version, self.batch_size, self.accepted, self.running, self.max_concurrent)
+    def _capacity(self, max_staleness: int) -> int:
+        return capacity(max_staleness, self.version, self.batch_size, self.accepted, self.running, self.max_concurrent)
 
     def _gate_opened(self) -> None:
         if self._closed_since is not None:

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.trainer.base import Checkpointable, Snapshots
+from asyncrl.api.trainer import Checkpointable, Snapshots
 from asyncrl.trainer.state import cpu_copy
 
 RUN_STATE = "run.json"

@@ -27,14 +27,14 @@ from typing import Callable
 from asyncrl.loop.buffer import RolloutBuffer
 from asyncrl.loop.checkpoint import CheckpointError, Checkpointer, RunState
 from asyncrl.data.collate import collate
-from asyncrl.engine.base import Engine
+from asyncrl.api.engine import Engine
 from asyncrl.loop.evaluate import BackgroundEvaluator
 from asyncrl.telemetry.metrics import MetricsLogger, StepMeter
-from asyncrl.weights.publish import Publisher
+from asyncrl.api.weights import Publisher
 from asyncrl.loop.rollout import RolloutRunner
-from asyncrl.loop.staleness import StalenessPolicy
+from asyncrl.api.staleness import StalenessPolicy
 from asyncrl.telemetry.timeline import Timeline
-from asyncrl.trainer import Trainer
+from asyncrl.api.trainer import Trainer
 from asyncrl.telemetry.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,8 @@ class Parts:
         admission counters (``RunState``)."""
         self.saved()  # the previous checkpoint is complete (or its failure said) before this one is taken
         snap = self.buffer.snapshot()
-        state = RunState(version, snap["drawn"], snap["accepted"], snap["rejected"], self.meter.elapsed(),
-                         self.timeline.now(), snap["ready"], snap["inflight"], self.staleness.state())
+        state = RunState(version, snap.drawn, snap.accepted, snap.rejected, self.meter.elapsed(),
+                         self.timeline.now(), snap.ready, snap.inflight, self.staleness.state())
         self._checked(lambda: self.checkpoints.save(version, state, background=self.plan.save_in_background))
         self.meter.last_save = self.meter.elapsed()
 

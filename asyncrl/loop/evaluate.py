@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 
-from asyncrl.engine.base import Engine
+from asyncrl.api.engine import Engine, InlineGenerating
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.reward.service import item_label
 from asyncrl.types import SamplingParams, WeightUpdate
@@ -33,10 +33,10 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
     default (carried by :class:`RewardFailure` from ``RewardService.eval_fn``), else ``default``."""
     t0 = time.perf_counter()
     prompts = [item_prompt_ids(tokenizer, it) for it in items]
-    if getattr(engine, "started", True):
-        results = asyncio.run(_generate_all(engine, prompts, params))
-    else:
+    if isinstance(engine, InlineGenerating) and not engine.started:
         results = [group[0] for group in engine.generate_batch(prompts, params)]
+    else:
+        results = asyncio.run(_generate_all(engine, prompts, params))
     scores, lengths, errors = [], [], 0
     for item, c in zip(items, results):
         text = tokenizer.decode(c.output_ids, skip_special_tokens=True)

@@ -32,30 +32,16 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Protocol
-
-
-class StalenessPolicy(Protocol):
-    """What the loop and the buffer ask of a policy; ``state``/``restore`` carry it across a resume (plain JSON
-    values, in the checkpoint's run state)."""
-
-    def bound(self) -> int: ...
-
-    def observe(self, record: dict) -> None: ...
-
-    def state(self) -> dict: ...
-
-    def restore(self, state: dict) -> None: ...
 
 
 @dataclass
 class FixedStaleness:
     """A fixed η."""
 
-    eta: int
+    max_staleness: int
 
     def bound(self) -> int:
-        return self.eta
+        return self.max_staleness
 
     def observe(self, record: dict) -> None:
         pass
@@ -76,7 +62,7 @@ class AutoStaleness:
             raise ValueError(f"AutoStaleness needs limit >= 0, window >= 1 and 0 <= wait_low <= wait_high, got "
                              f"{limit}, {window}, {wait_low}, {wait_high}")
         self.limit, self.window, self.wait_high, self.wait_low = limit, window, wait_high, wait_low
-        self._eta = limit if start is None else min(start, limit)  # from the limit down: speed first
+        self._max_staleness = limit if start is None else min(start, limit)  # from the limit down: speed first
         self._floor = 0  # the smallest η not known to make the trainer wait
         self._recent: list[dict] = []
         self._skip = 0  # steps not to read after a change
@@ -85,7 +71,7 @@ class AutoStaleness:
 
     def bound(self) -> int:
         with self._lock:
-            return self._eta
+            return self._max_staleness
 
     def observe(self, record: dict) -> None:
         if not self._warm:  # the first step waits for the first batch whatever η is: not a signal
@@ -103,29 +89,29 @@ class AutoStaleness:
         wait = _wait_share(self._recent[-self.window:])
         gate_closed = sum(_num(r, "gate_closed_s") for r in self._recent[-self.window:])
         with self._lock:
-            eta = self._eta
-            if wait > self.wait_high and gate_closed > 0 and eta < self.limit:
-                self._floor = max(self._floor, eta + 1)
-                self._eta = raised(eta, wait, self.limit)
+            now = self._max_staleness
+            if wait > self.wait_high and gate_closed > 0 and now < self.limit:
+                self._floor = max(self._floor, now + 1)
+                self._max_staleness = raised(now, wait, self.limit)
             elif (len(self._recent) == 2 * self.window and _wait_share(self._recent) < self.wait_low
-                  and eta > self._floor):
-                self._eta = eta - 1
-            if self._eta != eta:  # judge the new η on a window of its own
+                  and now > self._floor):
+                self._max_staleness = now - 1
+            if self._max_staleness != now:  # judge the new η on a window of its own
                 self._recent, self._skip = [], 2
 
     def state(self) -> dict:
         """Where the law stands (η, the floor, the steps it is reading or skipping), so that a resumed run goes
         on from there instead of starting again at the limit."""
         with self._lock:
-            return {"eta": self._eta, "floor": self._floor, "skip": self._skip,
+            return {"max_staleness": self._max_staleness, "floor": self._floor, "skip": self._skip,
                     "recent": [{k: _num(r, k) for k in READ} for r in self._recent]}
 
     def restore(self, state: dict) -> None:
         if not state:  # a checkpoint written before η was saved: start over from the limit
             return
         with self._lock:
-            self._eta = min(self.limit, max(0, int(state["eta"])))
-            self._floor = min(self._eta, max(0, int(state["floor"])))
+            self._max_staleness = min(self.limit, max(0, int(state.get("max_staleness", state.get("eta", 0)))))
+            self._floor = min(self._max_staleness, max(0, int(state["floor"])))
             self._skip = int(state["skip"])  # not warm: a resumed run's first step waits for generation to restart
             self._recent = [dict(r) for r in state["recent"]][-2 * self.window:]
 
@@ -134,13 +120,13 @@ READ = ("step_time_s", "trainer_wait_s", "gate_closed_s", "trainer_eval_s", "tra
 """The keys of a step's record that the law reads."""
 
 
-def raised(eta: int, wait: float, limit: int) -> int:
+def raised(max_staleness: int, wait: float, limit: int) -> int:
     """The η after a window in which the trainer waited ``wait`` of the time behind a closed gate: where
     generation is latency-bound (episodes waiting on tools, a gate holding back work the generator could run),
     throughput grows with the work in flight, (η + 1)·B groups, so (η + 1) grows by 1 / (1 − wait); at least
     η + 1, at most three times the work in flight, never above ``limit``."""
-    grown = math.ceil((eta + 1) / max(1.0 - wait, 1 / 3) - 1e-9) - 1
-    return min(limit, max(eta + 1, grown))
+    grown = math.ceil((max_staleness + 1) / max(1.0 - wait, 1 / 3) - 1e-9) - 1
+    return min(limit, max(max_staleness + 1, grown))
 
 
 def _away(record: dict) -> float:

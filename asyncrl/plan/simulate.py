@@ -103,7 +103,7 @@ class Prediction:
     staleness_hist: dict[int, int]  # staleness -> trained tokens
     tokens_per_s: float  # generated tokens per wall second
     trained_tokens_per_s: float
-    eta: list[int]  # η in force at each step
+    max_staleness: list[int]  # η in force at each step
     step_times: list[float]
 
     def to_dict(self) -> dict:
@@ -113,7 +113,7 @@ class Prediction:
                 "trainer_wait_frac": self.trainer_wait_frac, "staleness_mean": self.staleness_mean,
                 "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
                 "tokens_per_s": self.tokens_per_s, "trained_tokens_per_s": self.trained_tokens_per_s,
-                "eta": self.eta}
+                "max_staleness": self.max_staleness}
 
 
 # ---- the pieces --------------------------------------------------------------------------------------------
@@ -428,7 +428,7 @@ class Simulation:
             trainer_wait_frac=sum(r["trainer_wait_s"] for r in steps) / wall,
             staleness_mean=sum(k * v for k, v in self.hist.items()) / tokens if tokens else 0.0,
             staleness_hist=dict(self.hist), tokens_per_s=sum(e.tokens for e in self.engines) / wall,
-            trained_tokens_per_s=self.trained_tokens / wall, eta=[r["max_staleness"] for r in steps],
+            trained_tokens_per_s=self.trained_tokens / wall, max_staleness=[r["max_staleness"] for r in steps],
             step_times=times)
 
 

@@ -23,7 +23,7 @@ def run_settings(run) -> dict:
     auto split applied (the built-in engine in the process, one trainer rank, the CPU), as the run's
     ``machine.json`` says. Runs from before that file: read from config.yaml, where ``cluster.device=auto`` counts as
     the CPU on a machine without a GPU."""
-    settings = {name: run.setting(key) for name, key in (("eta", "rollout.max_head_offpolicyness"),
+    settings = {name: run.setting(key) for name, key in (("max_staleness", "rollout.max_head_offpolicyness"),
                                                         ("n_samples", "gconfig.n_samples"),
                                                         ("max_new_tokens", "gconfig.max_new_tokens"),
                                                         ("workers", "reward.workers"),

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable
 
+from asyncrl.api.reward import Described
 from asyncrl.plugins import load_object
 
 UNTEMPLATED = "question_before_template"
@@ -21,13 +22,10 @@ Not a reward field."""
 NOT_FIELDS = ("question", "prompt_ids", UNTEMPLATED)
 
 
-@runtime_checkable
-class Scorer(Protocol):
-    """What workflows score samples with: the run's ``RewardService`` (worker processes, timeouts, counters), or
-    any object with this method."""
-
-    async def ascore(self, item: dict, completion: str) -> float:
-        """The reward of ``completion`` for ``item``; never raises (a failure scores the configured default)."""
+def facts(fn, **kwargs) -> dict:
+    """The constant facts ``fn`` reports about itself for metrics (``Described``: e.g. the code reward's sandbox
+    mechanism), called with its bound keyword arguments; {} for a function that reports none."""
+    return dict(fn.describe(**kwargs)) if isinstance(fn, Described) and callable(fn.describe) else {}
 
 
 def load_reward_fn(spec: str) -> Callable[..., float]:
@@ -77,8 +75,7 @@ class BoundReward:
 
     def describe(self) -> dict:
         """Constant facts the function reports for metrics (e.g. the sandbox mechanism); {} if none."""
-        describe = getattr(self.fn, "describe", None)
-        return dict(describe(**self.kwargs)) if callable(describe) else {}
+        return facts(self.fn, **self.kwargs)
 
 
 @dataclass(frozen=True)
@@ -116,9 +113,7 @@ class MixtureReward:
 
     def describe(self) -> dict:
         """The constant facts of every source's function (e.g. the code reward's sandbox), merged."""
-        facts: dict = {}
+        merged: dict = {}
         for s in self.sources.values():
-            describe = getattr(s.fn, "describe", None)
-            if callable(describe):
-                facts.update(describe(**s.kwargs))
-        return facts
+            merged.update(facts(s.fn, **s.kwargs))
+        return merged

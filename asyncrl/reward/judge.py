@@ -30,7 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from asyncrl.reward.base import as_reward
+from asyncrl.reward.base import as_reward, facts
 
 DEFAULT_TEMPLATE = (
     "You grade answers to questions. Compare the response with the reference answer.\n\n"
@@ -185,8 +185,7 @@ class JudgedReward:
                                                                                     fields.get("answer"))
 
     def describe(self, **_) -> dict:
-        describe = getattr(self.verifier, "describe", None)
-        return dict(describe()) if callable(describe) else {}
+        return facts(self.verifier)
 
 
 _CACHE: OrderedDict = OrderedDict()

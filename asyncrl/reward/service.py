@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection
 from queue import LifoQueue
 from typing import Callable
 
-from asyncrl.reward.base import call_reward
+from asyncrl.reward.base import call_reward, facts
 from asyncrl.reward.sandbox_cleanup import sweep_abandoned
 from asyncrl.reward.isolation import isolation, kill_descendants
 
@@ -160,8 +160,7 @@ class RewardService:
         self._all: set[_Worker] = set()
         # in-process (workers=0), ``threads`` calls at once (a reward model batches them)
         self._executor = ThreadPoolExecutor(max_workers=max(1, workers or threads), thread_name_prefix="reward")
-        describe = getattr(fn, "describe", None)  # constant facts for metrics, e.g. the sandbox mechanism
-        self._facts = dict(describe()) if callable(describe) else {}
+        self._facts = facts(fn)  # constant facts for metrics, e.g. the sandbox mechanism
 
     # ---- scoring -------------------------------------------------------------------------------------
     def score(self, item: dict, completion: str, submitted: float | None = None) -> float:

@@ -13,7 +13,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -59,13 +59,21 @@ def batch_stats(batch: Batch, version: int) -> dict:
     }
 
 
-def source_stats(groups: list, source_of: Callable[[object], str | None], sources: list[str] = ()) -> dict:
-    """Per source of a training mixture: ``samples/NAME`` (0 for a source of ``sources`` absent from this
-    batch) and ``reward_mean/NAME`` (only when it has samples). ``source_of`` maps a group's ``item_id`` to its
-    source's name (None: not counted)."""
-    rewards: dict[str, list[float]] = {name: [] for name in sources}
+class Sources(Protocol):
+    """A training mixture's sources (``asyncrl.data.MixtureSchedule``): their ``names``, and the one a training
+    item id was drawn from (None: not a training item)."""
+
+    names: list[str]
+
+    def __call__(self, item_id) -> str | None: ...
+
+
+def source_stats(groups: list, sources: Sources) -> dict:
+    """Per source of a training mixture: ``samples/NAME`` (0 for a source absent from this batch) and
+    ``reward_mean/NAME`` (only when it has samples), each group counted for the source of its ``item_id``."""
+    rewards: dict[str, list[float]] = {name: [] for name in sources.names}
     for g in groups:
-        name = source_of(g.item_id)
+        name = sources(g.item_id)
         if name is not None:
             rewards.setdefault(name, []).extend(t.reward for t in g.trajectories)
     out = {f"samples/{name}": len(r) for name, r in rewards.items()}
@@ -77,16 +85,15 @@ class StepMeter:
     """Builds each step's record: the batch's statistics, the trainer's, rates and the time account of the
     step's window (from the previous record to this one; ``asyncrl.telemetry.account`` names the phases) read from
     ``account`` (the timeline's running totals), and the counters of the other parts (callables returning dicts,
-    read once per step; their accounting seconds, cumulative there, become the window's). With ``source_of`` (a
-    training mixture's item id -> source name), the record has the batch's ``samples/NAME`` and
-    ``reward_mean/NAME`` too (:func:`source_stats`)."""
+    read once per step; their accounting seconds, cumulative there, become the window's). With ``sources`` (a
+    training mixture's), the record has the batch's ``samples/NAME`` and ``reward_mean/NAME`` too
+    (:func:`source_stats`)."""
 
-    def __init__(self, account: Callable[[], dict], counters: list[Callable[[], dict]],
-                 source_of: Callable[[object], str | None] | None = None,
+    def __init__(self, account: Callable[[], dict], counters: list[Callable[[], dict]], sources: Sources | None = None,
                  decode: Callable[[list[int]], str] | None = None, samples_per_step: int = 4):
         """``decode`` (token ids -> text) turns on the record's ``samples``: ``samples_per_step`` of the batch's
         prompts and completions (:func:`sample_rows`), which the logger writes to samples.jsonl."""
-        self.account, self.counters, self.source_of = account, counters, source_of
+        self.account, self.counters, self.sources = account, counters, sources
         self.decode, self.samples_per_step = decode, samples_per_step
         self.last_save = 0.0  # elapsed time of the last checkpoint
         self.start()
@@ -118,8 +125,8 @@ class StepMeter:
             "interruptions": acc.get("interruptions", 0), "gate_closed_s": delta("gate_closed_s"),
         }
         record.update(time_account(dt, delta, train))
-        if self.source_of is not None:
-            record.update(source_stats(groups, self.source_of, getattr(self.source_of, "names", ())))
+        if self.sources is not None:
+            record.update(source_stats(groups, self.sources))
         counters: dict = {}
         for read in self.counters:
             counters.update(read())

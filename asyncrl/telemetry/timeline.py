@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from asyncrl.engine.base import EngineStats
+    from asyncrl.api.engine import EngineStats
 
 
 @dataclass

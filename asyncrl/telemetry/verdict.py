@@ -70,7 +70,7 @@ class Finding:
 class Verdict:
     findings: list[Finding]
     account: Account
-    settings: dict  # what the rules knew of the configuration (eta, n_samples, ...)
+    settings: dict  # what the rules knew of the configuration (max_staleness, n_samples, ...)
 
     @property
     def bottleneck(self) -> Finding | None:
@@ -102,7 +102,7 @@ class Verdict:
 
 
 def diagnose(records: list[dict], settings: dict | None = None) -> Verdict:
-    """The verdict on a run's ``metrics.jsonl`` records (``settings``: ``eta``, ``n_samples``,
+    """The verdict on a run's ``metrics.jsonl`` records (``settings``: ``max_staleness``, ``n_samples``,
     ``max_new_tokens``, ``workers`` as far as known)."""
     settings = dict(settings or {})
     steps = [r for r in records if r.get("step", 0) > 0]
@@ -135,7 +135,7 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
     if not acc.steps or not acc.measured("trainer"):
         return []
     t, g = acc.fractions("trainer"), acc.fractions("gen")
-    eta = s.get("eta")
+    max_staleness = s.get("max_staleness")
     out = []
     busy = 1.0 - t["wait"]
     if g["idle_gate"] >= GATE_IDLE and t["wait"] < TRAINER_WAIT:
@@ -151,7 +151,7 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                             "more trainer ranks (actor.backend=ddp:dN)")
             + f", or fewer samples per prompt (gconfig.n_samples{_now(s, 'n_samples')})"
             + (f"; η >= 1 (rollout.max_head_offpolicyness) would also hide the {t['wait']:.0%} the trainer waits"
-               if eta == 0 and t["wait"] > 0.02 else "; a larger η would not help"),
+               if max_staleness == 0 and t["wait"] > 0.02 else "; a larger η would not help"),
             compute * THREADS_GAIN))
     if t["wait"] >= TRAINER_WAIT:
         lens = [(r.get("response_len_max"), r.get("response_len_mean")) for r in steps]
@@ -163,7 +163,7 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                 f"the trainer waited {t['wait']:.0%} of the time; the longest response of a batch was "
                 f"{tail_ratio:.1f}x the mean (median over steps)",
                 f"let the rest of the batch go on without the long samples: raise η "
-                f"(rollout.max_head_offpolicyness{_now(s, 'eta')}) or cap gconfig.max_new_tokens"
+                f"(rollout.max_head_offpolicyness{_now(s, 'max_staleness')}) or cap gconfig.max_new_tokens"
                 f"{_now(s, 'max_new_tokens')}", t["wait"] * 0.8))
         elif _rewards_queue(acc):
             r = acc.seconds["reward"]
@@ -179,14 +179,14 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                 f"the trainer waited {t['wait']:.0%}; episodes spent {acc.fractions('episode')['tool']:.0%} of "
                 f"their time in tools and the generator idled {g['idle_nowork'] + g['idle_gate']:.0%} "
                 f"({g['idle_nowork']:.0%} with nothing to do, {g['idle_gate']:.0%} behind the closed gate)",
-                f"keep more episodes in flight: raise η (rollout.max_head_offpolicyness{_now(s, 'eta')}) or "
+                f"keep more episodes in flight: raise η (rollout.max_head_offpolicyness{_now(s, 'max_staleness')}) or "
                 "rollout.max_concurrent_rollouts", t["wait"]))
-        elif g["idle_gate"] > 0.05 or (eta is not None and eta == 0):
+        elif g["idle_gate"] > 0.05 or (max_staleness is not None and max_staleness == 0):
             out.append(Finding(
                 "generator-bound", "bottleneck",
                 f"the trainer waited {t['wait']:.0%} of the time while the staleness gate held work back "
-                f"{g['idle_gate']:.0%} (η{_now(s, 'eta', eq='=')})",
-                f"raise η (rollout.max_head_offpolicyness{_now(s, 'eta')}): generation may run further ahead",
+                f"{g['idle_gate']:.0%} (η{_now(s, 'max_staleness', eq='=')})",
+                f"raise η (rollout.max_head_offpolicyness{_now(s, 'max_staleness')}): generation may run further ahead",
                 t["wait"]))
         else:
             out.append(Finding(
@@ -221,7 +221,7 @@ def _bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                 "tool-bound", "bottleneck",
                 f"episodes spent {e['tool']:.0%} of their time in tools and the generator idled "
                 f"{g['idle_nowork']:.0%} with nothing to do",
-                f"keep more episodes in flight: raise η (rollout.max_head_offpolicyness{_now(s, 'eta')}) or "
+                f"keep more episodes in flight: raise η (rollout.max_head_offpolicyness{_now(s, 'max_staleness')}) or "
                 "rollout.max_concurrent_rollouts", g["idle_nowork"] * 0.5))
     return out
 
@@ -256,7 +256,7 @@ def _health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
     if m["behav_weight_capped_frac"] is not None and m["behav_weight_capped_frac"] >= CAP_FRAC:
         out.append(Finding("behaviour cap", "health",
                            f"{m['behav_weight_capped_frac']:.0%} of tokens hit the behaviour-weight cap",
-                           f"samples are too far off-policy: lower η (rollout.max_head_offpolicyness{_now(s, 'eta')})"
+                           f"samples are too far off-policy: lower η (rollout.max_head_offpolicyness{_now(s, 'max_staleness')})"
                            " or raise actor.behav_imp_weight_cap"))
     if m["truncated_frac"] is not None and m["truncated_frac"] >= TRUNCATED:
         out.append(Finding("truncation", "health", f"{m['truncated_frac']:.0%} of samples cut at max_new_tokens",
@@ -267,10 +267,10 @@ def _health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
                            "version (float32 engines: ~1e-6)",
                            "the engine samples from another distribution than the trainer scores: a low-precision "
                            "engine (model.dtype) or a sampling mismatch; keep actor.behav_imp_weight_cap on"))
-    eta = _mean(steps, "max_staleness") if not isinstance(s.get("eta"), int) else s["eta"]  # auto: each step's
-    if eta and m["staleness_mean"] is not None and m["staleness_mean"] >= STALE_NEAR * eta:
+    max_staleness = _mean(steps, "max_staleness") if not isinstance(s.get("max_staleness"), int) else s["max_staleness"]  # auto: each step's
+    if max_staleness and m["staleness_mean"] is not None and m["staleness_mean"] >= STALE_NEAR * max_staleness:
         out.append(Finding("staleness at its bound", "health",
-                           f"mean staleness {m['staleness_mean']:.2f} with η = {eta:g}",
+                           f"mean staleness {m['staleness_mean']:.2f} with η = {max_staleness:g}",
                            "generation runs as far ahead as allowed: fine if the trainer does not wait; a larger η "
                            "trades freshness for speed"))
     falling = _held_out_falling(records, s)

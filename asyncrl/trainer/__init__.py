@@ -1,8 +1,9 @@
 """The trainer: the policy (and optionally a critic and a frozen reference model) with its optimizer.
 
-- :mod:`.base`: the seams, ``Trainer`` (what the loop drives) and ``Checkpointable``;
-- :mod:`.policy`: ``PolicyTrainer``, algorithm-blind: one step from a batch with the functions of an
-  ``asyncrl.algo`` ``Algorithm``;
+- :mod:`.policy`: ``PolicyTrainer`` (a ``asyncrl.api.trainer.Trainer``), algorithm-blind: one step from a batch
+  with the functions of an ``asyncrl.algo`` ``Algorithm``;
+- :mod:`.forward`: how a batch runs through a model (micro-batches, packed or padded, autocast);
+  :mod:`.packing`: the packed layout; :mod:`.logprobs`: log-probs at the engine's sampling distribution;
 - :mod:`.critic`: the value head and a separate critic's step; :mod:`.state`: optimizer state and checkpoints;
 - :mod:`.config`: the ``actor`` config section; ``build_trainer`` turns it into a ``PolicyTrainer``.
 """
@@ -15,11 +16,10 @@ import torch
 
 from asyncrl.algo.algorithm import build_algorithm
 from asyncrl.models.lora import AdaptersOff, is_lora
-from asyncrl.trainer.base import Checkpointable, NonFiniteWeights, Trainer
 from asyncrl.trainer.critic import CRITIC_DIR, VALUE_HEAD_FILE, load_value_head
 from asyncrl.trainer.policy import PolicyTrainer
 
-__all__ = ["Checkpointable", "NonFiniteWeights", "PolicyTrainer", "Trainer", "build_trainer"]
+__all__ = ["PolicyTrainer", "build_trainer"]
 
 
 def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,

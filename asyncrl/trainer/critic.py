@@ -55,9 +55,9 @@ def critic_step(trainer, batch, plan, values, returns, value_weights, totals) ->
     trainer.critic_optimizer.zero_grad(set_to_none=True)
     total, clip_frac = 0.0, 0.0
     for mb, ids, packed_rows in plan:
-        out = trainer._forward(trainer.critic_model, batch, ids, packed_rows, logprobs=False, hidden=True)
+        out = trainer.forward.run(trainer.critic_model, batch, ids, packed_rows, logprobs=False, hidden=True)
         L = out.target_len
-        d = trainer._dev
+        d = trainer.forward.dev
         mask = d(batch.loss_mask[ids, :L])
         vloss, vstats = clipped_value_loss(trainer.value_head(out.hidden), d(values[ids, :L]), d(returns[ids, :L]),
                                            mask, value_eps_clip=trainer.algo.value_eps_clip)

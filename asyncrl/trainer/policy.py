@@ -26,29 +26,16 @@ import torch
 from asyncrl.algo.advantages import masked_whiten
 from asyncrl.algo.aggregate import token_mean
 from asyncrl.algo.algorithm import Algorithm
-from asyncrl.algo.losses import clipped_value_loss
+from asyncrl.algo.losses import LossInputs, clipped_value_loss
 from asyncrl.algo.offpolicy import loglinear_prox_logprobs
 from asyncrl.algo.shaping import place_at_last_token, shape_rewards
-from asyncrl.cluster.cores import use_threads
-from asyncrl.trainer.logprobs import logprobs_from_logits
 from asyncrl.models.lora import is_lora, merged_state_dict
-from asyncrl.trainer.packing import check_packing, micro_batches, pack, packed_forward, plan_micro_batches, unpack
+from asyncrl.trainer.forward import Forward, Outputs
+from asyncrl.trainer.packing import check_packing
 from asyncrl.cluster.parallel import DataParallel
 from asyncrl.trainer import state
-from asyncrl.trainer.base import NonFiniteWeights, evaluating, finite
 from asyncrl.trainer.critic import ValueHead, critic_step
 from asyncrl.types import Batch
-
-
-@dataclass
-class _Outputs:
-    """Per-target outputs of one micro-batch in the padded layout (rows, T_mb - 1)."""
-
-    logprobs: torch.Tensor | None
-    entropy: torch.Tensor | None
-    hidden: torch.Tensor | None
-    target_len: int
-    slots: int  # token positions the forward pass computed (padding included)
 
 
 @dataclass
@@ -60,11 +47,6 @@ class _MicroBatch:
     mask: torch.Tensor  # (rows, T_mb - 1) loss mask
     weights: torch.Tensor  # (rows, T_mb - 1) aggregation weights of the policy loss
     value_weights: torch.Tensor  # (rows, T_mb - 1) token-mean weights of the value loss
-
-
-def _last_hidden(out) -> torch.Tensor:
-    hidden = getattr(out, "last_hidden_state", None)
-    return hidden if hidden is not None else out.hidden_states[-1]
 
 
 class PolicyTrainer:
@@ -124,15 +106,13 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
         self.base_lr, self.critic_lr, self.warmup_steps = lr, critic_lr or lr, warmup_steps
         self.max_grad_norm = max_grad_norm
-        self.mb_max_tokens = mb_max_tokens
         self.n_minibatches, self.ppo_epochs = ppo_n_minibatches, ppo_epochs
-        self.pack_sequences = pack_sequences
-        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k  # the engine's sampling distribution
-        self.autocast_dtype = autocast_dtype
+        # micro-batches, their layout, and the log-probs at the engine's sampling distribution
+        self.forward = Forward(self.device, mb_max_tokens, pack_sequences, temperature, top_p, top_k, autocast_dtype,
+                               dp, threads)
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step
         self.optim_s = 0.0  # time in the optimizer during the current step
-        self.threads = threads  # threads(): torch threads for the next micro-batch
         self._mismatch = [0.0, 0]  # |behaviour - proximal log-prob| summed over tokens of the current version
         self._full: dict[str, torch.Tensor] | None = None  # gathered weights of the last step (FSDP)
 
@@ -140,112 +120,25 @@ class PolicyTrainer:
     def shared_value_head(self) -> bool:
         return self.value_head is not None and self.critic_model is None
 
-    # ---- forward passes ------------------------------------------------------------------------------------
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
-    def _dev(self, x: torch.Tensor | None) -> torch.Tensor | None:
-        """``x`` on the training device (the batch and the algorithm's tensors live on the CPU; a no-op there)."""
-        return None if x is None else x.to(self.device)
-
-    def _empty_loss(self, model) -> torch.Tensor:
-        """A forward pass that contributes nothing: a rank with fewer micro-batches than another runs these,
-        so that every rank makes the same collective calls (FSDP gathers weights in every forward)."""
-        with self._autocast():
-            logits = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=self.device), use_cache=False).logits
-        return logits.float().sum() * 0.0
-
-    def _plan(self, lengths: list[int]) -> list[list[list[int]]]:
-        """Micro-batches as lists of rows of indices into ``lengths`` (padded: one sample per row)."""
-        if self.pack_sequences:
-            return plan_micro_batches(lengths, self.mb_max_tokens)
-        return [[[i] for i in mb] for mb in micro_batches(lengths, self.mb_max_tokens)]
-
-    def _forward(self, model, batch: Batch, ids: torch.Tensor, rows: list[list[int]] | None = None, *,
-                 logprobs: bool = True, entropy: bool = False, hidden: bool = False) -> _Outputs:
-        """One micro-batch (samples ``ids`` of ``batch``, packed as ``rows`` of indices into ``ids`` when
-        packing) through ``model``, outputs in the padded layout (len(ids), T_mb - 1). A micro-batch whose
-        rows hold one sample each runs padded: the same layout, with a cheaper attention mask."""
-        lengths = batch.attention_mask[ids].sum(-1).tolist()
-        T = max(lengths)
-        input_ids = self._dev(batch.input_ids[ids, :T])
-        kwargs = {"output_hidden_states": True} if hidden and logprobs else {}
-        with self._autocast():
-            if self.pack_sequences and rows is not None and any(len(row) > 1 for row in rows):
-                packed = pack(input_ids, lengths, rows)
-                out = packed_forward(model, packed, **kwargs)
-                targets, slots = packed.input_ids[:, 1:], packed.n_slots
-
-                def to_padded(x):  # (R, W-1, ...) packed targets -> (rows, T-1, ...)
-                    return unpack(x, packed)
-            else:
-                out = model(input_ids=input_ids, attention_mask=self._dev(batch.attention_mask[ids, :T]),
-                            use_cache=False, **kwargs)
-                targets, slots = input_ids[:, 1:], input_ids.numel()
-                valid = self._dev(batch.attention_mask[ids, 1:T]).bool()  # targets that exist (not padding)
-
-                def to_padded(x):  # zero beyond each sample, as the packed layout leaves it
-                    v = valid.reshape(valid.shape + (1,) * (x.dim() - 2))
-                    return torch.where(v, x, torch.zeros((), dtype=x.dtype))
-
-            logp = ent = h = None
-            if logprobs:
-                logp, ent = logprobs_from_logits(out.logits[:, :-1], targets, self.temperature, entropy,
-                                                 self.top_p, self.top_k)
-                logp = to_padded(logp)
-                ent = None if ent is None else to_padded(ent)
-            if hidden:
-                h = to_padded(_last_hidden(out)[:, :-1])
-        return _Outputs(logp, ent, h, T - 1, slots)
-
-    @torch.no_grad()
-    def _gather(self, batch: Batch, fn) -> torch.Tensor:
-        """``fn(ids, rows) -> (len(ids), T_mb - 1)`` over every micro-batch of ``batch``, as (N, T-1), in eval
-        mode: without (LoRA) dropout, as the engine sampled, the proximal log-probs are the weights' own."""
-        out = torch.zeros_like(batch.behav_logprobs)
-        with evaluating(self.model, self.critic_model, self.value_head):
-            for item in self._micro_batches(batch, list(range(batch.input_ids.shape[0]))):
-                if item is None:
-                    self._empty_loss(self.model)
-                    continue
-                _, ids, rows = item
-                self._set_threads()
-                o = fn(ids, rows)
-                out[ids, : o.shape[1]] = o.to(out.device)
-        return out
-
-    def _set_threads(self) -> None:
-        """With a share of the cores (``threads``), as many torch threads as it gives this thread now."""
-        if self.threads is not None:
-            use_threads(self.threads())
-
-    def _micro_batches(self, batch: Batch, rows: list[int]) -> list:
-        """(positions in ``rows``, global sample ids, packed rows local to them) for each micro-batch, then
-        ``None`` for the empty passes that bring this rank to the most micro-batches of any rank."""
-        lengths = batch.attention_mask[torch.tensor(rows, dtype=torch.long)].sum(-1).tolist()
-        plan = []
-        for mb in self._plan(lengths) if rows else []:
-            flat = [i for row in mb for i in row]
-            local, start = [], 0
-            for row in mb:
-                local.append(list(range(start, start + len(row))))
-                start += len(row)
-            plan.append((flat, torch.tensor([rows[i] for i in flat]), local))
-        return plan + [None] * ((self.dp.max(len(plan)) if self.dp else len(plan)) - len(plan))
-
+    # ---- no-grad passes ----------------------------------------------------------------------------------
     def logprobs(self, batch: Batch, model=None) -> torch.Tensor:
         """Log-probabilities (N, T-1) of every token under ``model`` (default: the policy's current weights,
         i.e. the proximal policy at the start of a step)."""
         model = self.model if model is None else model
-        return self._gather(batch, lambda ids, rows: self._forward(model, batch, ids, rows).logprobs)
+        return self.forward.gather(batch, lambda ids, rows: self.forward.run(model, batch, ids, rows).logprobs,
+                                   *self._modules)
 
     def values(self, batch: Batch) -> torch.Tensor:
         """The critic's values (N, T-1): position t values the state before target token t."""
         trunk = self.critic_model if self.critic_model is not None else self.model
-        return self._gather(batch, lambda ids, rows: self.value_head(
-            self._forward(trunk, batch, ids, rows, logprobs=trunk is self.model, hidden=True).hidden))
+        return self.forward.gather(batch, lambda ids, rows: self.value_head(
+            self.forward.run(trunk, batch, ids, rows, logprobs=trunk is self.model, hidden=True).hidden), *self._modules)
+
+    @property
+    def _modules(self) -> tuple:
+        """The policy (which runs the empty passes), then the critic and value head: in eval mode for no-grad
+        passes."""
+        return self.model, self.critic_model, self.value_head
 
     # ---- the step ----------------------------------------------------------------------------------------
     def step(self, batch: Batch, version: int = 0) -> dict:
@@ -345,12 +238,12 @@ class PolicyTrainer:
         rows_t = torch.tensor(rows, dtype=torch.long)  # may be empty: this rank holds none of the minibatch
         weights = self.algo.agg_fn(batch.loss_mask[rows_t], **self.algo.agg_options)  # sums to the aggregate
         value_weights = token_mean(batch.loss_mask[rows_t])
-        plan = self._micro_batches(batch, rows)
+        plan = self.forward.micro_batches(batch, rows)
         mb_loss = 0.0
         for k, item in enumerate(plan):
             with self._accumulating(last=k == len(plan) - 1):
                 if item is None:
-                    self._empty_loss(self.model).backward()
+                    self.forward.empty_loss(self.model).backward()
                     continue
                 mb_loss += self._micro_batch_step(batch, item, index, version, weights, value_weights, advantages,
                                                   returns, values, prox, ref, totals)
@@ -363,11 +256,10 @@ class PolicyTrainer:
                           prox, ref, totals) -> float:
         """Forward and backward of one micro-batch, its statistics added to ``totals``; returns its loss."""
         mb, ids, packed_rows = item
-        self._set_threads()
-        out = self._forward(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
-        L = out.target_len
-        inputs = _MicroBatch(ids, L, self._dev(batch.loss_mask[ids, :L]), self._dev(weights[mb, :L]),
-                             self._dev(value_weights[mb, :L]))
+        self.forward.set_threads()
+        out = self.forward.run(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
+        L, d = out.target_len, self.forward.dev
+        inputs = _MicroBatch(ids, L, d(batch.loss_mask[ids, :L]), d(weights[mb, :L]), d(value_weights[mb, :L]))
         loss, stats = self._micro_batch_loss(batch, inputs, out, index, version, advantages, returns, values, prox,
                                              ref)
         (loss * self._loss_scale).backward()
@@ -395,10 +287,10 @@ class PolicyTrainer:
         if self.critic_model is not None and not self.skipped_updates:
             critic_step(self, batch, [p for p in plan if p is not None], values, returns, value_weights, totals)
 
-    def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: _Outputs, index: int, version: int,
+    def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: Outputs, index: int, version: int,
                           advantages, returns, values, prox, ref) -> tuple[torch.Tensor, dict]:
         """The micro-batch's share of the minibatch loss: Σ w·L (+ β·KL in the loss, + the value head's loss)."""
-        algo, ids, L, mask, d = self.algo, mb.ids, mb.target_len, mb.mask, self._dev
+        algo, ids, L, mask, d = self.algo, mb.ids, mb.target_len, mb.mask, self.forward.dev
         logp, behav = out.logprobs, d(batch.behav_logprobs[ids, :L])
         if prox is not None:
             prox_mb = d(prox[ids, :L])
@@ -410,8 +302,8 @@ class PolicyTrainer:
             current = (d(batch.versions[ids, :L]) == version) & mask.bool()
             self._mismatch[0] += float((behav - prox_mb.detach()).abs()[current].sum())
             self._mismatch[1] += int(current.sum())
-        per_token, stats = algo.loss_fn(logprobs=logp, prox_logprobs=prox_mb, behav_logprobs=behav,
-                                        advantages=d(advantages[ids, :L]), mask=mask, **algo.loss_options)
+        per_token, stats = algo.loss_fn(LossInputs(logp, prox_mb, behav, d(advantages[ids, :L]), mask),
+                                        **algo.loss_options)
         loss = (per_token * mb.weights).sum()
         if ref is not None and algo.kl_in_loss and algo.kl_ctl > 0:
             kl = algo.kl_fn(logp, d(ref[ids, :L])) * mask
@@ -485,13 +377,5 @@ class PolicyTrainer:
         return state.snapshot(self)
 
     def check_finite(self) -> None:
-        """Raise ``NonFiniteWeights`` naming the first weight (policy, value head, critic) that holds NaN or
-        inf."""
-        policy = self.state_dict().items()
-        parts = [("policy", policy), ("value head", self.value_head), ("critic", self.critic_model)]
-        for what, tensors in parts:
-            items = tensors.named_parameters() if isinstance(tensors, torch.nn.Module) else tensors or ()
-            for name, p in items:
-                if not finite(p):
-                    raise NonFiniteWeights(f"the {what} weight '{name}' holds NaN or inf values")
-
+        """Raise ``NonFiniteWeights`` naming the first weight (policy, value head, critic) that holds NaN or inf."""
+        state.check_finite(self)

@@ -28,29 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
+from asyncrl.api.weights import Publisher, ServerFleet, WeightSyncError
 from asyncrl.types import WeightUpdate
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
-
-
-class WeightSyncError(RuntimeError):
-    """A weight update that was not delivered (the message names the version)."""
-
-
-class Publisher(Protocol):
-    def publish(self, state_dict: dict, version: int) -> float:
-        """Deliver ``state_dict`` as ``version`` to every engine; return the seconds it took."""
-        ...
-
-    def close(self) -> None:
-        """Release what the transport holds (files, process groups)."""
-        ...
 
 
 class InProcessPublisher:
@@ -258,18 +244,6 @@ def _gloo_host(master_address: str) -> str:
 
 def broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
     group.broadcast(tensor, 0, timedelta(seconds=timeout_s)).wait()
-
-
-class ServerFleet(Protocol):
-    """What the broadcast transport needs from an engine beyond the ``Engine`` seam: its live servers, a
-    control request to one of them, and the pause/raise-version bracket around a transfer
-    (``RemoteEngine`` has these)."""
-
-    def live_addrs(self) -> list[str]: ...
-
-    def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict: ...
-
-    def updating(self, version: int, timeout: float) -> contextlib.AbstractContextManager[list[str]]: ...
 
 
 class DistPublisher:

@@ -12,56 +12,13 @@ Workflows run on the rollout thread's event loop: they must await, never block.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from asyncrl.engine.base import Engine
+from asyncrl.api.workflow import Workflow, WorkflowContext
 from asyncrl.plugins import load_object
-from asyncrl.reward.base import Scorer
-from asyncrl.types import SamplingParams, TrajectoryGroup
 
 WORKFLOWS = {"rlvr": "asyncrl.workflow.rlvr:RLVRWorkflow", "agent": "asyncrl.agent.workflow:AgentWorkflow"}
 """Registered workflow names and where they live (imported only when chosen)."""
-
-
-@runtime_checkable
-class Workflow(Protocol):
-    async def run(self, item: dict, engine: Engine) -> TrajectoryGroup | None: ...
-
-
-@runtime_checkable
-class Closable(Protocol):
-    """A workflow that holds resources (a server, connections): closed when the run ends."""
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class Counted(Protocol):
-    """A workflow with counters of its own, added to every step's metrics record."""
-
-    def stats(self) -> dict: ...
-
-
-@runtime_checkable
-class Evaluating(Protocol):
-    """A workflow that evaluates held-out items its own way (an agent runs its episodes), instead of one
-    answer per item scored by the reward function."""
-
-    def evaluate(self, engine: Engine, items: list[dict], tokenizer, params: SamplingParams,
-                 success_threshold: float = 1.0) -> dict: ...
-
-
-@dataclass(frozen=True)
-class WorkflowContext:
-    """What a workflow gets to work with."""
-
-    tokenizer: Any  # the rollout thread's own tokenizer (fast tokenizers must not be shared across threads)
-    reward: Scorer  # the run's RewardService: ``await reward.ascore(item, completion_text) -> float``
-    params: SamplingParams  # gconfig's sampling: n samples per item, max_new_tokens, temperature, ...
-    max_len: int = 0  # the engine's context per sequence (prompt + completion tokens)
-    stop_token_ids: tuple[int, ...] = ()  # what ends a reply (the end-of-turn token first)
-    seed: int | None = None  # the run's seed: a workflow may seed each item's sampling from it and the item id
 
 
 def resolve_workflow(name: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from asyncrl.engine.base import Engine
+from asyncrl.api.engine import Engine
 from asyncrl.engine.sampling import derive_seed
 from asyncrl.data.formats import item_prompt_ids
 from asyncrl.types import SamplingParams, Trajectory, TrajectoryGroup

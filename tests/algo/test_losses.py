@@ -7,7 +7,17 @@ import pytest
 import torch
 
 from asyncrl.algo.aggregate import token_mean
-from asyncrl.algo.losses import POLICY_LOSSES, cispo, clip_surrogate, clipped_value_loss, decoupled_ppo, pg, ppo, sapo
+from asyncrl.algo.losses import (
+    POLICY_LOSSES,
+    LossInputs,
+    cispo,
+    clip_surrogate,
+    clipped_value_loss,
+    decoupled_ppo,
+    pg,
+    ppo,
+    sapo,
+)
 from asyncrl.algo.offpolicy import BehaviourCorrection, behaviour_weight
 
 LOG = math.log
@@ -28,7 +38,7 @@ def close(x: torch.Tensor, expected, tol=1e-5) -> bool:
 def call(fn, lp, prox, behav, adv, mask=None, **kw):
     lp, prox, behav, adv = t(lp), t(prox), t(behav), t(adv)
     mask = torch.ones_like(lp) if mask is None else t(mask)
-    return fn(logprobs=lp, prox_logprobs=prox, behav_logprobs=behav, advantages=adv, mask=mask, **kw)
+    return fn(LossInputs(lp, prox, behav, adv, mask), **kw)
 
 
 # ---- PPO clip: asymmetric bounds, dual clip --------------------------------------------------------------
@@ -71,9 +81,7 @@ def test_minus_inf_logprobs_are_sanitised():
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
 def test_all_masked_batch_gives_zero_loss_and_no_nan(name):
     lp = torch.tensor([[LOG(0.5), LOG(0.2)]], requires_grad=True)
-    loss, stats = POLICY_LOSSES[name](logprobs=lp, prox_logprobs=t([LOG(0.4), LOG(0.1)]),
-                                      behav_logprobs=t([LOG(0.3), LOG(0.2)]), advantages=t([1.0, -1.0]),
-                                      mask=torch.zeros(1, 2), importance_sampling_level="sequence")
+    loss, stats = POLICY_LOSSES[name](LossInputs(lp, t([LOG(0.4), LOG(0.1)]), t([LOG(0.3), LOG(0.2)]), t([1.0, -1.0]), torch.zeros(1, 2)), importance_sampling_level="sequence")
     total = (loss * token_mean(torch.zeros(1, 2))).sum()
     total.backward()
     assert total.item() == 0.0 and torch.equal(lp.grad, torch.zeros(1, 2))
@@ -109,9 +117,7 @@ def test_gspo_gradient_spreads_the_sequence_ratio_over_its_tokens():
     # at u = 1 the gradient of -A·exp(mean log u) w.r.t. each token's log-prob is -A/|y| per token-position
     # it appears at; summed over the |y| positions it carries, each token gets -A (as at token level)
     lp = torch.tensor([[LOG(0.5), LOG(0.25), 0.0]], requires_grad=True)
-    loss, _ = decoupled_ppo(logprobs=lp, prox_logprobs=lp.detach(), behav_logprobs=lp.detach(),
-                            advantages=t([2.0, 2.0, 2.0]), mask=t([1.0, 1.0, 0.0]),
-                            importance_sampling_level="sequence")
+    loss, _ = decoupled_ppo(LossInputs(lp, lp.detach(), lp.detach(), t([2.0, 2.0, 2.0]), t([1.0, 1.0, 0.0])), importance_sampling_level="sequence")
     loss.sum().backward()
     assert close(lp.grad, [[-2.0, -2.0, 0.0]])
 
@@ -130,8 +136,7 @@ def test_sapo_known_values_and_gate_by_advantage_sign():
 
 def test_sapo_gradient_equals_policy_gradient_on_policy():
     lp = torch.tensor([[LOG(0.5), LOG(0.3)]], requires_grad=True)
-    loss, _ = sapo(logprobs=lp, prox_logprobs=lp.detach(), behav_logprobs=lp.detach(), advantages=t([1.5, -2.0]),
-                   mask=t([1.0, 1.0]))
+    loss, _ = sapo(LossInputs(lp, lp.detach(), lp.detach(), t([1.5, -2.0]), t([1.0, 1.0])))
     loss.sum().backward()
     assert close(lp.grad, [[-1.5, 2.0]])  # 4σ(0)(1-σ(0)) = 1
 
@@ -139,22 +144,19 @@ def test_sapo_gradient_equals_policy_gradient_on_policy():
 def test_cispo_keeps_the_gradient_of_clipped_tokens():
     # u = 0.4/0.2 = 2 is clipped to 1.28 but, unlike PPO, the token still gets gradient -1.28·A
     lp = torch.tensor([[LOG(0.4)]], requires_grad=True)
-    loss, stats = cispo(logprobs=lp, prox_logprobs=t([LOG(0.2)]), behav_logprobs=t([LOG(0.2)]),
-                        advantages=t([1.0]), mask=t([1.0]), eps_clip=0.2, eps_clip_higher=0.28)
+    loss, stats = cispo(LossInputs(lp, t([LOG(0.2)]), t([LOG(0.2)]), t([1.0]), t([1.0])), eps_clip=0.2, eps_clip_higher=0.28)
     assert loss.item() == approx(-1.28 * LOG(0.4)) and stats["clip_frac"] == 1.0
     loss.sum().backward()
     assert lp.grad.item() == approx(-1.28)
     lp2 = torch.tensor([[LOG(0.4)]], requires_grad=True)
-    ppo_loss, _ = decoupled_ppo(logprobs=lp2, prox_logprobs=t([LOG(0.2)]), behav_logprobs=t([LOG(0.2)]),
-                                advantages=t([1.0]), mask=t([1.0]), eps_clip=0.2, eps_clip_higher=0.28)
+    ppo_loss, _ = decoupled_ppo(LossInputs(lp2, t([LOG(0.2)]), t([LOG(0.2)]), t([1.0]), t([1.0])), eps_clip=0.2, eps_clip_higher=0.28)
     ppo_loss.sum().backward()
     assert lp2.grad.item() == 0.0  # PPO's clip zeroes it
 
 
 def test_pg_is_the_unclipped_importance_weighted_gradient():
     lp = torch.tensor([[LOG(0.5), LOG(0.9)]], requires_grad=True)
-    loss, _ = pg(logprobs=lp, prox_logprobs=t([LOG(0.5), LOG(0.3)]), behav_logprobs=t([LOG(0.25), LOG(0.3)]),
-                 advantages=t([1.0, 1.0]), mask=t([1.0, 1.0]))
+    loss, _ = pg(LossInputs(lp, t([LOG(0.5), LOG(0.3)]), t([LOG(0.25), LOG(0.3)]), t([1.0, 1.0]), t([1.0, 1.0])))
     # token 1: w = 2, u = 1 -> -2; token 2: w = 1, u = 3 (no clip) -> -3
     assert close(loss, [[-2.0, -3.0]])
     loss.sum().backward()
@@ -180,11 +182,7 @@ def test_clipped_value_loss():
 def test_decoupled_loss_hand_computed():
     # one token, A = 1: u = π_θ/π_prox = 1.5 is clipped to 1.2; w = π_prox/π_behav = 2, cap 5
     lp, prox, behav = math.log(0.6), math.log(0.4), math.log(0.2)
-    loss, stats = decoupled_ppo(
-        logprobs=torch.tensor([[lp]]), prox_logprobs=torch.tensor([[prox]]), behav_logprobs=torch.tensor([[behav]]),
-        advantages=torch.tensor([[1.0]]), mask=torch.tensor([[1.0]]), eps_clip=0.2,
-        correction=BehaviourCorrection(upper=5.0),
-    )
+    loss, stats = decoupled_ppo(LossInputs(torch.tensor([[lp]]), torch.tensor([[prox]]), torch.tensor([[behav]]), torch.tensor([[1.0]]), torch.tensor([[1.0]])), eps_clip=0.2, correction=BehaviourCorrection(upper=5.0))
     # max(-1 * 1.5, -1 * 1.2) = -1.2, times w = 2
     assert loss.item() == pytest_approx(-2.4)
     assert stats["clip_frac"] == 1.0 and stats["behav_weight_mean"] == pytest_approx(2.0)
@@ -192,40 +190,26 @@ def test_decoupled_loss_hand_computed():
 
 def test_decoupled_loss_negative_advantage_and_cap():
     # A = -2, u = 0.5 -> clipped to 0.8: max(1.0, 1.6) = 1.6; w = 10 capped at 3 -> 4.8
-    loss, stats = decoupled_ppo(
-        logprobs=torch.tensor([[math.log(0.1)]]), prox_logprobs=torch.tensor([[math.log(0.2)]]),
-        behav_logprobs=torch.tensor([[math.log(0.02)]]), advantages=torch.tensor([[-2.0]]),
-        mask=torch.tensor([[1.0]]), eps_clip=0.2, correction=BehaviourCorrection(upper=3.0),
-    )
+    loss, stats = decoupled_ppo(LossInputs(torch.tensor([[math.log(0.1)]]), torch.tensor([[math.log(0.2)]]), torch.tensor([[math.log(0.02)]]), torch.tensor([[-2.0]]), torch.tensor([[1.0]])), eps_clip=0.2, correction=BehaviourCorrection(upper=3.0))
     assert loss.item() == pytest_approx(4.8)
     assert stats["behav_weight_capped_frac"] == 1.0
 
 
 def test_decoupled_loss_gradient_flows_only_through_current_policy():
     lp = torch.tensor([[math.log(0.5), math.log(0.3)]], requires_grad=True)
-    loss, _ = decoupled_ppo(
-        logprobs=lp, prox_logprobs=lp.detach(), behav_logprobs=torch.tensor([[math.log(0.25), math.log(0.3)]]),
-        advantages=torch.tensor([[1.0, 1.0]]), mask=torch.tensor([[1.0, 0.0]]),
-        correction=BehaviourCorrection(upper=5.0),
-    )
+    loss, _ = decoupled_ppo(LossInputs(lp, lp.detach(), torch.tensor([[math.log(0.25), math.log(0.3)]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, 0.0]])), correction=BehaviourCorrection(upper=5.0))
     loss.sum().backward()
     # d/dlp of -A * w * exp(lp - prox) at lp == prox is -A * w = -2 on the unmasked token, 0 on the masked one
     assert torch.allclose(lp.grad, torch.tensor([[-2.0, 0.0]]))
 
 
 def test_losses_sanitise_inf_logprobs():
-    loss, _ = decoupled_ppo(
-        logprobs=torch.tensor([[0.0]]), prox_logprobs=torch.tensor([[float("-inf")]]),
-        behav_logprobs=torch.tensor([[float("-inf")]]), advantages=torch.tensor([[1.0]]),
-        mask=torch.tensor([[1.0]]), correction=BehaviourCorrection(upper=5.0),
-    )
+    loss, _ = decoupled_ppo(LossInputs(torch.tensor([[0.0]]), torch.tensor([[float("-inf")]]), torch.tensor([[float("-inf")]]), torch.tensor([[1.0]]), torch.tensor([[1.0]])), correction=BehaviourCorrection(upper=5.0))
     assert torch.isfinite(loss).all()
 
 
 def test_naive_ppo_anchors_on_behaviour():
-    loss, _ = ppo(logprobs=torch.tensor([[math.log(0.3)]]), prox_logprobs=torch.tensor([[0.0]]),
-                  behav_logprobs=torch.tensor([[math.log(0.2)]]), advantages=torch.tensor([[1.0]]),
-                  mask=torch.tensor([[1.0]]), eps_clip=0.2)
+    loss, _ = ppo(LossInputs(torch.tensor([[math.log(0.3)]]), torch.tensor([[0.0]]), torch.tensor([[math.log(0.2)]]), torch.tensor([[1.0]]), torch.tensor([[1.0]])), eps_clip=0.2)
     assert loss.item() == pytest_approx(-1.2)
 
 
@@ -246,7 +230,7 @@ def test_at_one_step_per_batch_decoupled_and_naive_ppo_differ_only_on_the_tokens
 
     def grad(fn, **kw):
         lp = now.clone().requires_grad_(True)
-        loss, stats = fn(logprobs=lp, prox_logprobs=now, behav_logprobs=behav, advantages=adv, mask=mask, **kw)
+        loss, stats = fn(LossInputs(lp, now, behav, adv, mask), **kw)
         loss.sum().backward()
         return lp.grad, stats
 

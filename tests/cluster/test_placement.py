@@ -2,7 +2,6 @@
 trainer is placed first, and a bad backend in one line."""
 
 import pytest
-import torch
 
 from asyncrl.cluster.placement import PlacementError, allocate, parse
 

@@ -300,7 +300,7 @@ def test_a_stop_string_split_by_an_abort_is_seen(tokenizer):
     """An abort cuts a sample inside a stop string (its first characters before, its last after): the resubmitted
     rest, whose prompt ends with the sample's own earlier output (stop_context), stops there all the same, as
     the uninterrupted sample does (it ran on to max_new_tokens)."""
-    from asyncrl.engine.base import continue_aborted
+    from asyncrl.engine.continuation import continue_aborted
     from asyncrl.models.hf import build_tiny_model
     from asyncrl.types import Completion
 
@@ -490,7 +490,7 @@ def test_a_seeded_request_samples_the_same_tokens_however_it_is_batched_or_inter
 def test_a_seeded_group_aborted_mid_way_and_continued_samples_the_same_tokens(native_kernels):
     """interrupt_mode=abort: each sample is resubmitted alone (n=1) as prompt + tokens so far; it keeps drawing
     as sample i of its group (samples 1 and 2 continued on sample 0's draws: the group's samples correlated)."""
-    from asyncrl.engine.base import continue_all
+    from asyncrl.engine.continuation import continue_all
 
     model = make_model(VOCAB)
     prompt = _prompts(1, seed=3)[0]

@@ -12,7 +12,8 @@ from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.remote import RemoteEngine, RequestRejected, ServerError
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models.hf import build_tiny_model, load_model
-from asyncrl.weights.publish import DiskPublisher, WeightSyncError
+from asyncrl.weights.publish import DiskPublisher
+from asyncrl.api.weights import WeightSyncError
 from asyncrl.server.app import ServerThread, build_app
 from asyncrl.server.state import ServerState
 from asyncrl.types import SamplingParams, WeightUpdate

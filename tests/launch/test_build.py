@@ -77,8 +77,8 @@ def test_a_trainer_sharing_the_cores_takes_micro_batches_small_enough_to_re_read
     step it kept one core through a step whose second half the engine spent idle (asyncrl/cluster/cores.py)."""
     cfg = _cfg(tmp_path, tiny_model_dir, f"cluster.cpu_split={split}")
     with assemble(cfg) as parts:
-        assert parts.trainer.mb_max_tokens == mb_tokens
-        assert (parts.trainer.threads is not None) == (split == "auto")
+        assert parts.trainer.forward.mb_max_tokens == mb_tokens
+        assert (parts.trainer.forward.threads is not None) == (split == "auto")
 
 
 @pytest.mark.parametrize("split, background, in_trainer_thread", [
@@ -91,7 +91,7 @@ def test_sharing_the_cores_the_evaluation_runs_in_the_trainers_thread(tmp_path, 
     with assemble(cfg) as parts:
         engine = parts.evaluate.engine
         assert engine.started == (not in_trainer_thread)
-        assert (engine.threads == parts.trainer.threads) == in_trainer_thread
+        assert (engine.threads == parts.trainer.forward.threads) == in_trainer_thread
         if in_trainer_thread:
             assert parts.evaluate(1)["eval_accuracy"] >= 0.0  # generates here, not waiting on a loop
 

@@ -127,7 +127,7 @@ def test_a_resumed_buffer_keeps_the_eta_its_ready_groups_were_admitted_under():
     for t in tickets:
         buf.finish(t, _group())
     snap = buf.snapshot()
-    for ready in (snap["ready"], [r[:2] for r in snap["ready"]]):
+    for ready in (snap.ready, [r[:2] for r in snap.ready]):
         resumed = RolloutBuffer(batch_size=2, max_staleness=2)
-        resumed.restore(2, ready, snap["accepted"], snap["rejected"], snap["drawn"])
+        resumed.restore(2, ready, snap.accepted, snap.rejected, snap.drawn)
         assert len(resumed.take(timeout=1)) == 2 and resumed.stats()["staleness_bound"] == 2

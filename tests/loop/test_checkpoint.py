@@ -98,7 +98,7 @@ def _cfg(tmp_path, model_path, *extra):
 
 @pytest.mark.parametrize("background", [False, True])
 def test_a_checkpoint_of_non_finite_weights_is_refused(tmp_path, tiny_model_dir, background):
-    from asyncrl.trainer import NonFiniteWeights
+    from asyncrl.api.trainer import NonFiniteWeights
 
     cfg = _cfg(tmp_path, tiny_model_dir)
     with assemble(cfg) as parts:

@@ -213,7 +213,7 @@ def test_every_group_is_trained_within_the_eta_of_its_version(seed):
 
 def test_auto_is_a_config_value_with_a_limit():
     cfg = configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=auto", "rollout.max_staleness_limit=4"])
-    assert cfg.rollout.staleness_bound == 4
+    assert cfg.rollout.max_staleness == 4
     with pytest.raises(ConfigError, match=r"max_head_offpolicyness must be >= 0 \(an integer\) or 'auto'"):
         configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=often"])
     with pytest.raises(ConfigError, match=r"max_head_offpolicyness must be >= 0 \(an integer\) or 'auto'"):

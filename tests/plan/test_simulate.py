@@ -49,7 +49,7 @@ def test_the_real_gate_bounds_the_simulated_staleness(eta):
 
 def test_auto_eta_settles_at_the_smallest_that_keeps_the_trainer_fed():
     p = simulate(_workload(max_staleness="auto", steps=80), PHASES)
-    assert p.eta[0] == 8 and p.eta[-1] == 1 and max(p.eta) <= 8  # from the limit down, by one at a time
+    assert p.max_staleness[0] == 8 and p.max_staleness[-1] == 1 and max(p.max_staleness) <= 8  # from the limit down, by one at a time
 
 
 def test_agent_episodes_wait_on_their_tools():

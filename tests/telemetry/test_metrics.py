@@ -36,8 +36,13 @@ def test_metrics_and_evaluation_per_source():
     def group(item_id, *rewards):
         return TrajectoryGroup([Trajectory([1], [2], [0.0], [0], r) for r in rewards], item_id=item_id)
 
-    lookup = {0: "a", 1: "b", 2: "a"}.get
-    stats = source_stats([group(0, 1.0, 0.0), group(1, 0.5, 0.5), group(2, 1.0, 1.0)], lookup, ["a", "b", "c"])
+    class Sources:
+        names = ["a", "b", "c"]
+
+        def __call__(self, item_id):
+            return {0: "a", 1: "b", 2: "a"}.get(item_id)
+
+    stats = source_stats([group(0, 1.0, 0.0), group(1, 0.5, 0.5), group(2, 1.0, 1.0)], Sources())
     assert stats == {"samples/a": 4, "samples/b": 2, "samples/c": 0, "reward_mean/a": 0.75, "reward_mean/b": 0.5}
     items = [{"source": "a"}, {"source": "a"}, {"source": "b"}]
     assert by_source(items, [1.0, 0.0, 1.0]) == {"eval_accuracy/a": 0.5, "eval_reward_mean/a": 0.5,

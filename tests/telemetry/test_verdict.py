@@ -35,7 +35,7 @@ def _names(verdict) -> set[str]:
     (dict(trainer_wait_s=0.4, response_len_max=300, response_len_mean=30), "long-tail-bound", "max_new_tokens"),
 ])
 def test_a_planted_bottleneck_is_named_with_its_change(phases, name, change):
-    verdict = diagnose(_steps(**phases), {"eta": 2, "n_samples": 8, "workers": 1})
+    verdict = diagnose(_steps(**phases), {"max_staleness": 2, "n_samples": 8, "workers": 1})
     found = {f.name: f for f in verdict.findings}
     assert name in found, verdict.lines()
     assert change in found[name].change and found[name].gain > 0
@@ -50,14 +50,14 @@ def test_the_advice_fits_the_run_it_reads():
         verdict = diagnose(_steps(**phases), {"n_samples": 8, "workers": 1, **settings})
         return {f.name: f.change for f in verdict.findings}
 
-    gpu = change({"eta": 2, "device": "cuda"}, gen_idle_gate_s=0.5, trainer_wait_s=0.02)["trainer-bound"]
+    gpu = change({"max_staleness": 2, "device": "cuda"}, gen_idle_gate_s=0.5, trainer_wait_s=0.02)["trainer-bound"]
     assert "actor.threads" not in gpu and "ddp:dN" in gpu
-    slow = change({"eta": 2, "device": "cuda"}, trainer_wait_s=0.4)["generator-bound"]
+    slow = change({"max_staleness": 2, "device": "cuda"}, trainer_wait_s=0.4)["generator-bound"]
     assert "rollout.threads" not in slow and "servers" in slow
-    sync = change({"eta": 0}, gen_idle_gate_s=0.5, trainer_wait_s=0.12)["trainer-bound"]
+    sync = change({"max_staleness": 0}, gen_idle_gate_s=0.5, trainer_wait_s=0.12)["trainer-bound"]
     assert "η >= 1" in sync and "would not help" not in sync
-    assert "would not help" in change({"eta": 2}, gen_idle_gate_s=0.5, trainer_wait_s=0.02)["trainer-bound"]
-    done = change({"eta": 2, "transport": "inprocess", "eval_background": True, "save_background": True},
+    assert "would not help" in change({"max_staleness": 2}, gen_idle_gate_s=0.5, trainer_wait_s=0.02)["trainer-bound"]
+    done = change({"max_staleness": 2, "transport": "inprocess", "eval_background": True, "save_background": True},
                   trainer_sync_s=0.3, trainer_eval_s=0.1, trainer_save_s=0.1)
     assert "weight_transport" not in done["sync-bound"] and "background" not in done["eval/checkpoint-bound"]
 
@@ -65,18 +65,18 @@ def test_the_advice_fits_the_run_it_reads():
 def test_the_first_step_is_never_read_even_when_it_is_the_only_one():
     """A run diagnosed after its first step (live, or a 1-step run): that step waited for the first batch
     whatever the settings, so nothing is judged on it."""
-    verdict = diagnose(_steps(1, trainer_wait_s=0.9, reward_queue_s=5.0, reward_run_s=1.0), {"eta": 2})
+    verdict = diagnose(_steps(1, trainer_wait_s=0.9, reward_queue_s=5.0, reward_run_s=1.0), {"max_staleness": 2})
     assert verdict.bottleneck is None and verdict.account.steps == 0
     assert verdict.lines() == ["bottleneck: not judged yet (the rules read the training steps after the first, "
                                "which waits for the first batch whatever the settings)"]
-    assert diagnose(_steps(2, trainer_wait_s=0.9), {"eta": 2}).account.steps == 1
+    assert diagnose(_steps(2, trainer_wait_s=0.9), {"max_staleness": 2}).account.steps == 1
 
 
 def test_tool_bound_evidence_counts_the_generators_idle_time_behind_the_gate_too():
     """At η = 0 the groups that may run sit in their tools: the generator's idle time is gate-closed time."""
     phases = dict(trainer_wait_s=0.6, episode_tool_s=5.0, episode_llm_gen_s=1.0, gen_decode_s=0.1,
                   gen_idle_gate_s=0.85)
-    found = {f.name: f for f in diagnose(_steps(**phases), {"eta": 0}).findings}
+    found = {f.name: f for f in diagnose(_steps(**phases), {"max_staleness": 0}).findings}
     assert "idled 85% (0% with nothing to do, 85% behind the closed gate)" in found["tool-bound"].evidence
 
 
@@ -85,7 +85,7 @@ def test_a_trainer_bound_run_on_the_cpu_with_a_fixed_split_is_told_to_lend_it_th
     """The default run is trainer-bound with the engine idle ~60% behind the gate; the auto split took its step
     from 2.76 to 2.06 s. Suggested only where it applies (settings carry cpu_split there, absent elsewhere); where
     the cores are already shared, actor.threads (which the shared split does not read) is not suggested."""
-    settings = {"eta": 2} if cpu_split is None else {"eta": 2, "cpu_split": cpu_split}
+    settings = {"max_staleness": 2} if cpu_split is None else {"max_staleness": 2, "cpu_split": cpu_split}
     change = diagnose(_steps(gen_idle_gate_s=0.6, trainer_wait_s=0.0), settings).bottleneck.change
     assert ("lend the generator's idle cores" in change) == lends
     assert not lends or "(60% of the time)" in change
@@ -96,7 +96,7 @@ def test_a_trainer_bound_run_on_the_cpu_with_a_fixed_split_is_told_to_lend_it_th
 @pytest.mark.parametrize("cpu_split", ["fixed", "auto"])
 def test_a_generator_bound_run_sharing_the_cores_is_told_to_give_the_engine_every_core_with_fixed_threads(cpu_split):
     """The shared split keeps the engine at half the cores (asyncrl/cluster/cores.py), where rollout.threads is not read."""
-    change = diagnose(_steps(trainer_wait_s=0.4, gen_idle_gate_s=0.0), {"eta": 2, "cpu_split": cpu_split})
+    change = diagnose(_steps(trainer_wait_s=0.4, gen_idle_gate_s=0.0), {"max_staleness": 2, "cpu_split": cpu_split})
     assert "rollout.threads" in change.bottleneck.change
     assert ("cluster.cpu_split=fixed" in change.bottleneck.change) == (cpu_split == "auto")
     assert "rollout.backend=asyncrl:dN" in change.bottleneck.change
@@ -142,12 +142,12 @@ def test_the_rules_read_the_last_steps_only():
     (dict(staleness_mean=1.9), "staleness at its bound"),
 ])
 def test_learning_health(fields, name):
-    assert name in _names(diagnose(_steps(**fields), {"eta": 2}))
-    assert name not in _names(diagnose(_steps(), {"eta": 2}))
+    assert name in _names(diagnose(_steps(**fields), {"max_staleness": 2}))
+    assert name not in _names(diagnose(_steps(), {"max_staleness": 2}))
 
 
 def test_an_auto_eta_is_read_per_step():
-    assert "staleness at its bound" in _names(diagnose(_steps(staleness_mean=3.0, max_staleness=3), {"eta": "auto"}))
+    assert "staleness at its bound" in _names(diagnose(_steps(staleness_mean=3.0, max_staleness=3), {"max_staleness": "auto"}))
 
 
 def test_sft_that_memorised_its_data_is_named():
@@ -168,7 +168,7 @@ def test_diagnose_command_on_a_run_directory(tmp_path, capsys):
     assert "bottleneck: trainer-bound" in out and "now 8" in out
     assert diagnose_main([str(tmp_path), "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)
-    assert verdict["bottleneck"] == "trainer-bound" and verdict["settings"]["eta"] == 2
+    assert verdict["bottleneck"] == "trainer-bound" and verdict["settings"]["max_staleness"] == 2
     assert diagnose_main([str(tmp_path / "missing")]) == 2
     assert "no such directory" in capsys.readouterr().err
 
@@ -222,7 +222,7 @@ def _evaluated(accuracies: list[float], items: int = 200, every: int = 10) -> li
 def test_held_out_accuracy_falling_from_its_best_is_named(accuracies, items, falls):
     """Measured curves (the default run at two learning rates, 200 items: ±0.035 an evaluation) and made ones:
     the mean of the last three evaluations must be 4 standard errors (and 5 points) under the best before."""
-    verdict = diagnose(_evaluated(accuracies, items), {"eta": 2, "lr": 1e-4})
+    verdict = diagnose(_evaluated(accuracies, items), {"max_staleness": 2, "lr": 1e-4})
     found = {f.name: f for f in verdict.findings}
     assert ("held-out falling" in found) == falls, verdict.lines()
     if falls:
@@ -235,10 +235,10 @@ def test_held_out_accuracy_falling_from_its_best_is_named(accuracies, items, fal
 def test_a_run_without_evaluation_counts_is_not_judged_on_held_out_accuracy():
     """Runs from before ``eval_items`` was logged: the standard error is unknown, so the rule does not read them."""
     records = _evaluated([0.265, 0.440, 0.325, 0.180, 0.165])
-    assert "held-out falling" in _names(diagnose(records, {"eta": 2}))
+    assert "held-out falling" in _names(diagnose(records, {"max_staleness": 2}))
     for r in records:
         r.pop("eval_items", None)
-    assert "held-out falling" not in _names(diagnose(records, {"eta": 2}))
+    assert "held-out falling" not in _names(diagnose(records, {"max_staleness": 2}))
 
 
 def test_the_live_verdict_reads_the_evaluation_before_training_and_those_beside_it(caplog):
@@ -247,7 +247,7 @@ def test_the_live_verdict_reads_the_evaluation_before_training_and_those_beside_
     from asyncrl.telemetry.watchdog import Watchdog, LiveVerdict
 
     watchdog = Watchdog(no_signal_steps=0, reward_failure_steps=0, max_nonfinite_steps=0,
-                        live=LiveVerdict({"eta": 2, "lr": 1e-4}, every=10))
+                        live=LiveVerdict({"max_staleness": 2, "lr": 1e-4}, every=10))
     accuracy = {0: 0.480, 10: 0.300, 20: 0.280, 30: 0.270, 40: 0.260}
     watchdog.evaluated({"step": 0, "version": 0, "eval_accuracy": accuracy[0], "eval_items": 200})
     with caplog.at_level("WARNING", logger="asyncrl.telemetry.watchdog"):
@@ -266,7 +266,7 @@ def test_the_live_verdict_warns_once_about_a_condition_that_persists_and_remembe
     held-out rule sees the evaluations that have left the window (the best one was 60 steps before)."""
     from asyncrl.telemetry.watchdog import LiveVerdict
 
-    live = LiveVerdict({"eta": 2, "lr": 1e-4}, every=10)
+    live = LiveVerdict({"max_staleness": 2, "lr": 1e-4}, every=10)
     with caplog.at_level("WARNING", logger="asyncrl.telemetry.watchdog"):
         for record in _evaluated([0.265, 0.440, 0.325, 0.360, 0.180, 0.165, 0.170, 0.160, 0.150])[1:]:
             live.check(record)
@@ -290,7 +290,7 @@ def test_the_live_verdict_warns_again_when_a_condition_comes_back_or_its_advice_
                    [], [finding("raise actor.threads to 2")], [finding("raise actor.threads to 2")],  # back
                    [finding("lower gconfig.n_samples to 4")]])  # another change
     monkeypatch.setattr(watchdog, "diagnose", lambda records, settings: Verdict(next(script), None, settings))
-    live = watchdog.LiveVerdict({"eta": 2}, every=1)
+    live = watchdog.LiveVerdict({"max_staleness": 2}, every=1)
     with caplog.at_level("WARNING", logger="asyncrl.telemetry.watchdog"):
         for step in range(1, 8):
             live.check({"step": step, "version": step})

@@ -25,8 +25,8 @@ def _cfg(tmp_path, model_path, *extra):
     ])
 
 
-def _nan_loss(**kw):
-    return torch.full_like(kw["logprobs"], math.nan) * kw["logprobs"], {}
+def _nan_loss(x, **kw):
+    return torch.full_like(x.logprobs, math.nan) * x.logprobs, {}
 
 
 @pytest.mark.slow

@@ -12,4 +12,4 @@ def test_build_trainer_loads_reference_and_critic_from_the_model_path(tiny_model
                             autocast_dtype=None, max_new_tokens=16)
     assert trainer.ref_model is not None and not any(p.requires_grad for p in trainer.ref_model.parameters())
     assert trainer.critic_model is not None and trainer.critic_optimizer is not None
-    assert trainer.pack_sequences
+    assert trainer.forward.pack_sequences

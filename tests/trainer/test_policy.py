@@ -156,9 +156,9 @@ def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_appli
 
     calls = []
 
-    def nan_after_first(**kw):
+    def nan_after_first(x, **kw):
         calls.append(1)
-        per_token, stats = decoupled_ppo(**kw)
+        per_token, stats = decoupled_ppo(x, **kw)
         return (per_token if len(calls) == 1 else per_token * math.nan), stats
 
     model = make_model(320)
@@ -174,7 +174,7 @@ def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_appli
 
 
 def test_the_finiteness_check_finds_nan_and_inf_and_passes_a_sum_that_overflows():
-    from asyncrl.trainer.base import finite
+    from asyncrl.trainer.state import finite
 
     big = torch.full((4,), 3e38)  # every element finite, their sum is not
     assert finite(torch.randn(100)) and finite(big) and finite(torch.zeros(0)) and finite(torch.arange(5))

@@ -14,8 +14,16 @@ from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.remote import RemoteEngine
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models.hf import build_tiny_model, load_model
-from asyncrl.weights.publish import (DiskPublisher, DistPublisher, DistReceiver, InProcessPublisher, WeightSyncError,
-                             buckets, read_weights, write_weights)
+from asyncrl.weights.publish import (
+    DiskPublisher,
+    DistPublisher,
+    DistReceiver,
+    InProcessPublisher,
+    buckets,
+    read_weights,
+    write_weights,
+)
+from asyncrl.api.weights import WeightSyncError
 from asyncrl.types import SamplingParams
 from conftest import make_model
 

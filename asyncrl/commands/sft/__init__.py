@@ -313,7 +313,7 @@ def _say(bar, line: str) -> None:
 
 def _source_key(cfg: SFTConfig) -> str:
     """The config key (and value) the training examples come from, for errors."""
-    if getattr(cfg.train_dataset, "mixture", None):
+    if cfg.train_dataset.mixture:
         return "train_dataset.mixture"
     return f"train_dataset.path '{cfg.train_dataset.path}'" if cfg.train_dataset.path else f"task '{cfg.task.name}'"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from asyncrl.api.workflow import AgenticTask
 from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data import make_task
@@ -65,19 +66,17 @@ def agent_task(cfg: SFTConfig, tokenizer) -> AgentTask | None:
     """The agentic built-in task being fine-tuned on (one whose generator names its episode function), else
     None. Only the built-in task (train_dataset.path empty or builtin:NAME, no mixture) can be one."""
     path = cfg.train_dataset.path
-    if (path and not path.startswith("builtin:")) or getattr(cfg.train_dataset, "mixture", None):
+    if (path and not path.startswith("builtin:")) or cfg.train_dataset.mixture:
         return None
     name = path[len("builtin:"):] or cfg.task.name
     gen, _ = make_task(name, task_options(cfg.task, name))
-    episode = getattr(gen, "episode", None)
-    if not episode:
+    if not isinstance(gen, AgenticTask):
         return None
-    tools = getattr(gen, "tools", None)
-    if not _renders_tools(tokenizer, tools):
+    if not _renders_tools(tokenizer, gen.tools):
         raise ConfigError(f"model.path: task '{name}' trains on tool-use transcripts, and this model's chat "
                           "template does not show the tools (make the model with `asyncrl init-model --task "
                           f"{name}`)")
-    return AgentTask(tokenizer, tools, episode)
+    return AgentTask(tokenizer, gen.tools, gen.episode)
 
 
 def _renders_tools(tokenizer, tools: list[dict] | None) -> bool:
