@@ -196,7 +196,7 @@ def _dispatch(args) -> int:
 
         record = train(cfg)
     elif args.command == "sft":
-        from asyncrl.commands.sft import sft
+        from asyncrl.commands.sft.run import sft
 
         record = sft(cfg)
     elif args.command == "rm":

@@ -111,3 +111,20 @@ def test_the_overlong_penalty_is_refused_on_concatenated_agent_samples():
     with pytest.raises(ConfigError, match="agent.export=concat holds every call"):
         configlib.load(TrainConfig, None, agent + ["agent.export=concat"])
     configlib.load(TrainConfig, None, agent + ["agent.export=individual"])
+
+
+def test_warmup_that_outlasts_the_run_is_warned(caplog):
+    import logging
+
+    from asyncrl import configlib
+    from asyncrl.config import SFTConfig
+
+    with caplog.at_level(logging.WARNING):
+        configlib.load(SFTConfig, None, ["total_train_steps=40", "actor.warmup_steps=50"])
+    assert any("actor.warmup_steps=50 is above total_train_steps=40" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # step 40 of a 40-step warm-up is at actor.lr: nothing to say
+        configlib.load(SFTConfig, None, ["total_train_steps=40", "actor.warmup_steps=40"])
+    assert not any("warmup_steps" in r.message for r in caplog.records)
+    with pytest.raises(configlib.ConfigError, match="log_every"):
+        configlib.load(SFTConfig, None, ["log_every=0"])

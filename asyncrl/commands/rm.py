@@ -22,7 +22,7 @@ from asyncrl.config import RMConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.models.hf import resolve_model_path
 from asyncrl.reward.model import load_reward_model, pair_text, scores
-from asyncrl.commands.sft import cosine_lr
+from asyncrl.commands.sft.loss import cosine_lr
 
 log = logging.getLogger(__name__)
 

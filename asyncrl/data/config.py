@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from asyncrl.configlib import ConfigError
-from asyncrl.data import (Dataset, MixtureSchedule, file_dataset, file_eval_set, gym_dataset, make_task,
-                          mixture_dataset, split_sizes, task_dataset)
+from asyncrl.data.datasets import Dataset, file_dataset, file_eval_set, gym_dataset, make_task, task_dataset
+from asyncrl.data.mixture import MixtureSchedule, mixture_dataset, split_sizes
 from asyncrl.data.formats import check_template
 from asyncrl.data.gym import PREFIX as GYM_PREFIX
 

@@ -39,7 +39,8 @@ import torch
 from asyncrl.cluster.cores import use_threads
 from asyncrl.api.engine import EngineStats
 from asyncrl.engine.continuation import continue_all
-from asyncrl.engine.decoder import Decoder, Weights, resolve_device
+from asyncrl.engine.decoder import Decoder, resolve_device
+from asyncrl.engine.layout import Weights
 from asyncrl.engine.requests import (CPU, INTERRUPT_MODES, MAX_VERSION, PendingUpdate, Request, SampleState,
                                      VersionConflict, check_request, ends_with_stop_string, settle, state_dict_of)
 from asyncrl.engine.sampling import RowParams, counter_uniforms, sample_rows

@@ -8,7 +8,8 @@
   way the same chunk is retried, on another server if there is one (at most ``max_attempts`` tries per
   chunk). A chunk whose response arrived is never resubmitted, so a sample is never duplicated; tokens
   already received are kept. A server that misses a weight update (dead while it happened) is retired for
-  good: it would serve stale weights.
+  good: it would serve stale weights. The servers' health, routing and control requests are
+  :mod:`asyncrl.engine.fleet`.
 - **Weight updates** (``update_weights`` with a path, or ``updating`` for other transports): with
   ``interrupt_mode="abort"`` the servers are paused (running requests end with finish reason ``abort``),
   new chunks wait at a client-side gate, the weights are loaded, the version is raised and generation
@@ -26,42 +27,16 @@ import logging
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Callable
 
 from asyncrl.api.engine import EngineStats
 from asyncrl.engine.continuation import continue_aborted
-from asyncrl.engine.dialects import APIS, Call
+from asyncrl.engine.dialects import APIS
+from asyncrl.engine.fleet import Fleet, RequestFailed, Server, ServerError, checked
 from asyncrl.api.weights import WeightSyncError
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
-
-
-# ---- servers ----------------------------------------------------------------------------------------------
-@dataclass
-class _Server:
-    url: str
-    outstanding: int = 0
-    dead_until: float = 0.0
-    retired: str | None = None  # why it will never be used again
-
-    def live(self, now: float) -> bool:
-        return self.retired is None and now >= self.dead_until
-
-
-class ServerError(RuntimeError):
-    """A server failed to serve a request (connection, timeout or 5xx): try another one."""
-
-
-class RequestFailed(ServerError):
-    """A server answered a request with a 5xx: that request failed there, but the server itself answered, so
-    it is not taken for dead."""
-
-
-class RequestRejected(ValueError):
-    """A server refused a request as malformed (4xx): retrying elsewhere would not help."""
 
 
 class _Gate:
@@ -115,18 +90,14 @@ class RemoteEngine:
         self.interrupt_mode = interrupt_mode
         self.request_timeout_s, self.connect_timeout_s = request_timeout_s, connect_timeout_s
         self.max_attempts, self.dead_cooldown_s = max_attempts, dead_cooldown_s
-        self.startup_timeout_s = startup_timeout_s
-        self._servers = [_Server(_url(a)) for a in addrs]
-        self._launch, self._procs = launch, []
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # servers with --admin-key
+        self.fleet = Fleet(addrs, launch=launch, headers=self._headers, request_timeout_s=request_timeout_s,
+                           connect_timeout_s=connect_timeout_s, startup_timeout_s=startup_timeout_s)
         self._version = version
         self._gate = _Gate()
         self._failed_update: str | None = None
-        self._lock = threading.Lock()
-        self._rr = 0
+        self._lock = self.fleet.lock  # the counters below and the servers' outstanding requests
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._sync = None
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="asyncrl-remote")
         self.generated_tokens = 0  # counters, changed under _lock
         self.busy_s = 0.0
         self.interruptions = 0
@@ -142,50 +113,16 @@ class RemoteEngine:
 
     @property
     def addrs(self) -> list[str]:
-        return [s.url for s in self._servers]
+        return [s.url for s in self.fleet.servers]
 
     def start(self) -> "RemoteEngine":
-        import httpx
-
-        from asyncrl.engine.spawn import wait_healthy
-
-        if self._launch is not None and not self._procs:
-            self._procs = list(self._launch())
-            self._servers = [_Server(p.url) for p in self._procs]
-            for p in self._procs:
-                p.wait_healthy()
-        self._sync = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
-                                  headers=self._headers)
-        for s in self._servers:
-            wait_healthy(s.url, self.startup_timeout_s)
-            self._check_not_ahead(s.url)
-        self._call_all(self.live_addrs(), self.api.set_version(self._version), self.startup_timeout_s,
-                       f"setting version {self._version}")
+        self.fleet.start(self._version, self.api.set_version(self._version))
         self._started_at = self._phase_since = time.monotonic()
         return self
 
-    def _check_not_ahead(self, url: str) -> None:
-        """Refuse a server that serves a later weight version than this run starts at: it holds another run's
-        policy, and versions never decrease, so this run could neither sample its own policy nor update it."""
-        try:
-            served = int(self._sync.get(f"{url}/get_model_info").json()["weight_version"])
-        except Exception:  # a server that does not say (SGLang, vLLM): the first weight update tells
-            return
-        if served > self._version:
-            raise WeightSyncError(
-                f"server {url} serves weight version {served}, from another run (this run starts at version "
-                f"{self._version}): start a fresh server for this run (asyncrl serve ...), or resume the run that "
-                "used it")
-
     def stop(self) -> None:
         self._gate.open()
-        if self._sync is not None:
-            self._sync.close()
-            self._sync = None
-        for p in self._procs:
-            p.close()
-        self._procs = []
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.fleet.stop()
 
     def stats(self) -> EngineStats:
         """The counters as seen from the client, one phase at a time: paused is time inside a weight update
@@ -210,16 +147,16 @@ class RemoteEngine:
     def pause(self) -> None:
         """Hold new chunks here and running requests at a token boundary on the servers."""
         self._gate.close()
-        self._call_all(self.live_addrs(), self.api.pause(keep=True), self.request_timeout_s, "pausing")
+        self.fleet.call_all(self.live_addrs(), self.api.pause(keep=True), self.request_timeout_s, "pausing")
 
     def resume(self) -> None:
-        self._call_all(self.live_addrs(), self.api.resume(), self.request_timeout_s, "resuming")
+        self.fleet.call_all(self.live_addrs(), self.api.resume(), self.request_timeout_s, "resuming")
         self._gate.open()
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
-        first, server = await self._chunk(self._pick(set()), prompt_ids, prompt_ids, params)
+        first, server = await self._chunk(self.fleet.pick(set()), prompt_ids, prompt_ids, params)
         return list(await asyncio.gather(*(self._finish(c, server, params, i) for i, c in enumerate(first))))
 
     def update_weights(self, update: WeightUpdate, timeout: float | None = 60.0) -> None:
@@ -229,13 +166,12 @@ class RemoteEngine:
                              f"state dict (update to version {update.version}): use weight_transport disk or dist")
         timeout = timeout or self.request_timeout_s
         with self.updating(update.version, timeout) as addrs:
-            self._call_all(addrs, self.api.load_from_disk(update.path, update.version), timeout,
+            self.fleet.call_all(addrs, self.api.load_from_disk(update.path, update.version), timeout,
                            f"loading version {update.version} from {update.path}", survive=update.version)
 
     # ---- weight updates ------------------------------------------------------------------------------------
     def live_addrs(self) -> list[str]:
-        now = time.monotonic()
-        return [s.url for s in self._servers if s.live(now)]
+        return self.fleet.live_addrs()
 
     @contextlib.contextmanager
     def updating(self, version: int, timeout: float):
@@ -244,7 +180,7 @@ class RemoteEngine:
         (a server may hold part of it)."""
         if self._failed_update:
             raise WeightSyncError(self._failed_update)
-        addrs = self._retire_unreachable(version)  # not live_addrs(): a request failing meanwhile would set
+        addrs = self.fleet.retire_unreachable(version)  # not live_addrs(): a request failing meanwhile would set
         if not addrs:  # a cool-down again, and the server would miss this version
             raise WeightSyncError(f"no live server to update to version {version}")
         abort = self.interrupt_mode == "abort"
@@ -254,8 +190,8 @@ class RemoteEngine:
         try:
             if abort:
                 self._gate.close()
-                addrs = self._call_all(addrs, self.api.pause(keep=False), timeout, f"pausing for version {version}",
-                                       survive=version)
+                addrs = self.fleet.call_all(addrs, self.api.pause(keep=False), timeout,
+                                            f"pausing for version {version}", survive=version)
             yield addrs
         except BaseException as e:
             self._failed_update = f"weight update to version {version} failed: {type(e).__name__}: {e}"
@@ -266,8 +202,8 @@ class RemoteEngine:
         self._end_pause()
         if abort:
             try:
-                self._call_all(addrs, self.api.resume(), timeout, f"resuming after version {version}",
-                               survive=version)  # those paused: one in a cool-down since would stay paused
+                self.fleet.call_all(addrs, self.api.resume(), timeout, f"resuming after version {version}",
+                                    survive=version)  # those paused: one in a cool-down since would stay paused
             except BaseException as e:  # later requests fail naming it instead of waiting at the closed gate
                 self._failed_update = str(e) if isinstance(e, WeightSyncError) else \
                     f"resuming after version {version} failed: {type(e).__name__}: {e}"
@@ -281,95 +217,13 @@ class RemoteEngine:
                 self._advance(time.monotonic())
                 self._paused_since = 0.0
 
-    def _retire_unreachable(self, version: int) -> list[str]:
-        """Before an update: a server that does not answer ``/health`` now is retired for good (it would miss
-        this version and serve stale weights), however long ago it died; one that answers is live again, even
-        within the cool-down of a failed request, so that it receives this version (left out, it would serve the
-        old weights when its cool-down ended). Returns those that answered: the servers to update."""
-        import httpx
-
-        def healthy(server: _Server) -> bool:
-            try:
-                return self._sync.get(server.url + "/health", timeout=self.connect_timeout_s).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        candidates = [s for s in self._servers if s.retired is None]
-        answered = []
-        for server, ok in zip(candidates, self._pool.map(healthy, candidates)):
-            if ok:
-                server.dead_until = 0.0
-                answered.append(server.url)
-            else:
-                self._retire(server, f"did not answer /health before the update to version {version}")
-        return answered
-
-    def _retire(self, server: _Server, why: str) -> None:
-        if server.retired is None:
-            server.retired = why
-            log.error("server %s %s: retired; %d server(s) left", server.url, why, len(self.live_addrs()))
-
     def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None,
              params: dict | None = None) -> dict:
-        """A control request to one server; raises ``ServerError`` (``RequestFailed`` for a 5xx answer) or
-        ``RequestRejected`` with its message."""
-        import httpx
-
-        client = self._sync
-        if client is None:
-            raise RuntimeError("remote engine not started")
-        try:
-            r = client.post(url + path, json=body, params=params, timeout=timeout or self.request_timeout_s)
-        except httpx.HTTPError as e:
-            raise ServerError(f"{url}{path}: {type(e).__name__}: {e}") from e
-        return _checked(r, url + path)
-
-    def _call_all(self, addrs: list[str], calls: list[Call], timeout: float, what: str,
-                  survive: int | None = None) -> list[str]:
-        """Run ``calls`` (in order) on every server at once; return the servers that succeeded. A failure raises
-        ``WeightSyncError`` naming ``what``, except with ``survive`` (the version being installed): a server
-        that cannot be reached (connection lost, timeout: it died) is then retired and the others go on, as
-        long as one is left; a server that answered with an error still fails the update."""
-        if not calls or not addrs:
-            return list(addrs)
-
-        def run(url: str) -> None:
-            for c in calls:
-                self.post(url, c.path, c.json, timeout, c.params)
-
-        futures = {url: self._pool.submit(run, url) for url in addrs}
-        errors, done = [], []
-        for url, f in futures.items():
-            try:
-                f.result(timeout=timeout)
-                done.append(url)
-            except ServerError as e:
-                if survive is None or isinstance(e, RequestFailed):
-                    errors.append(f"{url}: {e}")
-                else:
-                    self._retire(self._by_url(url), f"was lost while {what}")
-            except Exception as e:  # noqa: BLE001 - collected and raised together
-                errors.append(f"{url}: {e}")
-        if errors or not done:
-            raise WeightSyncError(f"{what} failed on {len(errors) or len(addrs)} of {len(addrs)} servers: "
-                                  + "; ".join(errors or ["every server was lost"]))
-        return done
-
-    def _by_url(self, url: str) -> _Server:
-        return next(s for s in self._servers if s.url == url)
+        """A control request to one server (``asyncrl.engine.fleet.Fleet.post``)."""
+        return self.fleet.post(url, path, body, timeout, params)
 
     # ---- generation ------------------------------------------------------------------------------------------
-    def _pick(self, exclude: set[str]) -> _Server | None:
-        """The live server with the fewest outstanding requests (ties in turn), or None."""
-        now = time.monotonic()
-        with self._lock:
-            live = [s for s in self._servers if s.live(now) and s.url not in exclude]
-            if not live:
-                return None
-            self._rr += 1
-            return min(live, key=lambda s: (s.outstanding, (self._servers.index(s) - self._rr) % len(self._servers)))
-
-    async def _finish(self, c: Completion, server: _Server, params: SamplingParams, index: int) -> Completion:
+    async def _finish(self, c: Completion, server: Server, params: SamplingParams, index: int) -> Completion:
         """Continue a sample cut short by an abort on the server that had it (its prefix is cached there)."""
 
         async def resubmit(ids: list[int], rest: SamplingParams) -> Completion:
@@ -381,8 +235,8 @@ class RemoteEngine:
 
         return await continue_aborted(c, params, resubmit, index)
 
-    async def _chunk(self, server: _Server | None, prompt_ids: list[int], ids: list[int],
-                     params: SamplingParams) -> tuple[list[Completion], _Server]:
+    async def _chunk(self, server: Server | None, prompt_ids: list[int], ids: list[int],
+                     params: SamplingParams) -> tuple[list[Completion], Server]:
         """One request for ``ids``; on a server failure, the same request on another server."""
         deadline = time.monotonic() + self.request_timeout_s
         tried: set[str] = set()
@@ -393,7 +247,7 @@ class RemoteEngine:
             if self._failed_update:
                 raise WeightSyncError(self._failed_update)
             if server is None or not server.live(time.monotonic()) or server.url in tried:
-                server = self._pick(tried) or self._pick(set())
+                server = self.fleet.pick(tried) or self.fleet.pick(set())
             if server is None:
                 if time.monotonic() > deadline:
                     raise ServerError(f"no live server within {self.request_timeout_s}s: " + "; ".join(errors))
@@ -419,7 +273,7 @@ class RemoteEngine:
                 self.generated_tokens += sum(len(c.output_ids) for c in result)
             return result, server
 
-    async def _post(self, server: _Server, body: dict):
+    async def _post(self, server: Server, body: dict):
         import httpx
 
         client = self._client()
@@ -436,7 +290,7 @@ class RemoteEngine:
                 server.outstanding -= 1
                 self._advance(time.monotonic())
                 self._in_flight -= 1
-        return _checked(r, server.url + self.api.generate_path)
+        return checked(r, server.url + self.api.generate_path)
 
     def _client(self):
         """An ``httpx.AsyncClient`` for the running event loop (clients cannot be shared across loops)."""
@@ -451,15 +305,3 @@ class RemoteEngine:
             self._clients[loop] = client
         return client
 
-
-def _checked(r, where: str):
-    if r.status_code >= 500:
-        raise RequestFailed(f"{where}: HTTP {r.status_code}: {r.text[:500]}")
-    if r.status_code >= 400:
-        raise RequestRejected(f"{where}: HTTP {r.status_code}: {r.text[:500]}")
-    return r.json() if r.content else {}
-
-
-def _url(addr: str) -> str:
-    addr = addr.strip().rstrip("/")
-    return addr if "://" in addr else f"http://{addr}"

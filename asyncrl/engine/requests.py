@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asyncrl.engine.decoder import Weights
+from asyncrl.engine.layout import Weights
 from asyncrl.engine.sampling import derive_seed
 from asyncrl.types import SamplingParams, WeightUpdate
 
@@ -111,7 +111,7 @@ def state_dict_of(update: WeightUpdate) -> dict[str, torch.Tensor]:
     if update.state_dict is not None:
         return update.state_dict
     if update.path is not None:
-        from asyncrl.weights.publish import read_weights
+        from asyncrl.weights.wire import read_weights
 
         return read_weights(update.path)
     raise ValueError(f"weight update to version {update.version} carries neither a state_dict nor a path")

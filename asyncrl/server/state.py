@@ -77,7 +77,7 @@ class ServerState:
     internal_errors: int = field(default=0, init=False)  # 500s answered
 
     def __post_init__(self):
-        from asyncrl.weights.publish import DistReceiver
+        from asyncrl.weights.receive import DistReceiver
 
         self.eos = tuple(self.engine.default_stop)
         self.receiver = DistReceiver(self._apply_state_dict, timeout_s=self.update_timeout_s,
@@ -230,7 +230,7 @@ def _model_shape(path: str):
     """The decoder shape and position limit from the checkpoint's config alone (no weights loaded yet)."""
     from transformers import AutoConfig
 
-    from asyncrl.engine.decoder import DecoderShape
+    from asyncrl.engine.layout import DecoderShape
 
     try:
         config = AutoConfig.from_pretrained(path)

@@ -60,7 +60,7 @@ def batch_stats(batch: Batch, version: int) -> dict:
 
 
 class Sources(Protocol):
-    """A training mixture's sources (``asyncrl.data.MixtureSchedule``): their ``names``, and the one a training
+    """A training mixture's sources (``asyncrl.data.mixture.MixtureSchedule``): their ``names``, and the one a training
     item id was drawn from (None: not a training item)."""
 
     names: list[str]

@@ -11,7 +11,8 @@ Three transports, one ``Publisher`` protocol (``publish(state_dict, version) -> 
   control messages follow SGLang's ``/init_weights_update_group`` and ``/update_weights_from_distributed``.
 
 Every transport is time-bounded and raises ``WeightSyncError`` naming the version it was delivering.
-Receivers stage what they get and swap it in whole, so an engine never serves a half-loaded model.
+Receivers stage what they get and swap it in whole, so an engine never serves a half-loaded model (the formats:
+:mod:`asyncrl.weights.wire`; the broadcast's receiving side: :mod:`asyncrl.weights.receive`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -33,11 +32,9 @@ import torch
 
 from asyncrl.api.weights import Publisher, ServerFleet, WeightSyncError
 from asyncrl.types import WeightUpdate
+from asyncrl.weights.wire import broadcast, buckets, dtype_name, new_group, write_weights
 
 log = logging.getLogger(__name__)
-
-WEIGHTS_FILE = "model.safetensors"
-
 
 class InProcessPublisher:
     """Engines in this process convert the tensors at call time and swap them in at a token boundary."""
@@ -132,118 +129,6 @@ def _deliver(engine, update: WeightUpdate, timeout: float) -> None:
         raise
     except Exception as e:  # noqa: BLE001 - every failure names the version
         raise WeightSyncError(f"weight update to version {update.version} failed: {type(e).__name__}: {e}") from e
-
-
-# ---- the disk format -------------------------------------------------------------------------------------
-def write_weights(state_dict: dict[str, torch.Tensor], weight_dir: Path, version: int) -> Path:
-    """Write ``weight_dir/v{version:06d}/model.safetensors`` atomically; return the version directory."""
-    from safetensors.torch import save_file
-
-    final = Path(weight_dir) / f"v{version:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version:06d}-", dir=weight_dir))
-    try:
-        save_file(_contiguous_unshared(state_dict), str(tmp / WEIGHTS_FILE), metadata={"version": str(version)})
-        if final.exists():  # a retry of the same version replaces it whole
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the ``*.safetensors`` files in directory ``path`` (or of that one file). Raises
-    FileNotFoundError if there are none, ValueError naming a file that cannot be read."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    p = Path(path)
-    files = [p] if p.is_file() else sorted(p.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors files in '{path}'")
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            sd.update(load_file(str(f)))
-        except (SafetensorError, OSError) as e:  # truncated, corrupt or unreadable: the file's fault, say which
-            raise ValueError(f"'{f}' is not a readable safetensors file: {e}") from e
-    return sd
-
-
-def _contiguous_unshared(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors that share memory (tied embeddings): later ones are cloned."""
-    out, seen = {}, set()
-    for name, t in sd.items():
-        t = t.detach()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else None
-        out[name] = t.clone().contiguous() if ptr in seen else t.contiguous()
-        if ptr is not None:
-            seen.add(ptr)
-    return out
-
-
-# ---- torch.distributed broadcast ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TensorMeta:
-    name: str
-    dtype: str  # "float32", "bfloat16", ...
-    shape: tuple[int, ...]
-
-
-def buckets(state_dict: dict[str, torch.Tensor], bucket_bytes: int) -> list[list[str]]:
-    """Tensor names in order, grouped so that each group holds at most ``bucket_bytes`` (or one tensor)."""
-    groups, current, size = [], [], 0
-    for name, t in state_dict.items():
-        n = t.numel() * t.element_size()
-        if current and size + n > bucket_bytes:
-            groups.append(current)
-            current, size = [], 0
-        current.append(name)
-        size += n
-    if current:
-        groups.append(current)
-    return groups
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_of(name: str) -> torch.dtype:
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype '{name}'")
-    return dtype
-
-
-def new_group(backend: str, master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-              timeout_s: float, store=None):
-    """A process group of its own (not the default group): every rank calls this; rank 0 passes the
-    ``store`` it created as master. Blocks until all ``world_size`` ranks have joined or ``timeout_s``."""
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=timeout_s)
-    if store is None:
-        store = dist.TCPStore(master_address, master_port, world_size, is_master=False, timeout=timeout)
-    prefixed = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=_gloo_host(master_address))]
-        return dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
-    if backend == "nccl":
-        return dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout=timeout)
-    raise ValueError(f"weight broadcast backend must be 'gloo' or 'nccl', got '{backend}'")
-
-
-def _gloo_host(master_address: str) -> str:
-    """The local address gloo binds: loopback when the master is local, else this host's name."""
-    return "127.0.0.1" if master_address in ("127.0.0.1", "localhost") else socket.gethostname()
-
-
-def broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
-    group.broadcast(tensor, 0, timedelta(seconds=timeout_s)).wait()
 
 
 class DistPublisher:
@@ -341,119 +226,6 @@ class DistPublisher:
     def close(self) -> None:
         self._close_group()
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class DistReceiver:
-    """The server side of ``DistPublisher``: joins the group, stages each bucket, and hands the complete
-    state dict to ``apply(state_dict, version)`` when the bucket carrying the version arrives. ``apply`` must
-    copy what it keeps: the receive buffers are reused by the next update. ``timeout_s`` bounds each
-    broadcast.
-
-    Nothing waits on a slow peer while holding the state lock: a join (``init_group``) runs outside it and
-    installs its group only if no ``destroy`` (or newer join) came meanwhile, and buckets are received under a
-    lock of their own, so ``destroy`` always returns at once."""
-
-    def __init__(self, apply, timeout_s: float = 60.0, shapes: dict[str, tuple[int, ...]] | None = None):
-        """``shapes``: the name and shape of every tensor the served model takes; a bucket naming another tensor,
-        or one of another shape, is refused before anything is allocated for it."""
-        self.apply, self.shapes = apply, shapes
-        self._timeout_s = timeout_s
-        self._lock = threading.Lock()  # the group fields below; held only briefly
-        self._group = None
-        self._name: str | None = None
-        self._joining: str | None = None  # the group a join under way is for
-        self._epoch = 0  # raised by every join and destroy: a join or update that finds it changed is abandoned
-        self._receiving = threading.Lock()  # one bucket at a time; guards the staging fields below
-        self._staged: dict[str, torch.Tensor] = {}
-        self._staged_epoch = 0
-        self._buffers: dict[str, torch.Tensor] = {}  # receive buffers, reused by every update (``apply`` copies)
-
-    def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                   group_name: str, backend: str = "gloo", timeout_s: float = 60.0) -> None:
-        """Join the group (blocks until every rank has joined, or about ``timeout_s``), replacing any group
-        joined before. Raises ValueError if a ``destroy`` or another join came meanwhile."""
-        if backend != "gloo":
-            raise ValueError(f"this server receives weights over gloo (CPU), not '{backend}'")
-        with self._lock:
-            self._epoch += 1
-            epoch, self._joining = self._epoch, group_name
-        try:
-            group = new_group(backend, master_address, master_port, rank_offset, world_size, group_name, timeout_s)
-        except BaseException:
-            with self._lock:
-                if epoch == self._epoch:
-                    self._joining = None
-            raise
-        with self._lock:
-            if epoch != self._epoch:
-                raise ValueError(f"joining weight update group '{group_name}' was abandoned (destroyed or "
-                                 "replaced while it waited for the other ranks)")
-            self._group, self._name, self._joining = group, group_name, None
-
-    def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str | None,
-                weight_version: int | str | None) -> int | None:
-        """Receive one bucket; returns the version applied, if this bucket completed one."""
-        if not (len(names) == len(dtypes) == len(shapes)):
-            raise ValueError("names, dtypes and shapes must have the same length")
-        metas = [TensorMeta(n, d, tuple(int(x) for x in s)) for n, d, s in zip(names, dtypes, shapes)]
-        for m in metas:
-            self._check(m)
-        version = None if weight_version is None else int(weight_version)
-        with self._receiving:
-            group, epoch = self._current(group_name)
-            if epoch != self._staged_epoch:  # tensors staged in an earlier group are never applied
-                self._staged, self._staged_epoch = {}, epoch
-            try:
-                for m in metas:
-                    buf = self._buffers.get(m.name)
-                    if buf is None or tuple(buf.shape) != m.shape or buf.dtype != dtype_of(m.dtype):
-                        buf = self._buffers[m.name] = torch.empty(m.shape, dtype=dtype_of(m.dtype))
-                    broadcast(group, buf, self._timeout_s)
-                    self._staged[m.name] = buf
-            except Exception:
-                self._staged = {}  # never apply a partial set
-                raise
-            if version is None:
-                return None
-            staged, self._staged = self._staged, {}
-            if self._current(group_name)[1] != epoch:
-                raise ValueError(f"the weight update group was destroyed while version {version} arrived")
-            self.apply(staged, version)
-        return version
-
-    def _check(self, m: TensorMeta) -> None:
-        """ValueError for a tensor the served model does not take: an unknown name, another shape, a dtype that
-        is not a floating-point one."""
-        dtype = dtype_of(m.dtype)
-        if not dtype.is_floating_point:
-            raise ValueError(f"tensor '{m.name}': dtype {m.dtype} is not a floating-point dtype")
-        if self.shapes is None:
-            return
-        if m.name not in self.shapes:
-            raise ValueError(f"tensor '{m.name[:100]}' is not a weight of the served model")
-        if m.shape != self.shapes[m.name]:
-            raise ValueError(f"tensor '{m.name}' has shape {list(m.shape)[:8]}, the served model's has "
-                             f"{list(self.shapes[m.name])}")
-
-    def _current(self, group_name: str | None):
-        """The joined group and the epoch it belongs to; ValueError if there is none, or another one."""
-        with self._lock:
-            if self._group is None:
-                raise ValueError("no weight update group: call /init_weights_update_group first")
-            if group_name and group_name != self._name:
-                raise ValueError(f"unknown weight update group '{group_name}' (this server joined '{self._name}')")
-            return self._group, self._epoch
-
-    def destroy(self, group_name: str | None = None) -> None:
-        """Leave the group ``group_name`` (None: whichever) and abandon a join of it under way. Never waits."""
-        with self._lock:
-            if group_name not in (None, self._name, self._joining):
-                return
-            self._epoch += 1
-            self._joining = None
-            if group_name in (None, self._name):
-                self._group, self._name = None, None
-                self._buffers = {}  # the receive buffers go with the group (a model's worth of memory)
 
 
 TRANSPORTS = ("inprocess", "disk", "dist")

@@ -10,7 +10,7 @@ import pytest
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.data import task_dataset
+from asyncrl.data.datasets import task_dataset
 from asyncrl.data.arith import arith_reward
 from asyncrl.data.config import (
     LookupOptions,

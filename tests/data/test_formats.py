@@ -130,7 +130,7 @@ def test_a_messages_column_of_a_qa_row_does_not_stand_for_its_prompt():
 
 def test_a_first_line_that_is_no_object_does_not_decide_the_rows_format(tmp_path):
     """`null` first: skipped and counted; the MATH rows after it are still read as MATH (answers from \\boxed)."""
-    from asyncrl.data import file_eval_set
+    from asyncrl.data.datasets import file_eval_set
 
     rows = [{"problem": f"What is {i}+1?", "solution": f"It is $\\\\boxed{{{i + 1}}}$."} for i in range(5)]
     path = tmp_path / "math.jsonl"

@@ -163,7 +163,7 @@ def test_unreadable_data_file_is_a_config_error(tmp_path, monkeypatch):
 
 def test_a_damaged_page_in_a_parquet_file_is_an_error_naming_the_file(tmp_path):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
-    from asyncrl.data import file_dataset
+    from asyncrl.data.datasets import file_dataset
 
     path = tmp_path / "damaged.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": f"q{i}" + " pad" * 20, "answer": "1"} for i in range(2000)]),

@@ -346,7 +346,7 @@ def test_abort_ends_running_samples_and_keeps_queued_requests():
 
 
 def test_update_from_a_weights_directory(tmp_path):
-    from asyncrl.weights.publish import write_weights
+    from asyncrl.weights.wire import write_weights
 
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
     engine = LocalEngine(old, max_slots=2, max_len=64)

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from asyncrl.engine import native
-from asyncrl.engine.decoder import PANEL, Decoder, _attention, _put_panels, _rotate
+from asyncrl.engine.layout import PANEL, _put_panels
+from asyncrl.engine.decoder import Decoder, _attention, _rotate
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.sampling import RowParams, sample_rows
 from asyncrl.types import SamplingParams, WeightUpdate

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from asyncrl.engine.local import LocalEngine
-from asyncrl.engine.remote import RemoteEngine, RequestRejected, ServerError
+from asyncrl.engine.remote import RemoteEngine
+from asyncrl.engine.fleet import RequestRejected, ServerError
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models.hf import build_tiny_model, load_model
 from asyncrl.weights.publish import DiskPublisher
@@ -203,7 +204,7 @@ def test_a_server_cooling_down_after_a_failed_request_still_gets_the_update(two_
     engine = RemoteEngine(two_servers.urls, dead_cooldown_s=60).start()
     publisher = DiskPublisher([engine], str(tmp_path / "w"))
     try:
-        engine._servers[0].dead_until = time.monotonic() + 60  # what a timed-out request does
+        engine.fleet.servers[0].dead_until = time.monotonic() + 60  # what a timed-out request does
         publisher.publish(models[1].state_dict(), 1)
         served = [int(httpx.get(f"{url}/get_model_info").json()["weight_version"]) for url in two_servers.urls]
         assert served == [1, 1] and engine.live_addrs() == two_servers.urls
@@ -221,14 +222,14 @@ def test_a_request_failing_right_after_the_health_check_does_not_leave_its_serve
     server that answered is updated all the same (left out, it served the old weights after its cool-down), and
     in abort mode resumed (it stayed paused: requests sent to it after its cool-down hung)."""
     engine = RemoteEngine(two_servers.urls, dead_cooldown_s=60, interrupt_mode=mode).start()
-    check = engine._retire_unreachable
+    check = engine.fleet.retire_unreachable
 
     def then_a_request_fails(version):
         answered = check(version)
-        engine._servers[0].dead_until = time.monotonic() + 60  # what the failing request does meanwhile
+        engine.fleet.servers[0].dead_until = time.monotonic() + 60  # what the failing request does meanwhile
         return answered
 
-    monkeypatch.setattr(engine, "_retire_unreachable", then_a_request_fails)
+    monkeypatch.setattr(engine.fleet, "retire_unreachable", then_a_request_fails)
     publisher = DiskPublisher([engine], str(tmp_path / "w"))
     try:
         publisher.publish(models[1].state_dict(), 1)
@@ -244,14 +245,14 @@ def test_the_clients_phases_never_overlap_through_a_weight_update(two_servers, m
     """interrupt_mode=recompute keeps requests outstanding while the servers load new weights: that time is
     paused, not also generating, so the phases sum to the wall time (the run's accounting reads them)."""
     engine = RemoteEngine(two_servers.urls, interrupt_mode="recompute").start()
-    load = engine._call_all
+    load = engine.fleet.call_all
 
     def slow_load(addrs, call, timeout, what, **kw):  # a larger model: loading takes half a second
         if what.startswith("loading"):
             time.sleep(0.5)
         return load(addrs, call, timeout, what, **kw)
 
-    monkeypatch.setattr(engine, "_call_all", slow_load)
+    monkeypatch.setattr(engine.fleet, "call_all", slow_load)
     publisher = DiskPublisher([engine], str(tmp_path / "w"))
     params = SamplingParams(n=2, max_new_tokens=150, temperature=1.0, stop_token_ids=[])
 
@@ -335,7 +336,7 @@ def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, toke
 
         async def main():
             tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
-            first = engine._servers[0]  # the one killed: it must hold requests when it dies
+            first = engine.fleet.servers[0]  # the one killed: it must hold requests when it dies
             while (engine.stats().generated_tokens < 60 or first.outstanding == 0) and not all(
                     t.done() for t in tasks):  # some requests done, most in flight
                 await asyncio.sleep(0.01)
@@ -397,7 +398,7 @@ def test_a_run_with_two_servers_survives_losing_one(tmp_path, tiny_model_dir, mo
         "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.backend=asyncrl:d2", "rollout.max_slots=8",
         "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", "max_train_time_s=0"])
     with assemble(cfg) as parts:
-        victim = parts.engine._procs[0]
+        victim = parts.engine.fleet.procs[0]
         if moment == "generation":
             def kill_while_generating():
                 while parts.engine.stats().generated_tokens < 100:
@@ -425,7 +426,7 @@ def test_a_run_with_two_servers_survives_losing_one(tmp_path, tiny_model_dir, mo
 
             parts.evaluate = evaluate_and_kill
         last = run(parts)
-        retired = [s for s in parts.engine._servers if s.retired]
+        retired = [s for s in parts.engine.fleet.servers if s.retired]
     assert last["version"] == 6 and len(retired) == 1, (last.get("version"), retired)
 
 

@@ -159,7 +159,7 @@ def test_a_resumed_auto_eta_goes_on_where_it_stood(tmp_path, tiny_model_dir, mon
     def lowered(self, record):  # stands in for the law having brought η down (a trainer that never waited)
         real(self, record)
         with self._lock:
-            self._eta = 1
+            self._max_staleness = 1
 
     monkeypatch.setattr(AutoStaleness, "observe", lowered)
     train(configlib.load(TrainConfig, None, overrides(3)))

@@ -68,7 +68,7 @@ def test_merged_weights_are_peft_merge_and_unload_under_the_base_names_and_leave
 
 def test_one_step_moves_the_adapters_and_the_published_weights_not_the_base_weights(tmp_path):
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.weights.publish import read_weights, write_weights
+    from asyncrl.weights.wire import read_weights, write_weights
     from asyncrl.trainer import PolicyTrainer
     from asyncrl.types import SamplingParams, WeightUpdate
     from conftest import make_model

@@ -12,7 +12,7 @@ import torch
 
 from asyncrl.engine.local import LocalEngine
 from asyncrl.models.hf import build_tiny_model
-from asyncrl.weights.publish import write_weights
+from asyncrl.weights.wire import write_weights
 from asyncrl.server.app import ServerThread, build_app
 from asyncrl.server.state import ServerState
 from conftest import reference_logprobs

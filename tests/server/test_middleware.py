@@ -6,7 +6,8 @@ import asyncio
 import httpx
 import pytest
 
-from asyncrl.engine.remote import RemoteEngine, ServerError
+from asyncrl.engine.remote import RemoteEngine
+from asyncrl.engine.fleet import ServerError
 from asyncrl.models.hf import build_tiny_model
 from asyncrl.server.limits import MAX_REQUEST_BYTES
 from asyncrl.types import SamplingParams

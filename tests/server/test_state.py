@@ -12,7 +12,7 @@ import torch
 from asyncrl.engine.requests import VersionConflict
 from asyncrl.engine.spawn import free_port
 from asyncrl.models.hf import build_tiny_model
-from asyncrl.weights.publish import write_weights
+from asyncrl.weights.wire import write_weights
 from asyncrl.types import WeightUpdate
 from servers_for_tests import HEALTH_BOUND_S, greedy, health_watch, serving
 

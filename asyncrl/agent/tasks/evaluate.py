@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from asyncrl.data import make_task
+    from asyncrl.data.datasets import make_task
     from asyncrl.engine.local import LocalEngine
     from asyncrl.models.hf import load_model, load_tokenizer
 

@@ -8,7 +8,7 @@ import dataclasses
 from asyncrl.api.workflow import AgenticTask
 from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.data import make_task
+from asyncrl.data.datasets import make_task
 from asyncrl.data.config import task_options
 from asyncrl.engine.local import LocalEngine
 from asyncrl.types import SamplingParams

@@ -18,6 +18,7 @@ from asyncrl import configlib
 from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
 
+METRICS_FILE = "sft_metrics.jsonl"  # OUTPUT/sft_metrics.jsonl: a record per step
 STATE_FILE = "sft_state.pt"  # in a step checkpoint: what a resume needs beyond the weights
 BEST_DIR, BEST_FILE = "best", "best.json"  # OUTPUT/best: the model of the best held-out evaluation so far
 RESUME_SETTABLE = ("output_dir", "total_train_steps", "log_every", "evaluator.", "saver.", "progress_bar", "resume",

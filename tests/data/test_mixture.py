@@ -1,29 +1,22 @@
-"""Datasets (asyncrl.data): held-out rows are never trained on (a one-row file is refused, an overlapping held-out file
-is warned about), the plain-argument API, and training mixtures: sources interleaved by weight, resumed in place,
-held out by weight, each reported on in a run."""
+"""Training mixtures (asyncrl.data.mixture, through asyncrl.data.config): sources interleaved by weight with their
+ids and tags, resumed in place, held out by weight and never trained on (one file in two entries included), each
+reported on in a run."""
 
 import collections
 import itertools
 import json
-import logging
-from pathlib import Path
 
 import pytest
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
-from asyncrl.configlib import ConfigError
-from asyncrl.data import file_dataset, hold_out, split_sizes, task_dataset
+from asyncrl.data.mixture import split_sizes
 from asyncrl.reward.base import item_fields
 from asyncrl.data.config import (
-    TaskConfig,
-    TrainDatasetConfig,
-    ValidDatasetConfig,
     dataset_from_config,
-    eval_set_from_config,
     source_lookup,
 )
-from datasets_for_tests import ROWS, build, take, write_jsonl
+from datasets_for_tests import take, write_jsonl
 
 
 def _file(tmp_path, name: str, n: int, offset: int = 0) -> str:
@@ -124,104 +117,9 @@ def test_train_on_a_two_source_mixture_reports_each_source(tmp_path, tiny_model_
 
 
 # ---- held-out rows are never trained on -----------------------------------------------------------------
-def test_a_one_row_file_is_refused(tmp_path):
-    one = write_jsonl(tmp_path / "one.jsonl", ROWS[:1])
-    with pytest.raises(ConfigError, match=r"train_dataset.path: '.*one\.jsonl' has a single usable row, and "
-                                          r"held-out rows are never trained on: give valid_dataset.path"):
-        build(one)
-    with pytest.raises(ConfigError, match="single usable row"):
-        eval_set_from_config(TaskConfig(), ValidDatasetConfig(), TrainDatasetConfig(path=one))
-    two = write_jsonl(tmp_path / "two.jsonl", ROWS[:2])
-    data = build(two)
-    assert not {it["question"] for it in data.valid} & {it["question"] for it in itertools.islice(data.train, 9)}
-    valid = write_jsonl(tmp_path / "valid.jsonl", ROWS[5:7])
-    assert len(build(one, valid).valid) == 2  # a separate held-out file makes one training row fine
-
-
-def test_held_out_file_overlapping_the_training_file_is_warned_about(tmp_path, caplog):
-    train = write_jsonl(tmp_path / "train.jsonl", ROWS)
-    valid = write_jsonl(tmp_path / "valid.jsonl", ROWS[:3] + [{"question": "new", "answer": "1"}])
-    with caplog.at_level(logging.WARNING, logger="asyncrl.data"):
-        build(train, valid)
-    assert "3 of the 4 held-out questions" in caplog.text and "trains on them" in caplog.text
 
 
 # ---- the plain-argument API -----------------------------------------------------------------------------
-def test_data_functions_take_plain_arguments(tmp_path):
-    path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
-    data = file_dataset(path, row_type="qa", fields={"question": "question"}, template="Q: {question}",
-                        valid_size=2, valid_seed=1, seed=3)
-    assert len(data.valid) == 2 and next(data.train)["question"].startswith("Q: Compute")
-    assert data.reward_fn.__name__ == "math_reward" and data.stats()["data_bad_rows"] == 0
-    task = task_dataset("arith", {"min_terms": 2, "max_terms": 2, "ops": "*"}, valid_size=4, seed=5)
-    assert len(task.valid) == 4 and " * " in next(task.train)["question"]
-
-
-def test_the_data_package_does_not_import_its_config_module():
-    """asyncrl.data.config imports asyncrl.data; the reverse at module level would be circular."""
-    import ast
-
-    import asyncrl.data
-
-    tree = ast.parse(Path(asyncrl.data.__file__).read_text())
-    imported = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names}
-    assert "asyncrl.data.config" not in imported
-
-
-def test_held_out_rows_are_never_trained_on(tmp_path):
-    path = write_jsonl(tmp_path / "qa.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(50)])
-    data = build(path, valid_size=100)
-    held = {it["question"] for it in data.valid}
-    assert len(held) == 5  # at most a tenth of the file
-    seen = take(data.train, 200)  # four epochs
-    assert not held & {it["question"] for it in seen}
-    assert len({it["id"] for it in seen}) == 200 and data.stats()["data_epoch"] == 4
-    train, valid = hold_out(list(range(10)), 3, seed=1)
-    assert len(valid) == 1 and not set(train) & set(valid)
-    # a question written twice in the file: held out, its copy is not trained on either
-    path = write_jsonl(tmp_path / "twice.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(100)] * 2)
-    data = build(path, valid_size=20)
-    assert not {it["question"] for it in data.valid} & {it["question"] for it in take(data.train, 400)}
-    # a chat prompt twice with two reference replies: one prompt (the replies are not part of what it asks)
-    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": reply}]}
-            for reply in ("first", "second") for i in range(20)]
-    data = build(write_jsonl(tmp_path / "replies.jsonl", rows), valid_size=4)
-    held = {it["messages"][0]["content"] for it in data.valid}
-    assert held and not held & {it["messages"][0]["content"] for it in take(data.train, 80)}
-
-
-def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path, caplog):
-    """A template that needs alternating roles (Mistral's, Llama 2's) rejects one row of fifty: counted and said
-    with its file and line, the others load (the whole load ended in a bare jinja error); with
-    skip_bad_rows=false it stops there, as for any bad row."""
-    from asyncrl.models.hf import load_tokenizer, resolve_model_path
-
-    tokenizer = load_tokenizer(resolve_model_path("builtin:tiny-sft"))  # its own copy: the template changes
-    tokenizer.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-                               "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
-                               "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
-    rows = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
-            for i in range(50)]
-    rows[17]["messages"].insert(0, {"role": "user", "content": "twice"})
-    path = write_jsonl(tmp_path / "chat.jsonl", rows)
-    data = file_dataset(path, tokenizer=tokenizer, max_prompt_tokens=100, valid_size=5)
-    assert data.stats()["data_bad_rows"] == 1 and len(take(data.train, 44)) == 44
-    assert "chat.jsonl:18: the chat template rejects the row (TemplateError: Conversation roles must" in caplog.text
-    with pytest.raises(ConfigError, match=r"chat.jsonl:18: the chat template rejects .*skip_bad_rows=true skips"):
-        file_dataset(path, tokenizer=tokenizer, max_prompt_tokens=100, valid_size=5, skip_bad_rows=False)
-
-
-def test_a_file_with_many_over_long_prompts_in_a_row_is_read_to_its_end(tmp_path, tokenizer, monkeypatch):
-    """The guard against an endless stream of over-long prompts does not refuse a file that has usable rows."""
-    import asyncrl.data as data_module
-
-    monkeypatch.setattr(data_module, "MAX_SKIPS_IN_A_ROW", 10)
-    short = [{"question": f"Compute {i} + 1.", "answer": "1"} for i in range(30)]
-    long = [{"question": "Compute " + " + ".join(["1"] * 30) + f" + {i}.", "answer": "1"} for i in range(40)]
-    data = file_dataset(write_jsonl(tmp_path / "sorted.jsonl", short + long), tokenizer=tokenizer,
-                        max_prompt_tokens=40, valid_size=3, shuffle=False)
-    assert data.stats()["data_skipped_long"] >= 36 and len({it["question"] for it in take(data.train, 27)}) == 27
 
 
 def test_one_file_in_two_mixture_entries_never_trains_a_held_out_prompt(tmp_path):
@@ -255,19 +153,3 @@ def test_one_file_in_two_mixture_entries_never_trains_a_held_out_prompt(tmp_path
 
     held = {asked(it) for it in data.valid}
     assert held and not held & {asked(it) for it in take(data.train, 3000)}
-
-
-def test_a_context_column_left_out_of_the_prompt_is_said_once(tmp_path, caplog):
-    """Dolly's rows (instruction, context, response): without a template the model is asked to summarise a text
-    it never sees; said once, naming the column and the template that puts it in."""
-    rows = [{"instruction": f"Summarize this. {i}", "context": "A long paragraph.", "response": "Short."}
-            for i in range(20)]
-    path = write_jsonl(tmp_path / "dolly.jsonl", rows)
-    file_dataset(path, valid_size=2)
-    said = [r.getMessage() for r in caplog.records if "is not part of the prompt" in r.getMessage()]
-    assert len(said) == 1 and "dolly.jsonl:1: the column 'context'" in said[0]
-    assert "{question}\\n\\n{context}" in said[0]
-    caplog.clear()
-    data = file_dataset(path, valid_size=2, template="{question}\n\n{context}")
-    assert not [r for r in caplog.records if "is not part of the prompt" in r.getMessage()]
-    assert data.valid[0]["question"].endswith("A long paragraph.")
