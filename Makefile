@@ -1,12 +1,12 @@
 # Two entry points for a newcomer: `make train` and `make test`. Both create .venv and install what they need.
-# `make test-fast` leaves out the end-to-end runs (DEVELOPERS.md).
+# `make test-fast` leaves out the end-to-end runs, `make lint` formats-checks and lints (DEVELOPERS.md).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup train test test-fast
+.PHONY: setup train test test-fast lint
 setup: $(VENV)/.installed
 
 # torch is pinned to the CPU build first (an unpinned torch pulls a multi-GB CUDA build).
@@ -31,3 +31,8 @@ test: setup
 # Everything but the end-to-end runs (marked slow).
 test-fast: setup
 	$(PYTEST) -m "not slow" $(ARGS)
+
+# The formatter and the linter (ruff, configured in pyproject.toml): the code is formatted and passes the checks.
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .

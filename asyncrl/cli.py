@@ -37,15 +37,28 @@ def _config_parser(sub, name: str, help_: str):
 SUBCOMMANDS = {  # name: (help, the module with its add_arguments(parser) and run(args))
     "serve": ("serve a model over HTTP (SGLang-style and OpenAI-compatible APIs)", "asyncrl.server.cli"),
     "report": ("render RUN_DIR/report.html (plots of a run directory)", "asyncrl.report.cli"),
-    "diagnose": ("where a run's time went and what to change (also on a run still running, or an SFT output)",
-                 "asyncrl.report.diagnose"),
-    "plan": ("predict a run before it starts: step time, tokens/s, waits, staleness (--sweep compares settings)",
-             "asyncrl.launch.plan"),
+    "diagnose": (
+        "where a run's time went and what to change (also on a run still running, or an SFT output)",
+        "asyncrl.report.diagnose",
+    ),
+    "plan": (
+        "predict a run before it starts: step time, tokens/s, waits, staleness (--sweep compares settings)",
+        "asyncrl.launch.plan",
+    ),
 }
 """Subcommands whose flags live with their module."""
 
-SUMMARY_KEYS = ("run_dir", "checkpoint", "complete", "step", "version", "elapsed_s", "reward_mean", "eval_accuracy",
-                "staleness_max")
+SUMMARY_KEYS = (
+    "run_dir",
+    "checkpoint",
+    "complete",
+    "step",
+    "version",
+    "elapsed_s",
+    "reward_mean",
+    "eval_accuracy",
+    "staleness_max",
+)
 """What `asyncrl train` prints last, as one JSON line for scripts (the lines before it say the same for people;
 metrics.jsonl has every key of every step)."""
 
@@ -69,63 +82,96 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _config_parser(sub, "train", "RL training (GRPO + decoupled PPO, asynchronous)")
     _config_parser(sub, "sft", "supervised fine-tuning on the task's reference solutions")
-    _config_parser(sub, "rm", "train a reward model (for reward.model) on preference pairs: JSONL rows of prompt, "
-                              "chosen, rejected (Bradley-Terry)")
+    _config_parser(
+        sub,
+        "rm",
+        "train a reward model (for reward.model) on preference pairs: JSONL rows of prompt, "
+        "chosen, rejected (Bradley-Terry)",
+    )
     ev = _config_parser(sub, "eval", "held-out pass@k and mean@n of a checkpoint")
-    ev.description = ("held-out scores of a checkpoint: gconfig.n_samples answers per prompt, scored by reward.fn "
-                      "(or the data's own verifier); prints pass@k, mean@n and eval_accuracy (= pass@1) as one JSON "
-                      "line and writes every item's answers and rewards to `output` (JSONL). E.g. asyncrl eval "
-                      "--model DIR valid_dataset.path=test.jsonl gconfig.n_samples=8 evaluator.greedy=false k=[1,8]. "
-                      "--config also takes the file of an sft or train run (its data, reward and gconfig; --model "
-                      "names the checkpoint to evaluate)")
-    ev.add_argument("--model", help="checkpoint directory, a run directory (RUN_DIR or RUN_DIR/checkpoints/latest: its "
-                                    "latest checkpoint), a hub name in the local cache, or a LoRA adapter directory "
-                                    "(adapter_config.json: its base model with the adapter merged); same as "
-                                    "model.path=...")
+    ev.description = (
+        "held-out scores of a checkpoint: gconfig.n_samples answers per prompt, scored by reward.fn "
+        "(or the data's own verifier); prints pass@k, mean@n and eval_accuracy (= pass@1) as one JSON "
+        "line and writes every item's answers and rewards to `output` (JSONL). E.g. asyncrl eval "
+        "--model DIR valid_dataset.path=test.jsonl gconfig.n_samples=8 evaluator.greedy=false k=[1,8]. "
+        "--config also takes the file of an sft or train run (its data, reward and gconfig; --model "
+        "names the checkpoint to evaluate)"
+    )
+    ev.add_argument(
+        "--model",
+        help="checkpoint directory, a run directory (RUN_DIR or RUN_DIR/checkpoints/latest: its "
+        "latest checkpoint), a hub name in the local cache, or a LoRA adapter directory "
+        "(adapter_config.json: its base model with the adapter merged); same as "
+        "model.path=...",
+    )
     command = _command_of(argv)
     for name, (help_, module) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
         if name == command:  # only the command being run imports its module (and so its dependencies)
             _module(module).add_arguments(p)
-    init_help = ("build a byte-level BPE tokenizer (trained on a built-in task's text, or on your own --corpus) and "
-                 "a randomly initialised tiny Qwen2 model")
+    init_help = (
+        "build a byte-level BPE tokenizer (trained on a built-in task's text, or on your own --corpus) and "
+        "a randomly initialised tiny Qwen2 model"
+    )
     init = sub.add_parser("init-model", help=init_help, description=init_help)
-    init.add_argument("--out", default="outputs/tiny-init", help="output directory (new, empty, or an earlier "
-                                                                 "init-model output)")
+    init.add_argument(
+        "--out", default="outputs/tiny-init", help="output directory (new, empty, or an earlier init-model output)"
+    )
     init.add_argument("--force", action="store_true", help="write into an --out that holds other files")
     text = init.add_mutually_exclusive_group()
-    text.add_argument("--task", choices=["arith", "lookup"], default=None,
-                      help="the built-in task whose text the tokenizer is trained on: arith (the shipped tiny-sft; "
-                           "the default) | lookup (tool-use transcripts, <tool_call> tokens and a chat template "
-                           "with tools: examples/sft_agent.yaml)")
-    text.add_argument("--corpus", default="", metavar="FILE",
-                      help="train the tokenizer on your own text instead of a task's: a .txt file (one document "
-                           "per line) or a .jsonl/.json file of rows (every string field of a row, and the contents "
-                           "of chat 'messages'; --fields picks the columns), plus the chat template's words")
-    init.add_argument("--fields", default="", metavar="A,B",
-                      help="the columns of a .jsonl/.json --corpus to read (default: every string field but 'id')")
-    init.add_argument("--vocab-size", type=int, default=None,
-                      help="most BPE tokens (default 1024; 512 for --task lookup); a small corpus may give fewer")
+    text.add_argument(
+        "--task",
+        choices=["arith", "lookup"],
+        default=None,
+        help="the built-in task whose text the tokenizer is trained on: arith (the shipped tiny-sft; "
+        "the default) | lookup (tool-use transcripts, <tool_call> tokens and a chat template "
+        "with tools: examples/sft_agent.yaml)",
+    )
+    text.add_argument(
+        "--corpus",
+        default="",
+        metavar="FILE",
+        help="train the tokenizer on your own text instead of a task's: a .txt file (one document "
+        "per line) or a .jsonl/.json file of rows (every string field of a row, and the contents "
+        "of chat 'messages'; --fields picks the columns), plus the chat template's words",
+    )
+    init.add_argument(
+        "--fields",
+        default="",
+        metavar="A,B",
+        help="the columns of a .jsonl/.json --corpus to read (default: every string field but 'id')",
+    )
+    init.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="most BPE tokens (default 1024; 512 for --task lookup); a small corpus may give fewer",
+    )
     init.add_argument("--hidden-size", type=int, default=256, help="model width")
     init.add_argument("--layers", type=int, default=4, help="decoder layers")
     init.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
-    init.add_argument("--init-from", default="", help="warm start: copy the weights of this checkpoint of the same "
-                                                      "shape (e.g. builtin:tiny-sft), token rows by token string")
+    init.add_argument(
+        "--init-from",
+        default="",
+        help="warm start: copy the weights of this checkpoint of the same "
+        "shape (e.g. builtin:tiny-sft), token rows by token string",
+    )
     args = parser.parse_args(argv)
     if getattr(args, "help_config", False):
         print(config_help(args.command))
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _quiet_loading()
-    from asyncrl.loop.buffer import BatchTimeout
-    from asyncrl.loop.checkpoint import CheckpointError
+    from asyncrl.api.weights import WeightSyncError
     from asyncrl.launch.ranks import RankDied
     from asyncrl.launch.signals import StopRequested
-    from asyncrl.api.weights import WeightSyncError
+    from asyncrl.loop.buffer import BatchTimeout
+    from asyncrl.loop.checkpoint import CheckpointError
     from asyncrl.loop.rollout import RolloutFailures
     from asyncrl.telemetry.watchdog import TrainingHalted
 
@@ -146,7 +192,7 @@ def config_help(command: str) -> str:
     """``--help-config``'s text: every key of the command's config, its default and documentation. It depends
     only on asyncrl's source, so it is kept in asyncrl's cache directory under a digest of the source files: a
     later call prints it without importing the config tree (and with it torch)."""
-    from asyncrl.cache import source_key, write_atomically, writable_dir
+    from asyncrl.cache import source_key, writable_dir, write_atomically
 
     folder = writable_dir("help-config")
     cached = folder / f"{command}-{source_key()}.txt" if folder else None
@@ -218,16 +264,25 @@ def _check_shape(args) -> None:
 
     least = 256 + len(SPECIAL_TOKENS)  # every byte, and the special tokens
     if args.vocab_size is not None and args.vocab_size < least:
-        raise ConfigError(f"--vocab-size must be >= {least} (256 byte tokens and {len(SPECIAL_TOKENS)} special "
-                          f"tokens come first), got {args.vocab_size}")
+        raise ConfigError(
+            f"--vocab-size must be >= {least} (256 byte tokens and {len(SPECIAL_TOKENS)} special "
+            f"tokens come first), got {args.vocab_size}"
+        )
     if args.hidden_size < 8 or args.hidden_size % 8:  # 4 attention heads of an even size (rotary embeddings)
         raise ConfigError(f"--hidden-size must be a positive multiple of 8, got {args.hidden_size}")
     if args.layers < 1:
         raise ConfigError(f"--layers must be >= 1, got {args.layers}")
 
 
-INIT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-              "chat_template.jinja", "special_tokens_map.json")
+INIT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 """What ``init-model`` writes: a directory holding only these is an earlier ``init-model`` output, written over."""
 
 
@@ -236,9 +291,11 @@ def _check_out(out: Path, force: bool) -> None:
     directory): writing a random model there would lose the model, or mix the two. ``--force`` overwrites."""
     others = sorted(p.name for p in out.iterdir() if p.name not in INIT_FILES) if out.is_dir() else []
     if others and not force:
-        raise ConfigError(f"--out {out} already holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''} "
-                          "(not an earlier init-model output): give an empty or new directory, or --force to write "
-                          "the new model's files over it")
+        raise ConfigError(
+            f"--out {out} already holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''} "
+            "(not an earlier init-model output): give an empty or new directory, or --force to write "
+            "the new model's files over it"
+        )
 
 
 def _init_model(args) -> int:
@@ -278,9 +335,17 @@ def _init_model(args) -> int:
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
     n = sum(p.numel() for p in model.parameters())
-    print(json.dumps({"out": args.out, "params": n, "vocab": len(tokenizer),
-                      **({"corpus": args.corpus, "documents": len(documents)} if args.corpus else {}),
-                      **({"init_from": args.init_from, "shared_tokens": shared} if args.init_from else {})}))
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "params": n,
+                "vocab": len(tokenizer),
+                **({"corpus": args.corpus, "documents": len(documents)} if args.corpus else {}),
+                **({"init_from": args.init_from, "shared_tokens": shared} if args.init_from else {}),
+            }
+        )
+    )
     return 0
 
 

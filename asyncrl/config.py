@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from asyncrl.agent.config import AgentConfig
-from asyncrl.trainer.config import ActorConfig
+from asyncrl.cluster.config import LAUNCHERS, ClusterConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.types import MIN_TEMPERATURE
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig
 from asyncrl.engine.config import RolloutConfig
-from asyncrl.cluster.config import LAUNCHERS, ClusterConfig
 from asyncrl.models.config import ModelConfig
 from asyncrl.models.hf import model_recipe
-from asyncrl.telemetry.config import StatsLoggerConfig, WatchdogConfig
 from asyncrl.reward.config import RewardConfig
+from asyncrl.telemetry.config import StatsLoggerConfig, WatchdogConfig
+from asyncrl.trainer.config import ActorConfig
+from asyncrl.types import MIN_TEMPERATURE
 from asyncrl.workflow.config import WorkflowConfig
 
 MAX_BATCH_SAMPLES = 1 << 20
@@ -144,18 +144,40 @@ class TrainConfig:
         return model_recipe(self.model.path, "train")
 
     def validate(self) -> None:
-        _positive(self, ["train_dataset.batch_size", "gconfig.n_samples", "gconfig.max_new_tokens",
-                         "total_train_steps", "rollout.max_slots", "rollout.threads", "valid_dataset.size"])
-        _non_negative(self, ["rollout.max_concurrent_rollouts",
-                             "max_train_time_s", "evaluator.freq_steps", "saver.freq_steps", "gconfig.top_k"])
+        _positive(
+            self,
+            [
+                "train_dataset.batch_size",
+                "gconfig.n_samples",
+                "gconfig.max_new_tokens",
+                "total_train_steps",
+                "rollout.max_slots",
+                "rollout.threads",
+                "valid_dataset.size",
+            ],
+        )
+        _non_negative(
+            self,
+            [
+                "rollout.max_concurrent_rollouts",
+                "max_train_time_s",
+                "evaluator.freq_steps",
+                "saver.freq_steps",
+                "gconfig.top_k",
+            ],
+        )
         if not self.gconfig.temperature >= MIN_TEMPERATURE:
-            raise ConfigError(f"gconfig.temperature must be >= {MIN_TEMPERATURE} (training log-probs are divided by "
-                              f"it; lower is greedy in effect: use evaluator.greedy for greedy answers), got "
-                              f"{self.gconfig.temperature}")
+            raise ConfigError(
+                f"gconfig.temperature must be >= {MIN_TEMPERATURE} (training log-probs are divided by "
+                f"it; lower is greedy in effect: use evaluator.greedy for greedy answers), got "
+                f"{self.gconfig.temperature}"
+            )
         samples = self.train_dataset.batch_size * self.gconfig.n_samples
         if samples > MAX_BATCH_SAMPLES:
-            raise ConfigError(f"train_dataset.batch_size x gconfig.n_samples = {samples} samples a step cannot be held "
-                              f"in memory (at most {MAX_BATCH_SAMPLES}; AReaL's largest recipes use 512 x 16)")
+            raise ConfigError(
+                f"train_dataset.batch_size x gconfig.n_samples = {samples} samples a step cannot be held "
+                f"in memory (at most {MAX_BATCH_SAMPLES}; AReaL's largest recipes use 512 x 16)"
+            )
         if not 0 < self.gconfig.top_p <= 1:
             raise ConfigError(f"gconfig.top_p must be in (0, 1], got {self.gconfig.top_p}")
         self.rollout.validate()
@@ -168,13 +190,17 @@ class TrainConfig:
         if self.workflow.name == "agent":
             self.agent.validate_for_run()
             if self.rollout.request_timeout_s and self.agent.timeout_s >= self.rollout.request_timeout_s:
-                raise ConfigError(f"agent.timeout_s={self.agent.timeout_s:g} must be below rollout.request_timeout_s="
-                                  f"{self.rollout.request_timeout_s:g}, which bounds the whole group: one slow "
-                                  "episode would cancel its n episodes (none counted as an episode failure)")
+                raise ConfigError(
+                    f"agent.timeout_s={self.agent.timeout_s:g} must be below rollout.request_timeout_s="
+                    f"{self.rollout.request_timeout_s:g}, which bounds the whole group: one slow "
+                    "episode would cancel its n episodes (none counted as an episode failure)"
+                )
             if self.agent.export == "concat" and self.actor.overlong_reward_penalty:
-                raise ConfigError("actor.overlong_reward_penalty reads a sample's length against "
-                                  "gconfig.max_new_tokens, a budget per call: a sample of agent.export=concat holds "
-                                  "every call of a chain and would be penalised uncut; use agent.export=individual")
+                raise ConfigError(
+                    "actor.overlong_reward_penalty reads a sample's length against "
+                    "gconfig.max_new_tokens, a budget per call: a sample of agent.export=concat holds "
+                    "every call of a chain and would be penalised uncut; use agent.export=individual"
+                )
         self.watchdog.validate()
         self.cluster.validate()
         self.saver.validate()
@@ -184,13 +210,20 @@ class TrainConfig:
         if self.model.dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"model.dtype must be float32 or bfloat16, got '{self.model.dtype}'")
         if self.gconfig.n_samples > self.rollout.max_slots:
-            raise ConfigError(f"gconfig.n_samples ({self.gconfig.n_samples}) exceeds rollout.max_slots "
-                              f"({self.rollout.max_slots}): one group must fit in the engine at once")
-        self.actor.validate(max_staleness=self.rollout.max_staleness, n_samples=self.gconfig.n_samples,
-                            max_new_tokens=self.gconfig.max_new_tokens)
+            raise ConfigError(
+                f"gconfig.n_samples ({self.gconfig.n_samples}) exceeds rollout.max_slots "
+                f"({self.rollout.max_slots}): one group must fit in the engine at once"
+            )
+        self.actor.validate(
+            max_staleness=self.rollout.max_staleness,
+            n_samples=self.gconfig.n_samples,
+            max_new_tokens=self.gconfig.max_new_tokens,
+        )
         if self.actor.world_size > self.train_dataset.batch_size:
-            raise ConfigError(f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
-                              f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one")
+            raise ConfigError(
+                f"actor.backend={self.actor.backend} has {self.actor.world_size} ranks but a batch has "
+                f"train_dataset.batch_size={self.train_dataset.batch_size} groups: every rank needs one"
+            )
 
     def cpu_sharing(self) -> str:
         """How the trainer and the built-in engine use the CPU's cores (``asyncrl.cluster.cores``): fixed (their own
@@ -203,8 +236,11 @@ class TrainConfig:
     def cpu_split_applies(self) -> bool:
         """Whether cluster.cpu_split=auto shares the cores: the built-in engine in this process, one trainer rank,
         the CPU (elsewhere the trainer and the engines keep actor.threads and rollout.threads)."""
-        return (self.rollout.placement.kind == "local" and self.actor.world_size == 1
-                and self.cluster.resolved_device() == "cpu")
+        return (
+            self.rollout.placement.kind == "local"
+            and self.actor.world_size == 1
+            and self.cluster.resolved_device() == "cpu"
+        )
 
 
 @dataclass
@@ -215,10 +251,17 @@ class SFTConfig:
     max_new_tokens; evaluator and saver: freq_steps)."""
 
     RENAMED: ClassVar[dict[str, str]] = {
-        "steps": "total_train_steps", "batch_size": "train_dataset.batch_size", "lr": "actor.lr",
-        "warmup_steps": "actor.warmup_steps", "weight_decay": "actor.weight_decay", "threads": "actor.threads",
-        "output": "output_dir", "eval_every": "evaluator.freq_steps", "save_every": "saver.freq_steps",
-        "max_new_tokens": "gconfig.max_new_tokens"}
+        "steps": "total_train_steps",
+        "batch_size": "train_dataset.batch_size",
+        "lr": "actor.lr",
+        "warmup_steps": "actor.warmup_steps",
+        "weight_decay": "actor.weight_decay",
+        "threads": "actor.threads",
+        "output": "output_dir",
+        "eval_every": "evaluator.freq_steps",
+        "save_every": "saver.freq_steps",
+        "max_new_tokens": "gconfig.max_new_tokens",
+    }
     """asyncrl sft's earlier key names, still read (with a deprecation line) for one release."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -273,16 +316,29 @@ class SFTConfig:
         return model_recipe(self.model.path, "sft")
 
     def validate(self) -> None:
-        _positive(self, ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads",
-                         "valid_dataset.size", "gconfig.max_new_tokens", "log_every"])
+        _positive(
+            self,
+            [
+                "total_train_steps",
+                "train_dataset.batch_size",
+                "actor.lr",
+                "actor.threads",
+                "valid_dataset.size",
+                "gconfig.max_new_tokens",
+                "log_every",
+            ],
+        )
         if self.resume not in ("auto", "fresh"):
             raise ConfigError(f"resume must be 'auto' or 'fresh', got '{self.resume}'")
         _non_negative(self, ["evaluator.freq_steps", "saver.freq_steps", "max_length", "actor.warmup_steps"])
         if self.actor.warmup_steps > self.total_train_steps:  # step N of a warm-up of N reaches actor.lr
             logging.getLogger(__name__).warning(
                 "actor.warmup_steps=%d is above total_train_steps=%d: the learning rate never reaches "
-                "actor.lr=%g (lower actor.warmup_steps)", self.actor.warmup_steps, self.total_train_steps,
-                self.actor.lr)
+                "actor.lr=%g (lower actor.warmup_steps)",
+                self.actor.warmup_steps,
+                self.total_train_steps,
+                self.actor.lr,
+            )
         self.model.lora.validate()
         self.train_dataset.validate()
         self.reward.validate()
@@ -319,12 +375,16 @@ class RMConfig:
     """A progress line every this many steps."""
 
     def validate(self) -> None:
-        _positive(self, ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads",
-                         "max_length", "log_every"])
+        _positive(
+            self,
+            ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads", "max_length", "log_every"],
+        )
         _non_negative(self, ["evaluator.freq_steps", "valid_dataset.size", "actor.warmup_steps"])
         if not self.train_dataset.path:
-            raise ConfigError("train_dataset.path: asyncrl rm needs a JSONL file of preference pairs "
-                              '({"prompt": ..., "chosen": ..., "rejected": ...} per line)')
+            raise ConfigError(
+                "train_dataset.path: asyncrl rm needs a JSONL file of preference pairs "
+                '({"prompt": ..., "chosen": ..., "rejected": ...} per line)'
+            )
 
 
 @dataclass
@@ -333,8 +393,12 @@ class EvalConfig:
     gconfig.max_new_tokens, gconfig.temperature, evaluator.greedy, ...)."""
 
     RENAMED: ClassVar[dict[str, str]] = {
-        "n_samples": "gconfig.n_samples", "max_new_tokens": "gconfig.max_new_tokens",
-        "temperature": "gconfig.temperature", "top_p": "gconfig.top_p", "greedy": "evaluator.greedy"}
+        "n_samples": "gconfig.n_samples",
+        "max_new_tokens": "gconfig.max_new_tokens",
+        "temperature": "gconfig.temperature",
+        "top_p": "gconfig.top_p",
+        "greedy": "evaluator.greedy",
+    }
     """asyncrl eval's earlier key names, still read (with a deprecation line) for one release."""
 
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -25,7 +25,6 @@ from typing import Any
 
 import yaml
 
-
 log = logging.getLogger(__name__)
 
 
@@ -62,12 +61,19 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None, other
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
-        _merge(cfg, _nested(key.strip(), _override_value(item, raw)), "", lambda _k: "command line", all_keys(cls),
-               given)
+        _merge(
+            cfg, _nested(key.strip(), _override_value(item, raw)), "", lambda _k: "command line", all_keys(cls), given
+        )
     for key, value in (cfg.recipe() if isinstance(cfg, WithRecipe) else {}).items():
         if key not in given:  # the model's recipe fills what the user left at its default
-            _merge(cfg, _nested(key, value), "", lambda _k: f"the recipe of model.path={cfg.model.path}",
-                   all_keys(cls), set())
+            _merge(
+                cfg,
+                _nested(key, value),
+                "",
+                lambda _k: f"the recipe of model.path={cfg.model.path}",
+                all_keys(cls),
+                set(),
+            )
     if isinstance(cfg, Validated):
         cfg.validate()
     return cfg
@@ -75,8 +81,11 @@ def load(cls, path: str | None = None, overrides: list[str] | None = None, other
 
 def _without_foreign(data: dict, cls, others: tuple, path: str) -> dict:
     own = {f.name for f in dataclasses.fields(cls)} | set(getattr(cls, "RENAMED", {}))
-    known = {name for other in others for name in
-             [f.name for f in dataclasses.fields(other)] + list(getattr(other, "RENAMED", {}))}
+    known = {
+        name
+        for other in others
+        for name in [f.name for f in dataclasses.fields(other)] + list(getattr(other, "RENAMED", {}))
+    }
     foreign = [k for k in data if k not in own and k in known]
     if foreign:
         log.info("%s: keys of other asyncrl commands left out: %s", path, ", ".join(map(str, foreign)))
@@ -200,8 +209,10 @@ def _check_expansion(node, path: str) -> None:
             raise ConfigError(f"{path}:{n.start_mark.line + 1}: a YAML alias that contains itself")
         count += 1
         if count > MAX_YAML_NODES:
-            raise ConfigError(f"{path}: expands to more than {MAX_YAML_NODES} values (YAML aliases repeating "
-                              "aliases?); a config file is a few hundred keys")
+            raise ConfigError(
+                f"{path}: expands to more than {MAX_YAML_NODES} values (YAML aliases repeating "
+                "aliases?); a config file is a few hundred keys"
+            )
         if isinstance(n, (yaml.SequenceNode, yaml.MappingNode)):
             on_path.add(id(n))
             stack.append((n, True))
@@ -295,8 +306,12 @@ def _merge(cfg, data: dict, prefix: str, where, valid: list[str], given: set[str
         dotted = prefix + str(key)
         if key not in names and key in renamed:
             new = renamed[key]
-            log.warning("%s: '%s' is deprecated: use '%s' (the old name stops working in the next release)",
-                        where(dotted), dotted, prefix + new)
+            log.warning(
+                "%s: '%s' is deprecated: use '%s' (the old name stops working in the next release)",
+                where(dotted),
+                dotted,
+                prefix + new,
+            )
             for part in reversed(new.split(".")):
                 value = {part: value}
             _merge(cfg, value, prefix, where, valid, given)
@@ -348,8 +363,10 @@ def _coerce(value, typ, key: str, where):
     elif typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
             if not -(2**63) <= value < 2**63:
-                raise ConfigError(f"{where(key)}: '{key}' must be a 64-bit integer (below 2**63 in size), got "
-                                  f"{str(value)[:30]}{'...' if len(str(value)) > 30 else ''}")
+                raise ConfigError(
+                    f"{where(key)}: '{key}' must be a 64-bit integer (below 2**63 in size), got "
+                    f"{str(value)[:30]}{'...' if len(str(value)) > 30 else ''}"
+                )
             return value
     elif typ is float:
         number = _as_float(value)

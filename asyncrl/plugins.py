@@ -30,8 +30,9 @@ def load_object(spec: str) -> Any:
     except ImportError as e:
         raise ValueError(f"'{spec}': cannot import module '{module_name}' ({e})") from e
     except SyntaxError as e:
-        raise ValueError(f"'{spec}': module '{module_name}' has a syntax error at {e.filename}:{e.lineno} "
-                         f"({e.msg})") from e
+        raise ValueError(
+            f"'{spec}': module '{module_name}' has a syntax error at {e.filename}:{e.lineno} ({e.msg})"
+        ) from e
     except Exception as e:  # noqa: BLE001 - the module itself raised while being imported
         raise ValueError(f"'{spec}': importing module '{module_name}' raised {type(e).__name__}: {e}") from e
     for part in attr.split("."):

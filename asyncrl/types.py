@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-
 MIN_TEMPERATURE = 1e-4
 """Below this, logits divided by the temperature overflow float32 for ordinary logit ranges: use greedy."""
 
@@ -43,8 +42,10 @@ class SamplingParams:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.greedy and not (math.isfinite(self.temperature) and self.temperature >= MIN_TEMPERATURE):
-            raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE} for sampling (0 or "
-                             f"greedy for the most likely token), got {self.temperature}")
+            raise ValueError(
+                f"temperature must be a finite number >= {MIN_TEMPERATURE} for sampling (0 or "
+                f"greedy for the most likely token), got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:  # NaN fails too
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -4,7 +4,7 @@
     python bench/agent_async.py --steps 10 --etas 0,4 --latency 0.5 --p99 4
     python bench/agent_async.py --etas 0,1,2,4,8,auto  # η tuned online (≤ --limit) against every fixed η
     python bench/agent_async.py --task lookup --steps 30 --etas 0,2,4 --batch 8 --n 8 --latency 0.5 --p99 4 \
-        --eval-every 10 --target 0.15                 # the lookup task from builtin:tiny-agent (examples/agent_lookup.yaml)
+        --eval-every 10 --target 0.15     # the lookup task from builtin:tiny-agent (examples/agent_lookup.yaml)
 
 Each arm is one ``asyncrl train`` process with ``workflow.name=agent`` and the episode of
 ``bench/agent_env.py`` (answer, wait for a slow checker tool with log-normal latency, retry if wrong), on the shipped
@@ -39,23 +39,49 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_arm(eta: int | str, args: argparse.Namespace, out: Path) -> dict:
     sync = eta == 0
-    threads = ["cluster.cpu_split=fixed", *(["actor.threads=2", "rollout.threads=2"] if sync else
-                                            ["actor.threads=1", "rollout.threads=1"])]
+    threads = [
+        "cluster.cpu_split=fixed",
+        *(["actor.threads=2", "rollout.threads=2"] if sync else ["actor.threads=1", "rollout.threads=1"]),
+    ]
     if args.task == "lookup":
-        task = ["--config", str(REPO / "examples" / "agent_lookup.yaml"),
-                f"agent.options={{max_turns: 6, python: true, tool_latency_s: {args.latency}, "  # the YAML's,
-                f"tool_latency_p99_s: {args.p99}}}"]  # as the override replaces the whole dict
+        task = [
+            "--config",
+            str(REPO / "examples" / "agent_lookup.yaml"),
+            f"agent.options={{max_turns: 6, python: true, tool_latency_s: {args.latency}, "  # the YAML's,
+            f"tool_latency_p99_s: {args.p99}}}",
+        ]  # as the override replaces the whole dict
     else:
-        task = ["workflow.name=agent", "agent.episode=agent_env:episode", "agent.client=inprocess",
-                f"agent.options={{attempts: {args.attempts}, tool_latency_s: {args.latency}, "
-                f"tool_latency_p99_s: {args.p99}}}"]
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", *task, f"output_dir={out}", f"experiment_name=eta{eta}",
-           "progress_bar=false", "report=false", "max_train_time_s=0", f"rollout.max_head_offpolicyness={eta}",
-           f"rollout.max_staleness_limit={args.limit}",
-           f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}",
-           f"gconfig.max_new_tokens={args.max_new_tokens}", f"evaluator.freq_steps={args.eval_every}",
-           f"valid_dataset.size={args.eval_size}",
-           "rollout.max_slots=128", f"seed={args.seed}", "saver.freq_steps=0", *threads]
+        task = [
+            "workflow.name=agent",
+            "agent.episode=agent_env:episode",
+            "agent.client=inprocess",
+            f"agent.options={{attempts: {args.attempts}, tool_latency_s: {args.latency}, "
+            f"tool_latency_p99_s: {args.p99}}}",
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        *task,
+        f"output_dir={out}",
+        f"experiment_name=eta{eta}",
+        "progress_bar=false",
+        "report=false",
+        "max_train_time_s=0",
+        f"rollout.max_head_offpolicyness={eta}",
+        f"rollout.max_staleness_limit={args.limit}",
+        f"total_train_steps={args.steps}",
+        f"train_dataset.batch_size={args.batch}",
+        f"gconfig.n_samples={args.n}",
+        f"gconfig.max_new_tokens={args.max_new_tokens}",
+        f"evaluator.freq_steps={args.eval_every}",
+        f"valid_dataset.size={args.eval_size}",
+        "rollout.max_slots=128",
+        f"seed={args.seed}",
+        "saver.freq_steps=0",
+        *threads,
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO / "bench"), str(REPO)])}
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -64,14 +90,19 @@ def run_arm(eta: int | str, args: argparse.Namespace, out: Path) -> dict:
         raise SystemExit(f"arm η={eta} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     records = [json.loads(line) for line in (out / f"eta{eta}" / "default" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
-    evals = [(r["step"], r["elapsed_s"] if r["step"] else 0.0, r["eval_accuracy"]) for r in records
-             if "eval_accuracy" in r]
+    evals = [
+        (r["step"], r["elapsed_s"] if r["step"] else 0.0, r["eval_accuracy"]) for r in records if "eval_accuracy" in r
+    ]
     target = evals[0][2] + args.target
     reached = next((t for _, t, a in evals if a >= target), None)
     train_s = steps[-1]["elapsed_s"]  # from the first admission to the last step (no start-up, no step-0 eval)
     episodes = steps[-1].get("agent_episodes", 0)  # counters are cumulative
     return {
-        "eta": eta, "steps": len(steps), "train_s": train_s, "wall_s": wall, "step_s": train_s / len(steps),
+        "eta": eta,
+        "steps": len(steps),
+        "train_s": train_s,
+        "wall_s": wall,
+        "step_s": train_s / len(steps),
         "gen_busy": sum(r["gen_busy_frac"] for r in steps) / len(steps),
         "trainer_wait_s": sum(r["trainer_wait_s"] for r in steps) / len(steps),
         "staleness_max": max(r["staleness_max"] for r in steps),
@@ -79,14 +110,20 @@ def run_arm(eta: int | str, args: argparse.Namespace, out: Path) -> dict:
         "tool_s_per_episode": steps[-1].get("agent_tool_s", 0.0) / max(1, episodes),
         "reward_mean": sum(r["reward_mean"] for r in steps) / len(steps),
         "episode_failures": steps[-1].get("agent_episode_failures", 0),
-        "evals": evals, "time_to_target_s": reached, "final_accuracy": evals[-1][2],
+        "evals": evals,
+        "time_to_target_s": reached,
+        "final_accuracy": evals[-1][2],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=("checker", "lookup"), default="checker",
-                   help="checker: bench/agent_env.py on the arithmetic model; lookup: examples/agent_lookup.yaml")
+    p.add_argument(
+        "--task",
+        choices=("checker", "lookup"),
+        default="checker",
+        help="checker: bench/agent_env.py on the arithmetic model; lookup: examples/agent_lookup.yaml",
+    )
     p.add_argument("--etas", default="0,1,2,4", help="comma-separated η values; 'auto' tunes η online")
     p.add_argument("--limit", type=int, default=8, help="rollout.max_staleness_limit, the bound of η=auto")
     p.add_argument("--steps", type=int, default=20)
@@ -106,25 +143,33 @@ def main(argv: list[str] | None = None) -> int:
         args.max_new_tokens = 64 if args.task == "lookup" else 48
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     shape = f"up to {args.attempts} checked attempts" if args.task == "checker" else "lookups of 1-3 boxes"
-    print(f"# agent_async ({args.task}): {args.steps} steps of {args.batch}x{args.n} episodes, {shape}, tool latency "
-          f"median {args.latency}s p99 {args.p99}s; {cpu()}")
+    print(
+        f"# agent_async ({args.task}): {args.steps} steps of {args.batch}x{args.n} episodes, {shape}, tool latency "
+        f"median {args.latency}s p99 {args.p99}s; {cpu()}"
+    )
     results = [run_arm(e if e == "auto" else int(e), args, out) for e in args.etas.split(",")]
     base = next((r for r in results if r["eta"] == 0), None)
-    print("| η | steps | train s | s/step | speedup | time to target s | its speedup | final acc | gen busy | "
-          "trainer wait s/step | tool s/episode | stale max |")
+    print(
+        "| η | steps | train s | s/step | speedup | time to target s | its speedup | final acc | gen busy | "
+        "trainer wait s/step | tool s/episode | stale max |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         speed = f"{base['train_s'] / r['train_s']:.2f}x" if base else "-"
         ttt = r["time_to_target_s"]
         tspeed = f"{base['time_to_target_s'] / ttt:.2f}x" if base and base["time_to_target_s"] and ttt else "-"
-        print(f"| {r['eta']} | {r['steps']} | {r['train_s']:.1f} | {r['step_s']:.2f} | {speed} | "
-              f"{'-' if ttt is None else f'{ttt:.0f}'} | {tspeed} | {r['final_accuracy']:.3f} | {r['gen_busy']:.2f} | "
-              f"{r['trainer_wait_s']:.2f} | {r['tool_s_per_episode']:.2f} | {r['staleness_max']} |")
+        print(
+            f"| {r['eta']} | {r['steps']} | {r['train_s']:.1f} | {r['step_s']:.2f} | {speed} | "
+            f"{'-' if ttt is None else f'{ttt:.0f}'} | {tspeed} | {r['final_accuracy']:.3f} | {r['gen_busy']:.2f} | "
+            f"{r['trainer_wait_s']:.2f} | {r['tool_s_per_episode']:.2f} | {r['staleness_max']} |"
+        )
     for r in results:
         if r["eta"] == "auto":
             print(f"η=auto per step: {r['etas']}")
-        print(f"η={r['eta']} evaluations (step, s, accuracy): " + ", ".join(f"({s}, {t:.0f}, {a:.2f})"
-                                                                          for s, t, a in r["evals"]))
+        print(
+            f"η={r['eta']} evaluations (step, s, accuracy): "
+            + ", ".join(f"({s}, {t:.0f}, {a:.2f})" for s, t, a in r["evals"])
+        )
     (out / "results.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -17,13 +17,21 @@ from asyncrl.agent.tasks.lookup import Latency
 from asyncrl.data.arith import arith_reward
 
 
-async def episode(client, item: dict, *, attempts: int = 3, tool_latency_s: float = 1.0,
-                  tool_latency_p99_s: float = 8.0, seed: int | None = None) -> dict:
+async def episode(
+    client,
+    item: dict,
+    *,
+    attempts: int = 3,
+    tool_latency_s: float = 1.0,
+    tool_latency_p99_s: float = 8.0,
+    seed: int | None = None,
+) -> dict:
     latency = Latency(tool_latency_s, tool_latency_p99_s, random.Random(seed) if seed is not None else None)
     rewards = {}
     for _ in range(attempts):
-        reply = await client.chat.completions.create(model="policy",
-                                                     messages=[{"role": "user", "content": item["question"]}])
+        reply = await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": item["question"]}]
+        )
         reward = arith_reward(item["question"], reply.choices[0].message.content or "", item["answer"])
         await latency.wait()  # the checker
         rewards[reply.id] = reward

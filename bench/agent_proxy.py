@@ -29,10 +29,10 @@ async def main(args) -> None:
 
     from asyncrl.agent.chat import ChatRenderer
     from asyncrl.agent.client import InProcessClient
-    from asyncrl.server.agent import build_app
     from asyncrl.agent.proxy import AgentProxy
     from asyncrl.engine.local import LocalEngine
     from asyncrl.models.hf import load_model, load_tokenizer
+    from asyncrl.server.agent import build_app
     from asyncrl.server.app import ServerThread
     from asyncrl.types import SamplingParams
 
@@ -95,13 +95,14 @@ async def main(args) -> None:
         p50, p90 = statistics.median(ts), statistics.quantiles(ts, n=10)[-1]
         print(f"{name:>10} {p50:8.2f} {p90:8.2f} {p50 - base:16.2f}")
     inside = statistics.median(server_ms[10:])
-    print(f"http: {inside:.2f} ms p50 inside the proxy (server side), so {statistics.median(times['http']) - inside:.2f} "
-          "ms in the openai client, HTTP and FastAPI")
+    print(
+        f"http: {inside:.2f} ms p50 inside the proxy (server side), so {statistics.median(times['http']) - inside:.2f} "
+        "ms in the openai client, HTTP and FastAPI"
+    )
 
     async def episode(i: int) -> int:
         k = http_proxy.open()
-        c = AsyncOpenAI(base_url=server.url + "/v1", api_key=k, max_retries=0,
-                        http_client=shared)
+        c = AsyncOpenAI(base_url=server.url + "/v1", api_key=k, max_retries=0, http_client=shared)
         msgs = [{"role": "user", "content": f"Compute {i} + 1."}]
         for _ in range(3):
             r = await c.chat.completions.create(model="m", messages=msgs, max_tokens=8)
@@ -115,8 +116,10 @@ async def main(args) -> None:
     results = await asyncio.gather(*(episode(i) for i in range(args.episodes)), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
     calls = sum(r for r in results if isinstance(r, int))
-    print(f"{args.episodes} concurrent 3-turn episodes over HTTP: {calls} calls recorded, {len(errors)} errors, "
-          f"{time.perf_counter() - t0:.1f} s" + (f" (first: {errors[0]!r})" if errors else ""))
+    print(
+        f"{args.episodes} concurrent 3-turn episodes over HTTP: {calls} calls recorded, {len(errors)} errors, "
+        f"{time.perf_counter() - t0:.1f} s" + (f" (first: {errors[0]!r})" if errors else "")
+    )
     await shared.aclose()
     await client.close()
     server.close()

@@ -25,9 +25,21 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def run(algo: str, budget_s: float, out: str, overrides: list[str]) -> dict:
-    cfg = configlib.load(TrainConfig, str(EXAMPLES / f"{algo}.yaml"), [
-        f"max_train_time_s={budget_s}", "total_train_steps=100000", f"output_dir={out}", "trial_name=bench",
-        "progress_bar=false", "report=false", "evaluator.freq_steps=0", "saver.freq_steps=0", *overrides])
+    cfg = configlib.load(
+        TrainConfig,
+        str(EXAMPLES / f"{algo}.yaml"),
+        [
+            f"max_train_time_s={budget_s}",
+            "total_train_steps=100000",
+            f"output_dir={out}",
+            "trial_name=bench",
+            "progress_bar=false",
+            "report=false",
+            "evaluator.freq_steps=0",
+            "saver.freq_steps=0",
+            *overrides,
+        ],
+    )
     train(cfg)
     records = read_metrics(Path(out) / cfg.experiment_name / "bench")
     steps = [r for r in records if r["step"] > 0]
@@ -58,8 +70,10 @@ def main() -> None:
     print("| algorithm | steps | train s | eval accuracy start | eval accuracy end | reward (last 5 steps) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['algo']} | {r['steps']} | {r['train_s']:.0f} | {r['acc_start']:.3f} | {r['acc_end']:.3f} | "
-              f"{r['reward_last5']:.3f} |")
+        print(
+            f"| {r['algo']} | {r['steps']} | {r['train_s']:.0f} | {r['acc_start']:.3f} | {r['acc_end']:.3f} | "
+            f"{r['reward_last5']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ held-out split and batch shape; only η, the loss, the interrupt mode and the th
 CPU: the synchronous arm gets both cores for each phase (``actor.threads=2 rollout.threads=2``; its phases
 alternate), the asynchronous arms one core each for the trainer and the generator (1 + 1, at the same time),
 TRL both cores. The auto suite adds a synchronous arm with the CPU default (``cluster.cpu_split=auto``: the
-trainer on both cores, the generator on one, which on 2 cores avoids libgomp's sleeping workers: asyncrl/cluster/cores.py)
-and the asynchronous arm with it.
+trainer on both cores, the generator on one, which on 2 cores avoids libgomp's sleeping workers:
+asyncrl/cluster/cores.py) and the asynchronous arm with it.
 
 The prompts are chain-arithmetic problems with a long-tailed length mix (``--mix``, number of terms: mostly
 short, a tail of long ones whose worked answers take 2-3x as many tokens), written to
@@ -53,7 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from asyncrl.report import ReportError, RunSummary, load_run, pyplot, summarize, write_report
+from asyncrl.report import ReportError, RunSummary, load_run, pyplot, summarize, write_report  # noqa: E402
 
 DEFAULT_OUT = REPO / "outputs" / "bench" / "async_vs_sync"
 DEFAULT_MIX = "3-5:0.85,6-12:0.15"
@@ -134,14 +134,25 @@ class Setup:
 
     def overrides(self, train_path: Path, valid_path: Path) -> list[str]:
         return [
-            f"model.path={self.model}", f"seed={self.seed}", "progress_bar=false",
-            f"total_train_steps={self.steps}", f"max_train_time_s={self.max_time_s}",
-            f"train_dataset.path={train_path}", "train_dataset.type=qa", f"train_dataset.seed={self.seed}",
-            f"train_dataset.batch_size={self.batch_size}", f"valid_dataset.path={valid_path}",
-            f"valid_dataset.size={self.valid_size}", "reward.fn=asyncrl.data.arith:arith_reward",
-            "reward.workers=0", f"gconfig.n_samples={self.n_samples}",
-            f"gconfig.max_new_tokens={self.max_new_tokens}", f"rollout.max_slots={self.max_slots}",
-            f"evaluator.freq_steps={self.eval_every}", "saver.freq_steps=0", f"actor.lr={self.lr}",
+            f"model.path={self.model}",
+            f"seed={self.seed}",
+            "progress_bar=false",
+            f"total_train_steps={self.steps}",
+            f"max_train_time_s={self.max_time_s}",
+            f"train_dataset.path={train_path}",
+            "train_dataset.type=qa",
+            f"train_dataset.seed={self.seed}",
+            f"train_dataset.batch_size={self.batch_size}",
+            f"valid_dataset.path={valid_path}",
+            f"valid_dataset.size={self.valid_size}",
+            "reward.fn=asyncrl.data.arith:arith_reward",
+            "reward.workers=0",
+            f"gconfig.n_samples={self.n_samples}",
+            f"gconfig.max_new_tokens={self.max_new_tokens}",
+            f"rollout.max_slots={self.max_slots}",
+            f"evaluator.freq_steps={self.eval_every}",
+            "saver.freq_steps=0",
+            f"actor.lr={self.lr}",
             *self.extra,
         ]
 
@@ -156,8 +167,13 @@ class Arm:
     runner: str = "asyncrl"  # or "trl"
 
     def all_overrides(self) -> list[str]:
-        return [f"rollout.max_head_offpolicyness={self.eta}", "cluster.cpu_split=fixed",  # an arm may say auto
-                f"actor.threads={self.threads[0]}", f"rollout.threads={self.threads[1]}", *self.overrides]
+        return [
+            f"rollout.max_head_offpolicyness={self.eta}",
+            "cluster.cpu_split=fixed",  # an arm may say auto
+            f"actor.threads={self.threads[0]}",
+            f"rollout.threads={self.threads[1]}",
+            *self.overrides,
+        ]
 
 
 def sync_arm(cores: int) -> Arm:
@@ -176,8 +192,7 @@ def suite_arms(suite: str, cores: int) -> list[Arm]:
     ablations = [
         sync,
         async_arm(4, cores),  # interruptible (recompute), decoupled loss: the default
-        async_arm(4, cores, "rollout.interrupt_mode=drain", name="eta4-drain",
-                  label="η=4 non-interruptible (drain)"),
+        async_arm(4, cores, "rollout.interrupt_mode=drain", name="eta4-drain", label="η=4 non-interruptible (drain)"),
         async_arm(4, cores, "rollout.interrupt_mode=abort", name="eta4-abort", label="η=4 abort + resubmit"),
         async_arm(4, cores, *naive, name="eta4-ppo", label="η=4 naive PPO"),
         async_arm(8, cores),
@@ -186,17 +201,25 @@ def suite_arms(suite: str, cores: int) -> list[Arm]:
     trl = [sync, async_arm(4, cores), Arm("trl-grpo", "TRL GRPOTrainer", 0, threads=(cores, cores), runner="trl")]
     # the same cores, split differently: the trainer is the bottleneck here, so give it more threads
     # (more threads than cores: the OS time-slices them)
-    threads = [sync, async_arm(2, cores),
-               Arm("eta2-t21", f"async η=2 ({cores}+1 threads)", 2, threads=(cores, 1)),
-               Arm("eta2-t22", f"async η=2 ({cores}+{cores} threads)", 2, threads=(cores, cores))]
+    threads = [
+        sync,
+        async_arm(2, cores),
+        Arm("eta2-t21", f"async η=2 ({cores}+1 threads)", 2, threads=(cores, 1)),
+        Arm("eta2-t22", f"async η=2 ({cores}+{cores} threads)", 2, threads=(cores, cores)),
+    ]
     # η tuned online against every fixed η; and with the cores shared by need (cluster.cpu_split=auto: the trainer
     # borrows the engine's core while the engine idles)
-    auto = headline + [Arm("eta0-sync-split", "sync η=0, cpu_split=auto", 0, ("cluster.cpu_split=auto",),
-                           threads=(cores, cores)),
-                       async_arm("auto", cores, "rollout.max_staleness_limit=8", name="eta-auto",
-                                 label="async η=auto (≤8)"),
-                       Arm("eta-auto-split", "async η=auto, cpu_split=auto", "auto",
-                           ("rollout.max_staleness_limit=8", "cluster.cpu_split=auto"), threads=(cores, cores))]
+    auto = headline + [
+        Arm("eta0-sync-split", "sync η=0, cpu_split=auto", 0, ("cluster.cpu_split=auto",), threads=(cores, cores)),
+        async_arm("auto", cores, "rollout.max_staleness_limit=8", name="eta-auto", label="async η=auto (≤8)"),
+        Arm(
+            "eta-auto-split",
+            "async η=auto, cpu_split=auto",
+            "auto",
+            ("rollout.max_staleness_limit=8", "cluster.cpu_split=auto"),
+            threads=(cores, cores),
+        ),
+    ]
     suites = {"headline": headline, "ablations": ablations, "trl": trl, "threads": threads, "auto": auto}
     if suite == "all":
         arms: dict[str, Arm] = {}
@@ -220,16 +243,49 @@ class ArmResult:
 
 def arm_command(arm: Arm, setup: Setup, train_path: Path, valid_path: Path, runs: Path) -> list[str]:
     if arm.runner == "trl":
-        return [sys.executable, str(REPO / "bench" / "trl_grpo.py"), "--model", setup.model,
-                "--train", str(train_path), "--valid", str(valid_path), "--out", str(runs / arm.name),
-                "--steps", str(setup.steps), "--max-time-s", str(setup.max_time_s),
-                "--batch-size", str(setup.batch_size), "--n-samples", str(setup.n_samples),
-                "--max-new-tokens", str(setup.max_new_tokens), "--eval-every", str(setup.eval_every),
-                "--valid-size", str(setup.valid_size), "--lr", str(setup.lr), "--seed", str(setup.seed),
-                "--threads", str(arm.threads[0])]
-    return [sys.executable, "-m", "asyncrl.cli", "train", *setup.overrides(train_path, valid_path),
-            f"output_dir={runs.parent}", f"experiment_name={runs.name}", f"trial_name={arm.name}",
-            *arm.all_overrides()]
+        return [
+            sys.executable,
+            str(REPO / "bench" / "trl_grpo.py"),
+            "--model",
+            setup.model,
+            "--train",
+            str(train_path),
+            "--valid",
+            str(valid_path),
+            "--out",
+            str(runs / arm.name),
+            "--steps",
+            str(setup.steps),
+            "--max-time-s",
+            str(setup.max_time_s),
+            "--batch-size",
+            str(setup.batch_size),
+            "--n-samples",
+            str(setup.n_samples),
+            "--max-new-tokens",
+            str(setup.max_new_tokens),
+            "--eval-every",
+            str(setup.eval_every),
+            "--valid-size",
+            str(setup.valid_size),
+            "--lr",
+            str(setup.lr),
+            "--seed",
+            str(setup.seed),
+            "--threads",
+            str(arm.threads[0]),
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        *setup.overrides(train_path, valid_path),
+        f"output_dir={runs.parent}",
+        f"experiment_name={runs.name}",
+        f"trial_name={arm.name}",
+        *arm.all_overrides(),
+    ]
 
 
 def run_arm(arm: Arm, setup: Setup, train_path: Path, valid_path: Path, runs: Path, fresh: bool) -> ArmResult:
@@ -253,8 +309,15 @@ def run_arm(arm: Arm, setup: Setup, train_path: Path, valid_path: Path, runs: Pa
         log.write(" ".join(command) + "\n")
         log.flush()
         try:
-            proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                  timeout=setup.max_time_s + 600, check=False)
+            proc = subprocess.run(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+                timeout=setup.max_time_s + 600,
+                check=False,
+            )
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = -1
@@ -311,15 +374,34 @@ def speedup(base: RunSummary | None, s: RunSummary | None) -> float | None:
 
 def table(results: list[ArmResult], baseline: ArmResult | None) -> str:
     base = baseline.summary if baseline else None
-    head = ["arm", "threads", "steps", "wall s", "time→target s", "speedup", "steps/s ×", "final acc",
-            "Δacc vs sync", "gen tok/s", "train tok/s", "trained tok/wall s", "gen idle", "trainer idle",
-            "staleness mean/max", "staleness hist"]
+    head = [
+        "arm",
+        "threads",
+        "steps",
+        "wall s",
+        "time→target s",
+        "speedup",
+        "steps/s ×",
+        "final acc",
+        "Δacc vs sync",
+        "gen tok/s",
+        "train tok/s",
+        "trained tok/wall s",
+        "gen idle",
+        "trainer idle",
+        "staleness mean/max",
+        "staleness hist",
+    ]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         s = r.summary
-        threads = (f"{r.arm.threads[0]} (alternating)" if r.arm.eta == 0 and r.arm.threads[0] == r.arm.threads[1]
-                   else "shared by need" if "cluster.cpu_split=auto" in r.arm.overrides
-                   else f"{r.arm.threads[0]}+{r.arm.threads[1]}")
+        threads = (
+            f"{r.arm.threads[0]} (alternating)"
+            if r.arm.eta == 0 and r.arm.threads[0] == r.arm.threads[1]
+            else "shared by need"
+            if "cluster.cpu_split=auto" in r.arm.overrides
+            else f"{r.arm.threads[0]}+{r.arm.threads[1]}"
+        )
         if s is None:
             error = (r.error or "").replace("|", "/")
             rows.append(f"| {r.arm.label} | {threads} | not run: {error} |" + " |" * (len(head) - 3))
@@ -327,16 +409,35 @@ def table(results: list[ArmResult], baseline: ArmResult | None) -> str:
         rate = (s.steps / s.wall_s) if s.wall_s else 0.0
         base_rate = (base.steps / base.wall_s) if base and base.wall_s else 0.0
         hist = " ".join(f"{k}:{v}" for k, v in sorted(s.staleness_hist.items()))
-        rows.append("| " + " | ".join([
-            r.arm.label + etas_used(r), threads, f"{s.steps}", f"{s.wall_s:.0f}",
-            _opt(s.time_to_target_s, "{:.0f}", "not reached"), _opt(speedup(base, s), "{:.2f}×"),
-            _opt(rate / base_rate if base_rate else None, "{:.2f}×"), _opt(s.final_accuracy, "{:.3f}"),
-            _opt(None if base is None or s.final_accuracy is None or base.final_accuracy is None
-                 else s.final_accuracy - base.final_accuracy, "{:+.3f}"),
-            f"{s.gen_tokens_per_s:.0f}", f"{s.train_tokens_per_s:.0f}", f"{s.trained_tokens_per_wall_s:.0f}",
-            f"{s.generator_idle_frac:.0%}", f"{s.trainer_idle_frac:.0%}",
-            f"{s.staleness_mean:.2f}/{s.staleness_max}", f"{hist} ({s.staleness_unit})",
-        ]) + " |")
+        rows.append(
+            "| "
+            + " | ".join(
+                [
+                    r.arm.label + etas_used(r),
+                    threads,
+                    f"{s.steps}",
+                    f"{s.wall_s:.0f}",
+                    _opt(s.time_to_target_s, "{:.0f}", "not reached"),
+                    _opt(speedup(base, s), "{:.2f}×"),
+                    _opt(rate / base_rate if base_rate else None, "{:.2f}×"),
+                    _opt(s.final_accuracy, "{:.3f}"),
+                    _opt(
+                        None
+                        if base is None or s.final_accuracy is None or base.final_accuracy is None
+                        else s.final_accuracy - base.final_accuracy,
+                        "{:+.3f}",
+                    ),
+                    f"{s.gen_tokens_per_s:.0f}",
+                    f"{s.train_tokens_per_s:.0f}",
+                    f"{s.trained_tokens_per_wall_s:.0f}",
+                    f"{s.generator_idle_frac:.0%}",
+                    f"{s.trainer_idle_frac:.0%}",
+                    f"{s.staleness_mean:.2f}/{s.staleness_max}",
+                    f"{hist} ({s.staleness_unit})",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(rows)
 
 
@@ -345,8 +446,17 @@ def etas_used(r: ArmResult) -> str:
     if r.arm.eta != "auto":
         return ""
     path = r.run_dir / "metrics.jsonl"
-    etas = [rec.get("max_staleness") for line in path.read_text().splitlines() if line.strip()
-            for rec in [json.loads(line)] if rec.get("step", 0) > 0] if path.is_file() else []
+    etas = (
+        [
+            rec.get("max_staleness")
+            for line in path.read_text().splitlines()
+            if line.strip()
+            for rec in [json.loads(line)]
+            if rec.get("step", 0) > 0
+        ]
+        if path.is_file()
+        else []
+    )
     runs: list[list] = []
     for eta in etas:
         if runs and runs[-1][0] == eta:
@@ -380,10 +490,12 @@ def plot_summary(results: list[ArmResult], setup: Setup, path: Path) -> None:
     x = list(range(len(ok)))
     _plot_speed(ttt, ok, target or 0.0)
     w = 0.38
-    idle.bar([i - w / 2 for i in x], [r.summary.generator_idle_frac for r in ok], w, label="generator idle",
-             color="#ff7f0e")
-    idle.bar([i + w / 2 for i in x], [r.summary.trainer_idle_frac for r in ok], w, label="trainer idle",
-             color="#7f7f7f")
+    idle.bar(
+        [i - w / 2 for i in x], [r.summary.generator_idle_frac for r in ok], w, label="generator idle", color="#ff7f0e"
+    )
+    idle.bar(
+        [i + w / 2 for i in x], [r.summary.trainer_idle_frac for r in ok], w, label="trainer idle", color="#7f7f7f"
+    )
     idle.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
     idle.set_ylim(0, 1)
     idle.set_ylabel("fraction of wall time")
@@ -394,8 +506,9 @@ def plot_summary(results: list[ArmResult], setup: Setup, path: Path) -> None:
     for i, r in enumerate(ok):
         hist = r.summary.staleness_hist
         total = sum(hist.values()) or 1
-        stale.bar([k - 0.4 + width * (i + 0.5) for k in hist], [v / total for v in hist.values()], width,
-                  label=r.arm.label)
+        stale.bar(
+            [k - 0.4 + width * (i + 0.5) for k in hist], [v / total for v in hist.values()], width, label=r.arm.label
+        )
     stale.set_xlabel("staleness (versions)")
     stale.set_ylabel("fraction (of tokens, or of steps by max)")
     stale.set_title("staleness histogram", fontsize=10)
@@ -413,8 +526,12 @@ def _plot_speed(ax, ok: list[ArmResult], target: float) -> None:
     reached = any(r.summary.time_to_target_s is not None for r in ok)
     if reached:
         values = [r.summary.time_to_target_s or 0.0 for r in ok]
-        notes = ["not reached" if r.summary.time_to_target_s is None else
-                 (f"{speedup(base, r.summary):.2f}×" if speedup(base, r.summary) else "") for r in ok]
+        notes = [
+            "not reached"
+            if r.summary.time_to_target_s is None
+            else (f"{speedup(base, r.summary):.2f}×" if speedup(base, r.summary) else "")
+            for r in ok
+        ]
         ax.set_ylabel("seconds")
         ax.set_title(f"time to held-out accuracy {target:.2f} (speedup vs sync)", fontsize=10)
     else:
@@ -430,24 +547,39 @@ def _plot_speed(ax, ok: list[ArmResult], target: float) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-def write_outputs(results: list[ArmResult], setup: Setup, out: Path, suite: str, command: str,
-                  seconds: float) -> str:
+def write_outputs(results: list[ArmResult], setup: Setup, out: Path, suite: str, command: str, seconds: float) -> str:
     baseline = next((r for r in results if r.arm.name == "eta0-sync" and r.summary), None)
     text = table(results, baseline)
     value = next((r.summary.target for r in results if r.summary), None)
-    header = (f"target accuracy {setup.target}" + (f" (= {value:.3f})" if value is not None else "") + "; "
-              f"{setup.steps} steps (cap {setup.max_time_s:.0f} s) per arm; "
-              f"B={setup.batch_size} groups x {setup.n_samples} samples; max_new_tokens={setup.max_new_tokens}; "
-              f"length mix (terms:weight) {setup.mix}; model {setup.model}; {setup.cores} cores")
+    header = (
+        f"target accuracy {setup.target}" + (f" (= {value:.3f})" if value is not None else "") + "; "
+        f"{setup.steps} steps (cap {setup.max_time_s:.0f} s) per arm; "
+        f"B={setup.batch_size} groups x {setup.n_samples} samples; max_new_tokens={setup.max_new_tokens}; "
+        f"length mix (terms:weight) {setup.mix}; model {setup.model}; {setup.cores} cores"
+    )
     (out / f"results-{suite}.md").write_text(f"`{command}` ({seconds / 60:.1f} min)\n\n{header}\n\n{text}\n")
     payload = {
-        "command": command, "seconds": seconds, "setup": asdict(setup),
-        "arms": [{"name": r.arm.name, "label": r.arm.label, "eta": r.arm.eta, "threads": list(r.arm.threads),
-                  "overrides": r.arm.all_overrides() if r.arm.runner == "asyncrl" else [], "runner": r.arm.runner,
-                  "run_dir": str(r.run_dir), "reused": r.reused, "process_s": r.seconds, "error": r.error,
-                  "summary": r.summary.to_dict() if r.summary else None,
-                  "speedup_time_to_target": speedup(baseline.summary if baseline else None, r.summary),
-                  "accuracy_curve": r.curve} for r in results],
+        "command": command,
+        "seconds": seconds,
+        "setup": asdict(setup),
+        "arms": [
+            {
+                "name": r.arm.name,
+                "label": r.arm.label,
+                "eta": r.arm.eta,
+                "threads": list(r.arm.threads),
+                "overrides": r.arm.all_overrides() if r.arm.runner == "asyncrl" else [],
+                "runner": r.arm.runner,
+                "run_dir": str(r.run_dir),
+                "reused": r.reused,
+                "process_s": r.seconds,
+                "error": r.error,
+                "summary": r.summary.to_dict() if r.summary else None,
+                "speedup_time_to_target": speedup(baseline.summary if baseline else None, r.summary),
+                "accuracy_curve": r.curve,
+            }
+            for r in results
+        ],
     }
     (out / f"results-{suite}.json").write_text(json.dumps(payload, indent=2) + "\n")
     try:
@@ -463,8 +595,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--suite", default="headline", choices=["headline", "ablations", "trl", "threads", "auto", "all"])
     p.add_argument("--arms", help="comma-separated subset of the suite's arm names (e.g. eta0-sync,eta4)")
     p.add_argument("--model", default="builtin:tiny-sft")
-    p.add_argument("--target", default="+0.15",
-                   help="held-out accuracy that counts as reached: absolute (0.4) or above step 0 (+0.15)")
+    p.add_argument(
+        "--target",
+        default="+0.15",
+        help="held-out accuracy that counts as reached: absolute (0.4) or above step 0 (+0.15)",
+    )
     p.add_argument("--steps", type=int, default=60, help="training steps per arm")
     p.add_argument("--max-time-s", type=float, default=240.0, help="wall-time cap per arm (training loop)")
     p.add_argument("--batch-size", type=int, default=16, help="prompt groups per step (B)")
@@ -477,8 +612,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mix", default=DEFAULT_MIX, help="number-of-terms mix MIN-MAX:WEIGHT,...")
     p.add_argument("--cores", type=int, default=2, help="CPU cores the arms share (sync gets all of them)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra asyncrl override for every asyncrl arm (repeatable), e.g. actor.dynamic_sampling=true")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra asyncrl override for every asyncrl arm (repeatable), e.g. actor.dynamic_sampling=true",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--fresh", action="store_true", help="rerun arms even when a finished run matches")
     p.add_argument("--quick", action="store_true", help="plumbing check: 6 steps, small batches, 2 arms per suite")
@@ -491,9 +631,23 @@ def main(argv: list[str] | None = None) -> int:
         args.steps, args.max_time_s, args.batch_size, args.n_samples = 6, 120.0, 4, 4
         args.eval_every, args.valid_size, args.max_slots = 3, 32, 32
         args.out = args.out.with_name(args.out.name + "-quick")
-    setup = Setup(args.model, args.target, args.steps, args.max_time_s, args.batch_size, args.n_samples,
-                  args.max_new_tokens, args.max_slots, args.eval_every, args.valid_size, args.lr, args.seed,
-                  args.mix, args.cores, tuple(args.set))
+    setup = Setup(
+        args.model,
+        args.target,
+        args.steps,
+        args.max_time_s,
+        args.batch_size,
+        args.n_samples,
+        args.max_new_tokens,
+        args.max_slots,
+        args.eval_every,
+        args.valid_size,
+        args.lr,
+        args.seed,
+        args.mix,
+        args.cores,
+        tuple(args.set),
+    )
     arms = suite_arms(args.suite, args.cores)
     if args.arms:
         wanted = args.arms.split(",")
@@ -504,8 +658,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.quick:
         arms = [a for a in arms if a.name in ("eta0-sync", "eta4", "trl-grpo", "eta4-drain")]
     mix = LengthMix.parse(args.mix)
-    train_path, valid_path = write_task_files(args.out / "data", mix, n_train=max(4000, 3 * setup.steps *
-                                              setup.batch_size), n_valid=setup.valid_size, seed=setup.seed)
+    train_path, valid_path = write_task_files(
+        args.out / "data",
+        mix,
+        n_train=max(4000, 3 * setup.steps * setup.batch_size),
+        n_valid=setup.valid_size,
+        seed=setup.seed,
+    )
     runs = args.out / "runs"
     command = "python bench/async_vs_sync.py " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.perf_counter()
@@ -515,16 +674,20 @@ def main(argv: list[str] | None = None) -> int:
         result = run_arm(arm, setup, train_path, valid_path, runs, args.fresh)
         results.append(result)
         s = result.summary
-        status = (f"error: {result.error}" if s is None else
-                  f"{s.steps} steps in {s.wall_s:.0f}s, final acc {_opt(s.final_accuracy, '{:.3f}')}, "
-                  f"time to {_opt(s.target, '{:.3f}')}: {_opt(s.time_to_target_s, '{:.0f}s', 'not reached')}"
-                  + (" (reused)" if result.reused else f" (process {result.seconds:.0f}s)"))
+        status = (
+            f"error: {result.error}"
+            if s is None
+            else f"{s.steps} steps in {s.wall_s:.0f}s, final acc {_opt(s.final_accuracy, '{:.3f}')}, "
+            f"time to {_opt(s.target, '{:.3f}')}: {_opt(s.time_to_target_s, '{:.0f}s', 'not reached')}"
+            + (" (reused)" if result.reused else f" (process {result.seconds:.0f}s)")
+        )
         print(f"    {status}", flush=True)
     suite = args.suite if not args.arms else f"{args.suite}-{args.arms.replace(',', '+')}"
     text = write_outputs(results, setup, args.out, suite, command.strip(), time.perf_counter() - t0)
     print("\n" + text)
-    print(f"\nwrote {args.out}/results-{suite}.md, .json and summary-{suite}.png; per-arm reports in "
-          f"{runs}/*/report.html")
+    print(
+        f"\nwrote {args.out}/results-{suite}.md, .json and summary-{suite}.png; per-arm reports in {runs}/*/report.html"
+    )
     return 0 if any(r.summary for r in results) else 1
 
 

@@ -23,13 +23,21 @@ class LongTail:
 
     async def run(self, item: dict, engine) -> TrajectoryGroup:
         long = int(item["id"]) % self.every == 0
-        params = dataclasses.replace(self.params, max_new_tokens=self.long if long else self.short,
-                                     **({"stop_token_ids": NO_STOP_TOKENS} if long else {}))
+        params = dataclasses.replace(
+            self.params,
+            max_new_tokens=self.long if long else self.short,
+            **({"stop_token_ids": NO_STOP_TOKENS} if long else {}),
+        )
         completions = await engine.generate(item_prompt_ids(self.tokenizer, item), params)
         texts = [self.tokenizer.decode(c.output_ids, skip_special_tokens=True) for c in completions]
         rewards = await asyncio.gather(*(self.reward.ascore(item, t) for t in texts))
-        return TrajectoryGroup([Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason, t)
-                                for c, t, r in zip(completions, texts, rewards)], item_id=item.get("id"))
+        return TrajectoryGroup(
+            [
+                Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason, t)
+                for c, t, r in zip(completions, texts, rewards)
+            ],
+            item_id=item.get("id"),
+        )
 
 
 def slow_arith_reward(prompt: str, completion: str, answer: str, **_) -> float:

@@ -35,8 +35,8 @@ def size_mb(path: Path) -> float:
 def bench(model_path: str, where: Path, repeats: int) -> dict:
     import torch
 
-    from asyncrl.loop.checkpoint import Checkpointer, RunState, restore_training_state
     from asyncrl.config import ActorConfig
+    from asyncrl.loop.checkpoint import Checkpointer, RunState, restore_training_state
     from asyncrl.models.hf import load_model, load_tokenizer
     from asyncrl.trainer import build_trainer
 
@@ -61,14 +61,20 @@ def bench(model_path: str, where: Path, repeats: int) -> dict:
             written.append(time.perf_counter() - t0)
         for _ in range(repeats):
             t0 = time.perf_counter()
-            fresh = build_trainer(ActorConfig(), load_model(str(path)), model_path=str(path), temperature=1.0,
-                                  autocast_dtype=None)
+            fresh = build_trainer(
+                ActorConfig(), load_model(str(path)), model_path=str(path), temperature=1.0, autocast_dtype=None
+            )
             restore_training_state(fresh, path)
             loads.append(time.perf_counter() - t0)
     params = sum(p.numel() for p in model.parameters())
-    return {"params_m": params / 1e6, "size_mb": size, "save_s": statistics.median(saves),
-            "resume_s": statistics.median(loads), "bg_trainer_s": statistics.median(taken),
-            "bg_written_s": statistics.median(written)}
+    return {
+        "params_m": params / 1e6,
+        "size_mb": size,
+        "save_s": statistics.median(saves),
+        "resume_s": statistics.median(loads),
+        "bg_trainer_s": statistics.median(taken),
+        "bg_written_s": statistics.median(written),
+    }
 
 
 def main() -> None:
@@ -83,15 +89,20 @@ def main() -> None:
     big = model_100m(tiny, Path(tempfile.gettempdir()) / "asyncrl-bench-100m")
     places = [Path(tempfile.gettempdir())] + ([Path("/dev/shm")] if Path("/dev/shm").is_dir() else [])
     print(f"CPU: {cpu()}; median of {args.repeats}")
-    print("| model | params | where | checkpoint MB | save s (foreground) | background: trainer s | "
-          "background: complete s | trainer time fg/bg | resume s |")
+    print(
+        "| model | params | where | checkpoint MB | save s (foreground) | background: trainer s | "
+        "background: complete s | trainer time fg/bg | resume s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, path in (("tiny-sft", tiny), ("~100M", big)):
         for where in places:
             r = bench(path, where, args.repeats)
-            print(f"| {name} | {r['params_m']:.1f}M | {where} | {r['size_mb']:.1f} | {r['save_s']:.2f} | "
-                  f"{r['bg_trainer_s']:.3f} | {r['bg_written_s']:.2f} | {r['save_s'] / r['bg_trainer_s']:.1f}x | "
-                  f"{r['resume_s']:.2f} |", flush=True)
+            print(
+                f"| {name} | {r['params_m']:.1f}M | {where} | {r['size_mb']:.1f} | {r['save_s']:.2f} | "
+                f"{r['bg_trainer_s']:.3f} | {r['bg_written_s']:.2f} | {r['save_s'] / r['bg_trainer_s']:.1f}x | "
+                f"{r['resume_s']:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

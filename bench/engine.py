@@ -44,8 +44,9 @@ def qwen_vocab_model(like: str, out: Path) -> str:
     import torch
     from transformers import AutoConfig, PreTrainedTokenizerFast, Qwen2ForCausalLM
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=qwen_tokenizer(), eos_token="<|im_end|>",
-                                        pad_token="<|endoftext|>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=qwen_tokenizer(), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
     cfg = AutoConfig.from_pretrained(like)
     cfg.vocab_size, cfg.tie_word_embeddings = QWEN_VOCAB, False
     cfg.eos_token_id, cfg.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -66,10 +67,15 @@ def qwen_tokenizer():
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     vocab_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
-    pattern = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-               r"\s*[\r\n]+|\s+(?!\S)|\s+")
-    tok = TikTokenConverter(vocab_file=str(vocab_file), pattern=pattern,
-                            extra_special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]).converted()
+    pattern = (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+        r"\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
+    tok = TikTokenConverter(
+        vocab_file=str(vocab_file),
+        pattern=pattern,
+        extra_special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    ).converted()
     tok.normalizer = normalizers.NFC()
     return tok
 
@@ -92,8 +98,13 @@ class Builtin:
         from asyncrl.models.hf import DTYPES, load_model
 
         torch.set_num_threads(threads)
-        self.engine = LocalEngine(load_model(path), max_slots=max_batch, max_len=max_len, dtype=DTYPES[dtype],
-                                  native_kernels=self.native_kernels)
+        self.engine = LocalEngine(
+            load_model(path),
+            max_slots=max_batch,
+            max_len=max_len,
+            dtype=DTYPES[dtype],
+            native_kernels=self.native_kernels,
+        )
         if self.native_kernels and self.engine.decoder.kernels is None and dtype == "float32":
             print("  (builtin: native kernels unavailable, see the warning above; it runs on torch alone)")
 
@@ -131,8 +142,17 @@ class HF:
         ids = torch.tensor(prompts)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            self.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                                top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+            self.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+            )
         return time.perf_counter() - t0
 
 
@@ -146,12 +166,22 @@ class VLLM:
         if not VLLM_PYTHON.exists():
             raise FileNotFoundError(f"{VLLM_PYTHON} not found; see docs/engine.md to create it")
         cores = sorted(os.sched_getaffinity(0))[:threads]  # the model worker's OpenMP threads run on these
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads),
-                   VLLM_CPU_OMP_THREADS_BIND=str(cores[0]) if len(cores) == 1 else f"{cores[0]}-{cores[-1]}",
-                   TOKENIZERS_PARALLELISM="false")
+        env = dict(
+            os.environ,
+            VLLM_CPU_KVCACHE_SPACE="2",
+            HF_HUB_OFFLINE="1",
+            OMP_NUM_THREADS=str(threads),
+            VLLM_CPU_OMP_THREADS_BIND=str(cores[0]) if len(cores) == 1 else f"{cores[0]}-{cores[-1]}",
+            TOKENIZERS_PARALLELISM="false",
+        )
         job = dict(path=path, dtype=dtype, max_len=max_len, max_batch=max_batch)
-        self.proc = subprocess.Popen([str(VLLM_PYTHON), __file__, "--vllm-worker", json.dumps(job)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [str(VLLM_PYTHON), __file__, "--vllm-worker", json.dumps(job)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._reply()  # ready
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> float:
@@ -174,14 +204,21 @@ def vllm_worker(job: dict) -> None:
     """Runs inside .venv-vllm: loads the model, then times one ``generate`` per request line on stdin."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=job["path"], dtype=job["dtype"], max_model_len=job["max_len"], enforce_eager=True, seed=0,
-              max_num_seqs=job["max_batch"])
+    llm = LLM(
+        model=job["path"],
+        dtype=job["dtype"],
+        max_model_len=job["max_len"],
+        enforce_eager=True,
+        seed=0,
+        max_num_seqs=job["max_batch"],
+    )
     print("VLLM {}", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         n = req["new_tokens"]
-        params = SamplingParams(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, min_tokens=n,
-                                ignore_eos=True, logprobs=0)
+        params = SamplingParams(
+            n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, min_tokens=n, ignore_eos=True, logprobs=0
+        )
         prompts = [{"prompt_token_ids": p} for p in req["prompts"]]
         t0 = time.perf_counter()
         res = llm.generate(prompts, params, use_tqdm=False)
@@ -223,11 +260,20 @@ def measure(path: str, args) -> dict:
                 samples[e.name]["ttft_s"].append(t_1)
         for e in engines:
             got = samples[e.name]
-            results[e.name][batch] = {"tok_s": max(got["tok_s"]), "decode_tok_s": max(got["decode_tok_s"]),
-                                      "ttft_s": min(got["ttft_s"])}
-        print(f"  B={batch}: " + "  ".join(f"{e.name} {results[e.name][batch]['tok_s']:.0f} tok/s "
-                                           f"(decode {results[e.name][batch]['decode_tok_s']:.0f})" for e in engines),
-              flush=True)
+            results[e.name][batch] = {
+                "tok_s": max(got["tok_s"]),
+                "decode_tok_s": max(got["decode_tok_s"]),
+                "ttft_s": min(got["ttft_s"]),
+            }
+        print(
+            f"  B={batch}: "
+            + "  ".join(
+                f"{e.name} {results[e.name][batch]['tok_s']:.0f} tok/s "
+                f"(decode {results[e.name][batch]['decode_tok_s']:.0f})"
+                for e in engines
+            ),
+            flush=True,
+        )
     for e in engines:
         if hasattr(e, "close"):
             e.close()
@@ -237,11 +283,15 @@ def measure(path: str, args) -> dict:
 def table(title: str, results: dict, batches: list[int]) -> str:
     names = [n for n in ("builtin", "builtin-torch", "hf", "vllm") if n in results]
     others = [n for n in names if n != "builtin"] if "builtin" in results else []
-    head = (f"| {title} | " + " | ".join(f"{n} tok/s" for n in names)
-            + "".join(f" | builtin / {n}" for n in others)
-            + "".join(f" | {n} decode tok/s" for n in names)
-            + "".join(f" | builtin / {n} decode" for n in others)
-            + "".join(f" | {n} TTFT ms" for n in names) + " |")
+    head = (
+        f"| {title} | "
+        + " | ".join(f"{n} tok/s" for n in names)
+        + "".join(f" | builtin / {n}" for n in others)
+        + "".join(f" | {n} decode tok/s" for n in names)
+        + "".join(f" | builtin / {n} decode" for n in others)
+        + "".join(f" | {n} TTFT ms" for n in names)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for b in batches:
         r = {n: results[n][b] for n in names}
@@ -259,8 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="builtin:tiny-sft", help="model directory or builtin:NAME")
     p.add_argument("--qwen", action="store_true", help="also bench the same shape with the 152k Qwen vocabulary")
     p.add_argument("--only-qwen", action="store_true", help="bench only the Qwen-vocabulary model")
-    p.add_argument("--engines", default="builtin,builtin-torch,hf,vllm",
-                   help="builtin (with its native kernels), builtin-torch (without), hf, vllm")
+    p.add_argument(
+        "--engines",
+        default="builtin,builtin-torch,hf,vllm",
+        help="builtin (with its native kernels), builtin-torch (without), hf, vllm",
+    )
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -283,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     models = [] if args.only_qwen else [("model", base)]
     if args.qwen or args.only_qwen:
         models.append(("qwen-vocab", qwen_vocab_model(base, Path(args.cache_dir) / f"qwen-vocab-{Path(base).name}")))
-    print(f"prompt {args.prompt_len}, {args.new_tokens} new tokens, sampling T=1 with log-probs, "
-          f"{args.threads} threads, {args.dtype}, best of {args.repeats}", flush=True)
+    print(
+        f"prompt {args.prompt_len}, {args.new_tokens} new tokens, sampling T=1 with log-probs, "
+        f"{args.threads} threads, {args.dtype}, best of {args.repeats}",
+        flush=True,
+    )
     report, out = [], {}
     for label, path in models:
         print(f"{label}: {path}", flush=True)

@@ -48,8 +48,8 @@ def fixed_batch(vocab: int, n_groups: int = 4, n_samples: int = 2, seed: int = 0
 def bench(model_path: str, rank: int, repeats: int) -> dict:
     import torch
 
-    from asyncrl.models.lora import apply_lora, trainable_summary
     from asyncrl.models.hf import load_model
+    from asyncrl.models.lora import apply_lora, trainable_summary
     from asyncrl.trainer import PolicyTrainer
 
     model = load_model(model_path)
@@ -68,10 +68,14 @@ def bench(model_path: str, rank: int, repeats: int) -> dict:
         publish.append(time.perf_counter() - t0)
     state = [t for s in trainer.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     counts = trainable_summary(model)
-    return {"total": counts["total"], "trainable": counts["trainable"],
-            "optim_mb": sum(t.numel() * t.element_size() for t in state) / 2**20,
-            "step_s": statistics.median(steps), "publish_ms": statistics.median(publish) * 1e3,
-            "tokens": int(batch.attention_mask.sum())}
+    return {
+        "total": counts["total"],
+        "trainable": counts["trainable"],
+        "optim_mb": sum(t.numel() * t.element_size() for t in state) / 2**20,
+        "step_s": statistics.median(steps),
+        "publish_ms": statistics.median(publish) * 1e3,
+        "tokens": int(batch.attention_mask.sum()),
+    }
 
 
 def main() -> None:
@@ -95,14 +99,20 @@ def main() -> None:
         full = bench(path, 0, args.repeats)
         lora = bench(path, args.rank, args.repeats)
         for what, r in (("full", full), (f"LoRA r={args.rank}", lora)):
-            print(f"| {name} | {full['total'] / 1e6:.1f}M | {what} | {r['trainable'] / 1e6:.3f}M "
-                  f"({100 * r['trainable'] / r['total']:.2f}%) | {r['optim_mb']:.1f} | {r['step_s']:.2f} | "
-                  f"{r['publish_ms']:.1f} |")
-        print(f"| {name} | | LoRA / full | {lora['trainable'] / full['trainable']:.3f} | "
-              f"{lora['optim_mb'] / full['optim_mb']:.3f} | {lora['step_s'] / full['step_s']:.2f} | "
-              f"+{lora['publish_ms'] - full['publish_ms']:.1f} |")
-    print(f"(batch: {full['tokens']} tokens, 4 groups x 2 samples; publish: full hands over the live tensors, LoRA "
-          "computes the merged ones)")
+            print(
+                f"| {name} | {full['total'] / 1e6:.1f}M | {what} | {r['trainable'] / 1e6:.3f}M "
+                f"({100 * r['trainable'] / r['total']:.2f}%) | {r['optim_mb']:.1f} | {r['step_s']:.2f} | "
+                f"{r['publish_ms']:.1f} |"
+            )
+        print(
+            f"| {name} | | LoRA / full | {lora['trainable'] / full['trainable']:.3f} | "
+            f"{lora['optim_mb'] / full['optim_mb']:.3f} | {lora['step_s'] / full['step_s']:.2f} | "
+            f"+{lora['publish_ms'] - full['publish_ms']:.1f} |"
+        )
+    print(
+        f"(batch: {full['tokens']} tokens, 4 groups x 2 samples; publish: full hands over the live tensors, LoRA "
+        "computes the merged ones)"
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 VOWELS = "aeiou"
 CONSONANTS = "bcdfghklmnprstvz"
 
@@ -55,44 +54,62 @@ def made_up_word(rng: random.Random) -> str:
 def vowels_row(rng: random.Random) -> dict:
     word = made_up_word(rng)
     vowels = [c for c in word if c in VOWELS]
-    return {"question": f"How many vowels are in the word '{word}'?", "answer": str(len(vowels)),
-            "working": f"The vowels are {', '.join(vowels)}. The answer is {len(vowels)}."}
+    return {
+        "question": f"How many vowels are in the word '{word}'?",
+        "answer": str(len(vowels)),
+        "working": f"The vowels are {', '.join(vowels)}. The answer is {len(vowels)}.",
+    }
 
 
 def first_row(rng: random.Random) -> dict:
     letters = rng.sample("abcdefghijklmnopqrstuvwxyz", rng.randint(3, 5))
     order = sorted(letters)
-    return {"question": f"Which letter comes first in the alphabet: {', '.join(letters)}?", "answer": order[0],
-            "working": f"In order: {', '.join(order)}. The answer is {order[0]}."}
+    return {
+        "question": f"Which letter comes first in the alphabet: {', '.join(letters)}?",
+        "answer": order[0],
+        "working": f"In order: {', '.join(order)}. The answer is {order[0]}.",
+    }
 
 
 def reverse_row(rng: random.Random) -> dict:
     word = made_up_word(rng)
-    return {"question": f"Write the word '{word}' backwards.", "answer": word[::-1],
-            "working": f"The letters from the end: {', '.join(word[::-1])}. The answer is {word[::-1]}."}
+    return {
+        "question": f"Write the word '{word}' backwards.",
+        "answer": word[::-1],
+        "working": f"The letters from the end: {', '.join(word[::-1])}. The answer is {word[::-1]}.",
+    }
 
 
 def digitsum_row(rng: random.Random) -> dict:
     digits = [rng.randint(1, 9)] + [rng.randint(0, 9) for _ in range(rng.randint(2, 3))]
     sums = [sum(digits[: i + 1]) for i in range(len(digits))]
     steps = ", ".join(f"{a} + {d} = {s}" for a, d, s in zip(sums, digits[1:], sums[1:]))
-    return {"question": f"What is the sum of the digits of {''.join(map(str, digits))}?", "answer": str(sums[-1]),
-            "working": f"{steps}. The answer is {sums[-1]}."}
+    return {
+        "question": f"What is the sum of the digits of {''.join(map(str, digits))}?",
+        "answer": str(sums[-1]),
+        "working": f"{steps}. The answer is {sums[-1]}.",
+    }
 
 
 def initials_row(rng: random.Random) -> dict:
     words = [made_up_word(rng) for _ in range(rng.randint(3, 5))]
     letters = [w[0] for w in words]
-    return {"question": f"Write the first letter of each word: {' '.join(words)}", "answer": "".join(letters),
-            "working": f"The first letters: {', '.join(letters)}. The answer is {''.join(letters)}."}
+    return {
+        "question": f"Write the first letter of each word: {' '.join(words)}",
+        "answer": "".join(letters),
+        "working": f"The first letters: {', '.join(letters)}. The answer is {''.join(letters)}.",
+    }
 
 
 def next_row(rng: random.Random) -> dict:
     start, step = rng.randint(1, 99), rng.randint(2, 19)
     terms = [start + i * step for i in range(4)]
-    return {"question": f"What number comes next: {', '.join(map(str, terms))}?", "answer": str(terms[-1] + step),
-            "working": f"{terms[1]} - {terms[0]} = {step}, {terms[-1]} + {step} = {terms[-1] + step}. "
-                       f"The answer is {terms[-1] + step}."}
+    return {
+        "question": f"What number comes next: {', '.join(map(str, terms))}?",
+        "answer": str(terms[-1] + step),
+        "working": f"{terms[1]} - {terms[0]} = {step}, {terms[-1]} + {step} = {terms[-1] + step}. "
+        f"The answer is {terms[-1] + step}.",
+    }
 
 
 NAMES = ("Ana", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun")
@@ -111,10 +128,16 @@ def story_row(rng: random.Random) -> dict:
         text, first = f"{name} has {start} {things}, gives away {loss} and finds {gain} more.", "-"
         mid = start - loss
     end = mid - loss if first == "+" else mid + gain
-    steps = (f"{start} + {gain} = {mid}, {mid} - {loss} = {end}" if first == "+"
-             else f"{start} - {loss} = {mid}, {mid} + {gain} = {end}")
-    return {"question": f"{text} How many {things} does {name} have now?", "answer": str(end),
-            "working": f"{steps}. The answer is {end}."}
+    steps = (
+        f"{start} + {gain} = {mid}, {mid} - {loss} = {end}"
+        if first == "+"
+        else f"{start} - {loss} = {mid}, {mid} + {gain} = {end}"
+    )
+    return {
+        "question": f"{text} How many {things} does {name} have now?",
+        "answer": str(end),
+        "working": f"{steps}. The answer is {end}.",
+    }
 
 
 def running_max(values: list[int]) -> tuple[int, str]:
@@ -129,8 +152,11 @@ def running_max(values: list[int]) -> tuple[int, str]:
 def largest_row(rng: random.Random) -> dict:
     numbers = rng.sample(range(10, 100), rng.randint(3, 5))
     best, working = running_max(numbers)
-    return {"question": f"Which number is the largest: {', '.join(map(str, numbers))}?", "answer": str(best),
-            "working": working}
+    return {
+        "question": f"Which number is the largest: {', '.join(map(str, numbers))}?",
+        "answer": str(best),
+        "working": working,
+    }
 
 
 def maxdigit_row(rng: random.Random) -> dict:
@@ -141,13 +167,24 @@ def maxdigit_row(rng: random.Random) -> dict:
     digits[rng.randrange(len(digits))] = top
     digits[0] = digits[0] or rng.randint(1, top)
     best, working = running_max(digits)
-    return {"question": f"What is the largest digit of {''.join(map(str, digits))}?", "answer": str(best),
-            "working": working}
+    return {
+        "question": f"What is the largest digit of {''.join(map(str, digits))}?",
+        "answer": str(best),
+        "working": working,
+    }
 
 
-TASKS = {"vowels": vowels_row, "first": first_row, "reverse": reverse_row, "digitsum": digitsum_row,
-         "initials": initials_row, "next": next_row, "story": story_row, "largest": largest_row,
-         "maxdigit": maxdigit_row}
+TASKS = {
+    "vowels": vowels_row,
+    "first": first_row,
+    "reverse": reverse_row,
+    "digitsum": digitsum_row,
+    "initials": initials_row,
+    "next": next_row,
+    "story": story_row,
+    "largest": largest_row,
+    "maxdigit": maxdigit_row,
+}
 # added later: their token budgets come from their rows
 NEW = ("reverse", "digitsum", "initials", "next", "story", "largest", "maxdigit")
 
@@ -193,8 +230,9 @@ def steps_reward(prompt: str, completion: str, answer: str, solution: str = "", 
     return (right + done) / (len(ref) + 1)
 
 
-def make_data(task: str, out: Path, n_train: int = 4000, n_test: int = 200, seed: int = 0, working: bool = False
-              ) -> tuple[Path, Path]:
+def make_data(
+    task: str, out: Path, n_train: int = 4000, n_test: int = 200, seed: int = 0, working: bool = False
+) -> tuple[Path, Path]:
     """Rows of ``question`` and ``answer``; with ``working``, also a ``solution`` that writes the steps before the
     answer (the SFT target)."""
     rng, make = random.Random(seed), TASKS[task]
@@ -211,8 +249,10 @@ def make_data(task: str, out: Path, n_train: int = 4000, n_test: int = 200, seed
             train.append(r)
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("train.jsonl", train), ("test.jsonl", test)):
-        rows = [{"question": r["question"], "answer": r["answer"], **({"solution": r["working"]} if working else {})}
-                for r in rows]
+        rows = [
+            {"question": r["question"], "answer": r["answer"], **({"solution": r["working"]} if working else {})}
+            for r in rows
+        ]
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out / "train.jsonl", out / "test.jsonl"
 
@@ -238,15 +278,30 @@ def verified_rows(samples: Path, per_question: int = 2) -> list[dict]:
     return rows
 
 
-def sample_answers(args, asyncrl: list[str], fn: str, train: Path, tokens: list[str], model: Path, n: int,
-                   out: Path) -> Path:
+def sample_answers(
+    args, asyncrl: list[str], fn: str, train: Path, tokens: list[str], model: Path, n: int, out: Path
+) -> Path:
     """Eight sampled answers of ``model`` to each of ``n`` training questions the demonstrations do not hold
     (``asyncrl eval`` output rows: question, answer, completions, rewards)."""
     out.mkdir(parents=True, exist_ok=True)
     pool, samples = out / "questions.jsonl", out / "samples.jsonl"
-    pool.write_text("".join(train.read_text().splitlines(keepends=True)[args.sft_rows: args.sft_rows + n]))
-    run(asyncrl + ["eval", "--model", str(model), f"valid_dataset.path={pool}", f"valid_dataset.size={n}", fn,
-                   "gconfig.n_samples=8", "evaluator.greedy=false", "k=[1,8]", *tokens, f"output={samples}"])
+    pool.write_text("".join(train.read_text().splitlines(keepends=True)[args.sft_rows : args.sft_rows + n]))
+    run(
+        asyncrl
+        + [
+            "eval",
+            "--model",
+            str(model),
+            f"valid_dataset.path={pool}",
+            f"valid_dataset.size={n}",
+            fn,
+            "gconfig.n_samples=8",
+            "evaluator.greedy=false",
+            "k=[1,8]",
+            *tokens,
+            f"output={samples}",
+        ]
+    )
     return samples
 
 
@@ -264,9 +319,14 @@ def check_stats(rows: list[dict], solutions: dict[str, str]) -> dict:
         strict += sum(strict_reward(r["question"], c, r["answer"], solution) for c in r["completions"])
         hit += any(right)
         signal += 0 < sum(right) < len(right)
-    return {"questions": len(rows), "pass@1": passed / samples, "pass@8": hit / len(rows),
-            "right working": strict / samples, "right working of passes": strict / max(passed, 1),
-            "groups with signal": signal / len(rows)}
+    return {
+        "questions": len(rows),
+        "pass@1": passed / samples,
+        "pass@8": hit / len(rows),
+        "right working": strict / samples,
+        "right working of passes": strict / max(passed, 1),
+        "groups with signal": signal / len(rows),
+    }
 
 
 def check(args, asyncrl: list[str], fn: str, train: Path, tokens: list[str]) -> None:
@@ -276,8 +336,10 @@ def check(args, asyncrl: list[str], fn: str, train: Path, tokens: list[str]) -> 
     samples = sample_answers(args, asyncrl, fn, train, tokens, model, args.check, args.out / "check" / model.name)
     solutions = {r["question"]: r["solution"] for r in map(json.loads, train.read_text().splitlines())}
     stats = check_stats([json.loads(line) for line in samples.read_text().splitlines()], solutions)
-    print(f"{args.task}: {model}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in stats.items()))
+    print(
+        f"{args.task}: {model}: "
+        + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+    )
 
 
 def self_distill(args, asyncrl: list[str], fn: str, train: Path, test: Path, demos: Path, tokens: list[str]) -> None:
@@ -290,9 +352,20 @@ def self_distill(args, asyncrl: list[str], fn: str, train: Path, test: Path, dem
     data.write_text(demos.read_text() + "".join(json.dumps(r) + "\n" for r in kept))
     print(f"kept {len(kept)} verified answers to {len({r['question'] for r in kept})} of {args.distill} questions")
     for name, rows in (("verified", data), ("demos-only", demos)):
-        run(asyncrl + ["sft", f"model.path={args.out / 'sft'}", f"train_dataset.path={rows}",
-                       f"valid_dataset.path={test}", fn, f"total_train_steps={args.sft_steps}",
-                       "evaluator.freq_steps=20", *tokens, f"output_dir={out / name}"])
+        run(
+            asyncrl
+            + [
+                "sft",
+                f"model.path={args.out / 'sft'}",
+                f"train_dataset.path={rows}",
+                f"valid_dataset.path={test}",
+                fn,
+                f"total_train_steps={args.sft_steps}",
+                "evaluator.freq_steps=20",
+                *tokens,
+                f"output_dir={out / name}",
+            ]
+        )
         acc = accuracies(out / name / "sft_metrics.jsonl")
         print(f"{args.task}: SFT on {name} rows, held-out by step: " + ", ".join(f"{s}:{a:.3f}" for s, _, a in acc))
 
@@ -302,8 +375,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", choices=sorted(TASKS), required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rows", type=int, default=4000)
-    p.add_argument("--sft-rows", type=int, default=0,
-                   help="SFT on the first N rows only (few demonstrations, many questions to verify); 0: all")
+    p.add_argument(
+        "--sft-rows",
+        type=int,
+        default=0,
+        help="SFT on the first N rows only (few demonstrations, many questions to verify); 0: all",
+    )
     p.add_argument("--sft-steps", type=int, default=300)
     p.add_argument("--rl-seconds", type=int, default=300)
     p.add_argument("--sft", nargs="*", default=[], help="extra overrides of asyncrl sft")
@@ -312,11 +389,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="run", help="the RL run's name: OUT/rl/NAME")
     p.add_argument("--rl-from", type=Path, default=None, help="the model RL starts from (default: OUT/sft)")
     p.add_argument("--working", action="store_true", help="SFT targets write the steps, then 'The answer is X.'")
-    p.add_argument("--distill", type=int, default=0,
-                   help="instead of RL: sample answers to N more questions, keep the right ones, SFT on them")
-    p.add_argument("--check", type=int, default=0,
-                   help="instead of RL: sample 8 answers of the model RL would start from (--rl-from, else OUT/sft) "
-                        "to N more questions and print what the reward pays for (docs/your-task.md, step 2)")
+    p.add_argument(
+        "--distill",
+        type=int,
+        default=0,
+        help="instead of RL: sample answers to N more questions, keep the right ones, SFT on them",
+    )
+    p.add_argument(
+        "--check",
+        type=int,
+        default=0,
+        help="instead of RL: sample 8 answers of the model RL would start from (--rl-from, else OUT/sft) "
+        "to N more questions and print what the reward pays for (docs/your-task.md, step 2)",
+    )
     args = p.parse_args(argv)
     from machine import cpu  # bench/ is on the path of a script run from it (not of the reward's importers)
 
@@ -334,11 +419,21 @@ def main(argv: list[str] | None = None) -> int:
         demos = args.out / "data" / f"train-{args.sft_rows}.jsonl"
         demos.write_text("".join(train.read_text().splitlines(keepends=True)[: args.sft_rows]))
     if not args.skip_sft:
-        run(asyncrl + ["sft", "model.path=builtin:tiny-sft", f"train_dataset.path={demos}",
-                       f"valid_dataset.path={test}",
-                       fn, f"total_train_steps={args.sft_steps}", "evaluator.freq_steps=50",
-                       *sft_tokens, f"output_dir={args.out / 'sft'}",
-                       *args.sft])
+        run(
+            asyncrl
+            + [
+                "sft",
+                "model.path=builtin:tiny-sft",
+                f"train_dataset.path={demos}",
+                f"valid_dataset.path={test}",
+                fn,
+                f"total_train_steps={args.sft_steps}",
+                "evaluator.freq_steps=50",
+                *sft_tokens,
+                f"output_dir={args.out / 'sft'}",
+                *args.sft,
+            ]
+        )
     if args.distill:
         self_distill(args, asyncrl, fn, train, test, demos, sft_tokens)
         return 0
@@ -347,19 +442,39 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--check reads the working: make the data with --working")
         check(args, asyncrl, fn, train, sft_tokens)
         return 0
-    run(asyncrl + ["train", f"model.path={args.rl_from or args.out / 'sft'}", f"train_dataset.path={train}",
-                   f"valid_dataset.path={test}", fn, f"max_train_time_s={args.rl_seconds}", "total_train_steps=100000",
-                   "evaluator.freq_steps=10", f"output_dir={args.out}", "experiment_name=rl", f"trial_name={args.name}",
-                   "resume=fresh", "progress_bar=false", *rl_tokens, *args.rl])
+    run(
+        asyncrl
+        + [
+            "train",
+            f"model.path={args.rl_from or args.out / 'sft'}",
+            f"train_dataset.path={train}",
+            f"valid_dataset.path={test}",
+            fn,
+            f"max_train_time_s={args.rl_seconds}",
+            "total_train_steps=100000",
+            "evaluator.freq_steps=10",
+            f"output_dir={args.out}",
+            "experiment_name=rl",
+            f"trial_name={args.name}",
+            "resume=fresh",
+            "progress_bar=false",
+            *rl_tokens,
+            *args.rl,
+        ]
+    )
     sft = accuracies(args.out / "sft" / "sft_metrics.jsonl")
     rl = accuracies(args.out / "rl" / args.name / "metrics.jsonl")
     print(f"\n{args.task}: SFT held-out accuracy by step: " + ", ".join(f"{s}:{a:.3f}" for s, _, a in sft))
-    print(f"{args.task}: RL held-out accuracy by step (elapsed s): "
-          + ", ".join(f"{s}({t:.0f}):{a:.3f}" for s, t, a in rl))
+    print(
+        f"{args.task}: RL held-out accuracy by step (elapsed s): "
+        + ", ".join(f"{s}({t:.0f}):{a:.3f}" for s, t, a in rl)
+    )
     if rl:
         last = [a for _, _, a in rl[-3:]]
-        print(f"{args.task}: RL start {rl[0][2]:.3f} -> end {rl[-1][2]:.3f} (mean of the last 3: "
-              f"{sum(last) / len(last):.3f}), {rl[-1][0]} steps")
+        print(
+            f"{args.task}: RL start {rl[0][2]:.3f} -> end {rl[-1][2]:.3f} (mean of the last 3: "
+            f"{sum(last) / len(last):.3f}), {rl[-1][0]} steps"
+        )
     return 0
 
 

@@ -69,9 +69,16 @@ def load(model_path: str | None):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=320, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=False)
+    cfg = Qwen2Config(
+        vocab_size=320,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     return Qwen2ForCausalLM(cfg), "random tiny-sft-sized Qwen2 (hidden 256, 4 layers)"
 
 
@@ -106,23 +113,33 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, name = load(args.model)
     vocab = model.get_input_embeddings().weight.shape[0]
-    lengths = [completion_lengths(args.batch, args.median, args.sigma, args.max_new_tokens, seed)
-               for seed in range(args.steps + 1)]
+    lengths = [
+        completion_lengths(args.batch, args.median, args.sigma, args.max_new_tokens, seed)
+        for seed in range(args.steps + 1)
+    ]
     batches = [make_batch(x, args.prompt, vocab, seed) for seed, x in enumerate(lengths)]
     flat = sorted(x for xs in lengths for x in xs)
     q = lambda f: flat[int(f * (len(flat) - 1))]  # noqa: E731
-    print(f"model: {name}; {args.batch} samples/step, prompt {args.prompt} tokens, completions p50 {q(0.5)} "
-          f"p90 {q(0.9)} p99 {q(0.99)} max {flat[-1]} (mean {statistics.mean(flat):.0f}); "
-          f"mb_max_tokens {args.mb_max_tokens}; {args.threads} thread(s)")
-    results = {m: run(m, model, batches, args.mb_max_tokens)
-               for m in ("packed", "padded, length-sorted", "padded, arrival order")}
+    print(
+        f"model: {name}; {args.batch} samples/step, prompt {args.prompt} tokens, completions p50 {q(0.5)} "
+        f"p90 {q(0.9)} p99 {q(0.99)} max {flat[-1]} (mean {statistics.mean(flat):.0f}); "
+        f"mb_max_tokens {args.mb_max_tokens}; {args.threads} thread(s)"
+    )
+    results = {
+        m: run(m, model, batches, args.mb_max_tokens)
+        for m in ("packed", "padded, length-sorted", "padded, arrival order")
+    }
     packed = results["packed"]
-    print("\n| mode | train tokens/s (wall) | train tokens per CPU-second | real/computed tokens | packed speed-up "
-          "(wall / CPU) |\n|---|---|---|---|---|")
+    print(
+        "\n| mode | train tokens/s (wall) | train tokens per CPU-second | real/computed tokens | packed speed-up "
+        "(wall / CPU) |\n|---|---|---|---|---|"
+    )
     for mode, r in results.items():
         wall, cpu = packed["tokens_per_s"] / r["tokens_per_s"], packed["tokens_per_cpu_s"] / r["tokens_per_cpu_s"]
-        print(f"| {mode} | {r['tokens_per_s']:.0f} | {r['tokens_per_cpu_s']:.0f} | {r['efficiency']:.2f} | "
-              f"{wall:.2f}x / {cpu:.2f}x |")
+        print(
+            f"| {mode} | {r['tokens_per_s']:.0f} | {r['tokens_per_cpu_s']:.0f} | {r['efficiency']:.2f} | "
+            f"{wall:.2f}x / {cpu:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

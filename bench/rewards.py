@@ -73,10 +73,10 @@ def bench_code(n: int, workers: int) -> None:
         kw = dict(tests=TESTS, cpu_s=2.0, sandbox=mechanism)
         assert code_reward("q", CODE, **kw) == 1.0
         serial = rate(n, lambda kw: [code_reward("q", CODE, **kw) for _ in range(n)], kw)
-        print(f"code  {box.description:28s} serial:   {serial:6.1f} executions/s "
-              f"({1000 / serial:.0f} ms each)")
-        service = RewardService(BoundReward(code_reward, {"cpu_s": 2.0, "sandbox": mechanism}), workers=workers,
-                                timeout_s=60)
+        print(f"code  {box.description:28s} serial:   {serial:6.1f} executions/s ({1000 / serial:.0f} ms each)")
+        service = RewardService(
+            BoundReward(code_reward, {"cpu_s": 2.0, "sandbox": mechanism}), workers=workers, timeout_s=60
+        )
         try:
             items = [({"question": "q", "tests": TESTS, "id": i}, CODE) for i in range(n)]
             through_service(service, items[:workers])

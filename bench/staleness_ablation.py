@@ -29,15 +29,21 @@ from pathlib import Path
 from machine import cpu  # bench/ is on the path of a script run from it
 
 REPO = Path(__file__).resolve().parent.parent
-LOSSES = {"naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"], "decoupled": [],
-          # why they differ: with one optimizer step per batch the proximal policy is the current one, so the
-          # decoupled clip never binds and the two objectives differ only on the tokens naive PPO clips (and those
-          # above the behaviour cap). Without its clip naive PPO is the decoupled objective without its cap;
-          # "decoupled tight" asks whether masking behaviour weights outside [1 - ε, 1 + ε] replaces that clip
-          # (measured in docs/planner.md: it does not, being blind to the advantage's sign).
-          "naive no clip": ["actor.policy_loss=ppo", "actor.allow_unsafe=true", "actor.eps_clip=1000"],
-          "decoupled tight": ["actor.behav_imp_weight_cap=1.2", "actor.behav_imp_weight_floor=0.8",
-                              "actor.behav_imp_weight_mode=mask"]}
+LOSSES = {
+    "naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"],
+    "decoupled": [],
+    # why they differ: with one optimizer step per batch the proximal policy is the current one, so the
+    # decoupled clip never binds and the two objectives differ only on the tokens naive PPO clips (and those
+    # above the behaviour cap). Without its clip naive PPO is the decoupled objective without its cap;
+    # "decoupled tight" asks whether masking behaviour weights outside [1 - ε, 1 + ε] replaces that clip
+    # (measured in docs/planner.md: it does not, being blind to the advantage's sign).
+    "naive no clip": ["actor.policy_loss=ppo", "actor.allow_unsafe=true", "actor.eps_clip=1000"],
+    "decoupled tight": [
+        "actor.behav_imp_weight_cap=1.2",
+        "actor.behav_imp_weight_floor=0.8",
+        "actor.behav_imp_weight_mode=mask",
+    ],
+}
 DEFAULT_LOSSES = "naive PPO,decoupled"
 
 
@@ -51,12 +57,29 @@ def record_of(args, loss: str, eta: int, seed: int) -> Path:
 
 def train(args, loss: str, eta: int, seed: int) -> None:
     out = run_dir(args, loss, eta, seed)
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "progress_bar=false", "report=false", "max_train_time_s=0",
-           "saver.freq_steps=0", f"output_dir={out}", "resume=fresh", f"total_train_steps={args.steps}",
-           f"train_dataset.batch_size={args.batch}", f"gconfig.n_samples={args.n}", f"actor.lr={args.lr}",
-           f"rollout.max_head_offpolicyness={eta}", f"seed={seed}", f"train_dataset.seed={seed}",
-           f"evaluator.freq_steps={args.steps}", "watchdog.no_signal_steps=0",
-           "cluster.cpu_split=fixed", *LOSSES[loss]]  # 1 + 1 threads, as the table in docs/planner.md
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        "progress_bar=false",
+        "report=false",
+        "max_train_time_s=0",
+        "saver.freq_steps=0",
+        f"output_dir={out}",
+        "resume=fresh",
+        f"total_train_steps={args.steps}",
+        f"train_dataset.batch_size={args.batch}",
+        f"gconfig.n_samples={args.n}",
+        f"actor.lr={args.lr}",
+        f"rollout.max_head_offpolicyness={eta}",
+        f"seed={seed}",
+        f"train_dataset.seed={seed}",
+        f"evaluator.freq_steps={args.steps}",
+        "watchdog.no_signal_steps=0",
+        "cluster.cpu_split=fixed",
+        *LOSSES[loss],
+    ]  # 1 + 1 threads, as the table in docs/planner.md
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
@@ -125,9 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         results = [result(record_of(args, loss, eta, seed)) for seed in seeds]
         table[(loss, eta)] = results
         acc = [r["final"] for r in results]
-        print(f"{loss:<16} η={eta:<4} accuracy {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
-              f"(start {results[0]['start']:.3f}; trained at mean staleness "
-              f"{statistics.mean(r['staleness'] for r in results):.2f})", flush=True)
+        print(
+            f"{loss:<16} η={eta:<4} accuracy {statistics.mean(acc):.3f} ± {statistics.pstdev(acc):.3f} "
+            f"(start {results[0]['start']:.3f}; trained at mean staleness "
+            f"{statistics.mean(r['staleness'] for r in results):.2f})",
+            flush=True,
+        )
     print(f"\n{'η':>5} " + " ".join(f"{loss:>16}" for loss in losses))
     for eta in etas:
         cells = []

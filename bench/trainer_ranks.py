@@ -28,18 +28,35 @@ sys.path.insert(0, str(REPO / "bench"))
 
 
 def run(name: str, steps: int, out: Path, *overrides: str) -> dict:
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"output_dir={out}", f"trial_name={name}",
-           f"total_train_steps={steps}", "max_train_time_s=0", f"evaluator.freq_steps={steps}", "progress_bar=false",
-           "report=false", "cluster.cpu_split=fixed", *overrides]  # one process with actor.threads=2, not shared
+    cmd = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        f"output_dir={out}",
+        f"trial_name={name}",
+        f"total_train_steps={steps}",
+        "max_train_time_s=0",
+        f"evaluator.freq_steps={steps}",
+        "progress_bar=false",
+        "report=false",
+        "cluster.cpu_split=fixed",
+        *overrides,
+    ]  # one process with actor.threads=2, not shared
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     wall = time.perf_counter() - t0
     records = [json.loads(l) for l in (out / "asyncrl" / name / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if r["step"] > 0]
-    return {"name": name, "wall_s": wall, "train_s": steps_[-1]["elapsed_s"],
-            "steps_per_s": len(steps_) / steps_[-1]["elapsed_s"],
-            "train_tok_s": statistics.median(r["train_tokens_per_s"] for r in steps_[1:]),
-            "eval_start": records[0]["eval_accuracy"], "eval_end": steps_[-1]["eval_accuracy"]}
+    return {
+        "name": name,
+        "wall_s": wall,
+        "train_s": steps_[-1]["elapsed_s"],
+        "steps_per_s": len(steps_) / steps_[-1]["elapsed_s"],
+        "train_tok_s": statistics.median(r["train_tokens_per_s"] for r in steps_[1:]),
+        "eval_start": records[0]["eval_accuracy"],
+        "eval_end": steps_[-1]["eval_accuracy"],
+    }
 
 
 def _gather_rank(rank: int, port: int, model_dir: str, repeats: int, out) -> None:
@@ -64,7 +81,6 @@ def _gather_rank(rank: int, port: int, model_dir: str, repeats: int, out) -> Non
 
 
 def gather(model_dir: str, repeats: int = 5) -> tuple[float, float]:
-    import torch
     import torch.multiprocessing as mp
 
     from asyncrl.models.hf import load_model
@@ -97,13 +113,17 @@ def main() -> None:
     print(f"CPU: {cpu()}")
     if not args.skip_runs:
         with tempfile.TemporaryDirectory() as d:
-            rows = [run("one-process", args.steps, Path(d), "actor.threads=2"),
-                    run("ddp-d2", args.steps, Path(d), "actor.backend=ddp:d2", "actor.threads=1")]
+            rows = [
+                run("one-process", args.steps, Path(d), "actor.threads=2"),
+                run("ddp-d2", args.steps, Path(d), "actor.backend=ddp:d2", "actor.threads=1"),
+            ]
         print(f"\n{args.steps} steps, default config otherwise (the built-in engine in rank 0's process)")
         print(f"{'run':>12} {'steps/s':>8} {'train tok/s':>12} {'wall s':>7} {'eval start':>10} {'eval end':>9}")
         for r in rows:
-            print(f"{r['name']:>12} {r['steps_per_s']:8.3f} {r['train_tok_s']:12.0f} {r['wall_s']:7.0f} "
-                  f"{r['eval_start']:10.3f} {r['eval_end']:9.3f}")
+            print(
+                f"{r['name']:>12} {r['steps_per_s']:8.3f} {r['train_tok_s']:12.0f} {r['wall_s']:7.0f} "
+                f"{r['eval_start']:10.3f} {r['eval_end']:9.3f}"
+            )
         print(f"ddp:d2 / one process: {rows[1]['steps_per_s'] / rows[0]['steps_per_s']:.2f}x steps/s")
     if not args.skip_gather:
         from weight_sync import model_100m

@@ -130,15 +130,24 @@ def build(args):
     model_path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path)
-    train = Dataset.from_list([{"prompt": [{"role": "user", "content": it["question"]}], "answer": it["answer"]}
-                               for it in read_items(args.train)])
+    train = Dataset.from_list(
+        [
+            {"prompt": [{"role": "user", "content": it["question"]}], "answer": it["answer"]}
+            for it in read_items(args.train)
+        ]
+    )
     valid = read_items(args.valid, args.valid_size)
     writer = RunWriter(args.out)
-    eval_engine = LocalEngine(load_model(model_path), max_slots=64, max_len=min(model.config.max_position_embeddings,
-                                                                                  1024), seed=args.seed + 1,
-                              stop_token_ids=(tokenizer.eos_token_id,))
-    eval_params = SamplingParams(max_new_tokens=args.max_new_tokens, greedy=True,
-                                 stop_token_ids=(tokenizer.eos_token_id,))
+    eval_engine = LocalEngine(
+        load_model(model_path),
+        max_slots=64,
+        max_len=min(model.config.max_position_embeddings, 1024),
+        seed=args.seed + 1,
+        stop_token_ids=(tokenizer.eos_token_id,),
+    )
+    eval_params = SamplingParams(
+        max_new_tokens=args.max_new_tokens, greedy=True, stop_token_ids=(tokenizer.eos_token_id,)
+    )
 
     class TimedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer that records how long generation takes and how many tokens it yields."""
@@ -191,11 +200,20 @@ def build(args):
             step_s = now - self.t_last  # like asyncrl: includes the previous step's evaluation
             train_s = max(1e-9, (now - self.t_step) - tr.step_gen_s)
             writer.span("train", tr.last_gen_end, writer.now(), step - 1)
-            rec = {"step": step, "version": step, "staleness_max": 0, "staleness_mean": 0.0,
-                   "gen_tokens_per_s": tr.step_gen_tokens / step_s, "gen_busy_frac": tr.step_gen_s / step_s,
-                   "train_time_s": train_s, "trainer_wait_s": tr.step_gen_s + (self.t_step - self.t_free),
-                   "weight_sync_s": 0.0, "step_time_s": step_s, "elapsed_s": now - self.t_start,
-                   "gen_tokens": tr.step_gen_tokens}
+            rec = {
+                "step": step,
+                "version": step,
+                "staleness_max": 0,
+                "staleness_mean": 0.0,
+                "gen_tokens_per_s": tr.step_gen_tokens / step_s,
+                "gen_busy_frac": tr.step_gen_s / step_s,
+                "train_time_s": train_s,
+                "trainer_wait_s": tr.step_gen_s + (self.t_step - self.t_free),
+                "weight_sync_s": 0.0,
+                "step_time_s": step_s,
+                "elapsed_s": now - self.t_start,
+                "gen_tokens": tr.step_gen_tokens,
+            }
             timed_out = args.max_time_s and now - self.t_start >= args.max_time_s
             if timed_out:
                 control.should_training_stop = True
@@ -216,27 +234,55 @@ def build(args):
             n_rows = args.batch_size * args.n_samples
             prompt_tokens = (logs.get("num_tokens", 0.0) - self.num_tokens_before) if "num_tokens" in logs else 0
             self.num_tokens_before = logs.get("num_tokens", self.num_tokens_before)
-            rec["train_tokens"] = int(prompt_tokens) if prompt_tokens else int(
-                n_rows * (rec["response_len_mean"] or 0))
+            rec["train_tokens"] = int(prompt_tokens) if prompt_tokens else int(n_rows * (rec["response_len_mean"] or 0))
             rec["train_tokens_per_s"] = rec["train_tokens"] / rec["train_time_s"]
             writer.record(rec)
 
         num_tokens_before = 0.0
 
     config = GRPOConfig(
-        output_dir=str(args.out / "trl"), use_cpu=True, bf16=False, fp16=False, seed=args.seed,
+        output_dir=str(args.out / "trl"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        seed=args.seed,
         activation_checkpointing=False,  # TRL turns it on by default; asyncrl does not recompute activations
-        max_steps=args.steps, per_device_train_batch_size=args.batch_size * args.n_samples,
-        gradient_accumulation_steps=1, num_generations=args.n_samples, max_completion_length=args.max_new_tokens,
-        learning_rate=args.lr, adam_beta1=0.9, adam_beta2=0.99, weight_decay=0.0, max_grad_norm=1.0,
-        lr_scheduler_type="constant", warmup_steps=0, beta=0.0, epsilon=0.2, num_iterations=1,
-        scale_rewards="group", loss_type="dapo", temperature=1.0, top_p=1.0, top_k=0,
-        logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0, disable_tqdm=True,
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch_size * args.n_samples,
+        gradient_accumulation_steps=1,
+        num_generations=args.n_samples,
+        max_completion_length=args.max_new_tokens,
+        learning_rate=args.lr,
+        adam_beta1=0.9,
+        adam_beta2=0.99,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=0.0,
+        epsilon=0.2,
+        num_iterations=1,
+        scale_rewards="group",
+        loss_type="dapo",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         log_completions=False,
     )
     callback = BenchCallback()
-    trainer = TimedGRPOTrainer(model=model, reward_funcs=[arith_reward_for_trl], args=config, train_dataset=train,
-                               processing_class=tokenizer, callbacks=[callback])
+    trainer = TimedGRPOTrainer(
+        model=model,
+        reward_funcs=[arith_reward_for_trl],
+        args=config,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=[callback],
+    )
     callback.trainer = trainer
     return trainer, writer, config, model_path
 
@@ -245,8 +291,12 @@ def write_config(args, config, model_path: str) -> None:
     import yaml
 
     resolved = {
-        "runner": "trl.GRPOTrainer", "trl_version": _version("trl"), "model": {"path": model_path},
-        "total_train_steps": args.steps, "max_train_time_s": args.max_time_s, "seed": args.seed,
+        "runner": "trl.GRPOTrainer",
+        "trl_version": _version("trl"),
+        "model": {"path": model_path},
+        "total_train_steps": args.steps,
+        "max_train_time_s": args.max_time_s,
+        "seed": args.seed,
         "train_dataset": {"path": str(args.train), "batch_size": args.batch_size},
         "valid_dataset": {"path": str(args.valid), "size": args.valid_size},
         "gconfig": {"n_samples": args.n_samples, "max_new_tokens": args.max_new_tokens, "temperature": 1.0},

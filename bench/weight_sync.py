@@ -37,10 +37,18 @@ def model_100m(like: str, out: Path) -> str:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(like)
-    cfg = Qwen2Config(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
-                      num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=512,
-                      tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
+    cfg = Qwen2Config(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -60,12 +68,12 @@ def bench_model(path: str, args) -> dict[str, float]:
     import torch
 
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.engine.requests import NO_STOP_TOKENS
     from asyncrl.engine.remote import RemoteEngine
+    from asyncrl.engine.requests import NO_STOP_TOKENS
     from asyncrl.engine.spawn import asyncrl_server, vllm_server
     from asyncrl.models.hf import load_model
-    from asyncrl.weights.publish import DiskPublisher, DistPublisher, InProcessPublisher
     from asyncrl.types import SamplingParams
+    from asyncrl.weights.publish import DiskPublisher, DistPublisher, InProcessPublisher
 
     torch.set_num_threads(1)
     model = load_model(path)
@@ -85,8 +93,9 @@ def bench_model(path: str, args) -> dict[str, float]:
             engine.submit([5 + i, 6, 7, 8], SamplingParams(max_new_tokens=240, stop_token_ids=NO_STOP_TOKENS))
         while engine.stats().generated_tokens < 16 * 8:  # all 16 decoding
             time.sleep(0.01)
-        out["inprocess -> LocalEngine (16 decoding)"] = _median_ms(InProcessPublisher([engine]).publish, sds,
-                                                                   args.repeats, 200)
+        out["inprocess -> LocalEngine (16 decoding)"] = _median_ms(
+            InProcessPublisher([engine]).publish, sds, args.repeats, 200
+        )
         engine.stop()
 
         server = asyncrl_server(path, "--threads", "1", "--max-len", "256", log_path=str(tmp / "server.log"))

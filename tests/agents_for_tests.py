@@ -2,9 +2,16 @@
 
 import json
 
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a value up.",
-                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}},
-                                                           "required": ["key"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a value up.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    }
+]
 
 
 async def three_turns(client, item):
@@ -21,15 +28,21 @@ async def three_turns(client, item):
 
 async def edits_history(client, item):
     """The second call drops the first reply (the agent summarised its history): a new chain."""
-    first = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a"}],
-                                                 max_tokens=4)
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "summary: b"}],
-                                         max_tokens=4)
+    first = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "a"}], max_tokens=4
+    )
+    await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "summary: b"}], max_tokens=4
+    )
     return {first.id: 1.0}
 
 
-BARE_TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
-    "key": {"type": "string"}}}}}]
+BARE_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}},
+    }
+]
 """The lookup tool without a description or required keys (what tool_episode offers)."""
 
 
@@ -74,8 +87,9 @@ async def always_fails(client, item):
 async def needs_base_url(client, item):
     """An episode that reads the client's base_url (as the Agents SDK example does) before one call."""
     assert str(client.base_url).startswith("http://127.0.0.1")
-    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=4)
+    reply = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
     return float(bool(reply.choices[0].message.content))
 
 
@@ -86,6 +100,7 @@ async def two_choices_no_latency(client, item, tool_latency_s=0.0, **_):
 
     if tool_latency_s and item.get("evaluation"):
         raise AssertionError(f"evaluation got tool_latency_s={tool_latency_s}")
-    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "q"}], n=2,
-                                                 max_tokens=openai.NOT_GIVEN)
+    reply = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "q"}], n=2, max_tokens=openai.NOT_GIVEN
+    )
     return {reply.id: [1.0, 0.0]}

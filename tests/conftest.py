@@ -58,9 +58,16 @@ def make_model(vocab: int = 320, seed: int = 0, hidden: int = 64, layers: int = 
     """A small random decoder of the given family."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    kw = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-              tie_word_embeddings=False)
+    kw = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     if model_type == "llama":
         return LlamaForCausalLM(LlamaConfig(**kw)).eval()
@@ -74,15 +81,29 @@ def reference_logprobs(model, prompt: list[int], output: list[int], temperature:
     return logits.log_softmax(-1).gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
 
 
-@pytest.fixture
-def tiny_model_dir(tmp_path, tokenizer):
-    """A randomly initialised tiny model with the task tokenizer, saved in HF format."""
+@pytest.fixture(scope="session")
+def _tiny_model(tmp_path_factory, tokenizer):
+    """The tiny model, built and saved once per session, and torch's RNG state right after it was built."""
     from asyncrl.models.hf import build_tiny_model
 
     model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128)
-    path = tmp_path / "tiny"
+    rng = torch.get_rng_state()
+    path = tmp_path_factory.mktemp("tiny-model") / "tiny"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return path, rng
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, _tiny_model):
+    """A randomly initialised tiny model with the task tokenizer, saved in HF format: a copy of the session's (the
+    test may change its own), and torch's RNG as building it leaves it (seeded, then advanced by the init)."""
+    import shutil
+
+    source, rng = _tiny_model
+    path = tmp_path / "tiny"
+    shutil.copytree(source, path)
+    torch.set_rng_state(rng)
     return str(path)
 
 
@@ -90,6 +111,7 @@ def pytest_collection_modifyitems(config, items):
     """Slow tests first, and first of them those with a longer timeout of their own (the longest runs), otherwise in
     order: with two workers (make test) the long end-to-end runs start at once and the many short tests fill in
     around them, instead of a long run starting last and leaving a worker idle."""
+
     def key(item):
         timeout = item.get_closest_marker("timeout")
         return item.get_closest_marker("slow") is None, -(timeout.args[0] if timeout and timeout.args else 0)

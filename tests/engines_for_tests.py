@@ -8,8 +8,8 @@ from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy
 from asyncrl.agent.tasks.lookup import episode
 from asyncrl.agent.tasks.transcripts import assistant_ids
-from asyncrl.types import Completion, SamplingParams
 from asyncrl.api.workflow import WorkflowContext
+from asyncrl.types import Completion, SamplingParams
 
 
 class ScriptedEngine:
@@ -22,7 +22,9 @@ class ScriptedEngine:
     async def generate(self, prompt_ids, params):
         out = []
         for _ in range(params.n):
-            ids = self.tokenizer(self.replies.pop(0), add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+            ids = self.tokenizer(self.replies.pop(0), add_special_tokens=False).input_ids + [
+                self.tokenizer.eos_token_id
+            ]
             self.received.append(list(prompt_ids))
             self.generated.append(ids)
             out.append(Completion(list(prompt_ids), ids, [-0.25] * len(ids), [self.version] * len(ids), "stop"))

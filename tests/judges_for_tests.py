@@ -28,9 +28,12 @@ class RuleJudge:
             reference = re.search(r"Reference answer: (.*)", prompt).group(1).strip()
             response = re.search(r"Response: (.*?)\n\nReply", prompt, flags=re.S).group(1)
             text = "Score: 10" if reference and reference in response else "Score: 0"
-        return 200, {"id": "x", "object": "chat.completion", "model": body.get("model", "judge"),
-                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": "stop"}]}
+        return 200, {
+            "id": "x",
+            "object": "chat.completion",
+            "model": body.get("model", "judge"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }
 
 
 @contextlib.contextmanager

@@ -15,21 +15,42 @@ CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "train
 def prompt_files(tmp_path: Path, n: int) -> tuple[Path, Path]:
     """``n`` training prompts and 4 held-out ones, as JSONL question/answer rows."""
     train, valid = tmp_path / "prompts.jsonl", tmp_path / "valid.jsonl"
-    train.write_text("".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n"
-                             for i in range(n)))
-    valid.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                             for i in range(100, 104)))
+    train.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n" for i in range(n))
+    )
+    valid.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n" for i in range(100, 104))
+    )
     return train, valid
 
 
 def train_command(tmp_path, model, train, valid, steps, *extra):
     """`python -m asyncrl.cli train` of ``model`` for ``steps`` steps into tmp_path/out, a checkpoint every step."""
-    return [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={model}", f"output_dir={tmp_path / 'out'}",
-            f"train_dataset.path={train}", f"valid_dataset.path={valid}", "train_dataset.type=qa",
-            "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", f"total_train_steps={steps}",
-            "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "rollout.max_slots=8",
-            "rollout.max_head_offpolicyness=1", "saver.freq_steps=1", "evaluator.freq_steps=4", "max_train_time_s=0",
-            "progress_bar=false", "report=false", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        f"model.path={model}",
+        f"output_dir={tmp_path / 'out'}",
+        f"train_dataset.path={train}",
+        f"valid_dataset.path={valid}",
+        "train_dataset.type=qa",
+        "reward.fn=rewards_for_tests:digit_count_reward",
+        "reward.workers=0",
+        f"total_train_steps={steps}",
+        "train_dataset.batch_size=2",
+        "gconfig.n_samples=2",
+        "gconfig.max_new_tokens=12",
+        "rollout.max_slots=8",
+        "rollout.max_head_offpolicyness=1",
+        "saver.freq_steps=1",
+        "evaluator.freq_steps=4",
+        "max_train_time_s=0",
+        "progress_bar=false",
+        "report=false",
+        *extra,
+    ]
 
 
 def train_env():

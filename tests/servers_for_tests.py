@@ -17,8 +17,9 @@ MAX_LEN = 64
 @contextlib.contextmanager
 def serving(model, tokenizer, admin_key: str | None = None, **state_kw):
     """A server of ``model`` (max_len 64, 4 slots) on a thread of this process: (url, state)."""
-    engine = LocalEngine(model, max_slots=4, max_len=MAX_LEN, stop_token_ids=(tokenizer.eos_token_id,),
-                         tokenizer=tokenizer).start()
+    engine = LocalEngine(
+        model, max_slots=4, max_len=MAX_LEN, stop_token_ids=(tokenizer.eos_token_id,), tokenizer=tokenizer
+    ).start()
     state = ServerState(engine, tokenizer, "tiny", "-", **state_kw)
     app = build_app(state)
     if admin_key:  # as asyncrl serve --admin-key wraps it
@@ -68,7 +69,10 @@ def health_watch(url):
 
 def greedy(url, ids=(5, 17, 42), n=6):
     """``n`` greedy tokens after ``ids`` from the server at ``url``."""
-    r = httpx.post(f"{url}/generate", json={"input_ids": list(ids), "sampling_params": {
-        "max_new_tokens": n, "temperature": 0, "ignore_eos": True}}, timeout=60)
+    r = httpx.post(
+        f"{url}/generate",
+        json={"input_ids": list(ids), "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     return r.json()["output_ids"]

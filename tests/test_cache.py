@@ -1,6 +1,6 @@
 """asyncrl's cache directory (asyncrl.cache)."""
 
-from asyncrl.cache import cache_dir, source_key, write_atomically, writable_dir
+from asyncrl.cache import cache_dir, source_key, writable_dir, write_atomically
 
 
 def test_the_cache_follows_xdg_and_falls_back_to_none(tmp_path, monkeypatch):

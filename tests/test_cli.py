@@ -51,12 +51,24 @@ def test_start_up_refusals_are_one_line_and_create_nothing(tmp_path, tiny_model_
     _refusal(capsys, ["train", f"model.path={notmodel}", *common], "has no config.json")
     _refusal(capsys, ["train", f"model.path={afile}", *common], "is a file")
     _refusal(capsys, ["train", f"model.path={emptycfg}", *common], "has no 'model_type'")
-    _refusal(capsys, ["train", f"model.path={tiny_model_dir}", "rollout.backend=remote",
-                      "rollout.server_addrs=[127.0.0.1:9]", "rollout.server_startup_timeout_s=1", *common],
-             "inference servers did not start")
+    _refusal(
+        capsys,
+        [
+            "train",
+            f"model.path={tiny_model_dir}",
+            "rollout.backend=remote",
+            "rollout.server_addrs=[127.0.0.1:9]",
+            "rollout.server_startup_timeout_s=1",
+            *common,
+        ],
+        "inference servers did not start",
+    )
     assert not out.exists()  # nothing was created for a run that could not start
-    _refusal(capsys, ["train", f"model.path={tiny_model_dir}", f"output_dir={afile}", "progress_bar=false"],
-             "output_dir: cannot create the run directory")
+    _refusal(
+        capsys,
+        ["train", f"model.path={tiny_model_dir}", f"output_dir={afile}", "progress_bar=false"],
+        "output_dir: cannot create the run directory",
+    )
     _refusal(capsys, ["train", "actor.lr=1e9"], "above 1")
     _refusal(capsys, ["train", "gconfig.temperature=.nan"], "finite")
     _refusal(capsys, ["eval", "--model", str(empty)], "has no config.json")
@@ -78,8 +90,10 @@ def test_help_config_is_kept_in_the_cache_and_later_calls_skip_torch(tmp_path):
     import sys
 
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", HELP_TWICE], env=env, capture_output=True, text=True, timeout=120)
-            for _ in range(2)]
+    runs = [
+        subprocess.run([sys.executable, "-c", HELP_TWICE], env=env, capture_output=True, text=True, timeout=120)
+        for _ in range(2)
+    ]
     first, second = (r.stdout.rsplit("TORCH_IMPORTED", 1) for r in runs)
     assert "rollout.max_head_offpolicyness" in first[0] and first[0] == second[0]
     assert first[1].strip() == "True" and second[1].strip() == "False"
@@ -106,9 +120,11 @@ def test_only_the_command_being_run_imports_its_module():
     import subprocess
     import sys
 
-    code = ("import sys; from asyncrl.cli import main\ntry: main(['report', '--help'])\nexcept SystemExit: pass\n"
-            "print(sorted(m for m in ('asyncrl.server.cli', 'asyncrl.launch.plan', 'asyncrl.report.cli') "
-            "if m in sys.modules))")
+    code = (
+        "import sys; from asyncrl.cli import main\ntry: main(['report', '--help'])\nexcept SystemExit: pass\n"
+        "print(sorted(m for m in ('asyncrl.server.cli', 'asyncrl.launch.plan', 'asyncrl.report.cli') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert "RUN_DIR" in out and out.strip().splitlines()[-1] == "['asyncrl.report.cli']"
 
@@ -133,7 +149,8 @@ def test_hostile_configs_and_reward_modules_are_one_line(tmp_path, capsys, monke
     monkeypatch.chdir(tmp_path)
     (tmp_path / "loop.yaml").write_text("a: &a [*a]\n")
     laughs = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
-        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)
+    )
     (tmp_path / "laughs.yaml").write_text(laughs)
     (tmp_path / "broken_reward.py").write_text("def score(prompt, completion, **_):\n    return 1 +\n")
     (tmp_path / "raising_reward.py").write_text("raise RuntimeError('no API key')\n")

@@ -29,8 +29,11 @@ def test_guardrails_refuse_unsafe_and_allow_override():
     with pytest.raises(ConfigError, match="n_samples=1"):
         configlib.load(TrainConfig, None, ["gconfig.n_samples=1"])
     with pytest.raises(ConfigError, match="every group would be dropped"):  # the run stalled until its timeout
-        configlib.load(TrainConfig, None, ["gconfig.n_samples=1", "actor.adv_estimator=reinforce_pp",
-                                           "actor.dynamic_sampling=true"])
+        configlib.load(
+            TrainConfig,
+            None,
+            ["gconfig.n_samples=1", "actor.adv_estimator=reinforce_pp", "actor.dynamic_sampling=true"],
+        )
     cfg = configlib.load(TrainConfig, None, ["actor.policy_loss=ppo", "actor.allow_unsafe=true"])
     assert cfg.actor.policy_loss == "ppo"
 
@@ -49,13 +52,24 @@ def test_a_small_model_gets_the_small_recipe_and_a_real_one_the_real_defaults(tm
 
     real = tmp_path / "real"
     real.mkdir()
-    (real / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
-                                                  "intermediate_size": 4864, "vocab_size": 151936}))
+    (real / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "hidden_size": 896,
+                "num_hidden_layers": 24,
+                "intermediate_size": 4864,
+                "vocab_size": 151936,
+            }
+        )
+    )
     tiny = configlib.load(TrainConfig, None, [])
     assert tiny.gconfig.max_new_tokens == 64
     assert configlib.load(TrainConfig, None, [f"model.path={real}"]).gconfig.max_new_tokens == 1024
-    assert configlib.load(TrainConfig, None, [f"model.path={real}", "gconfig.max_new_tokens=300"]
-                          ).gconfig.max_new_tokens == 300
+    assert (
+        configlib.load(TrainConfig, None, [f"model.path={real}", "gconfig.max_new_tokens=300"]).gconfig.max_new_tokens
+        == 300
+    )
     assert configlib.load(TrainConfig, None, ["gconfig.max_new_tokens=1024"]).gconfig.max_new_tokens == 1024
     sft_tiny, sft_real = (configlib.load(SFTConfig, None, [f"model.path={p}"]) for p in ("builtin:tiny-sft", real))
     assert (sft_tiny.actor.lr, sft_tiny.gconfig.max_new_tokens) == (2e-3, 96)
@@ -89,8 +103,9 @@ def test_a_model_directory_can_carry_its_own_defaults(tmp_path):
     cfg = configlib.load(TrainConfig, None, [f"model.path={own}"])
     assert (cfg.actor.lr, cfg.gconfig.temperature, cfg.gconfig.max_new_tokens) == (3e-5, 0.8, 64)
     (own / RECIPE_FILE).write_text(json.dumps({"train": {"actor.lrr": 3e-5}}))
-    with pytest.raises(ConfigError, match=f"the recipe of model.path={own}: unknown config key 'actor.lrr'; did you "
-                                          "mean 'actor.lr'"):
+    with pytest.raises(
+        ConfigError, match=f"the recipe of model.path={own}: unknown config key 'actor.lrr'; did you mean 'actor.lr'"
+    ):
         configlib.load(TrainConfig, None, [f"model.path={own}"])
     (own / RECIPE_FILE).write_text(json.dumps({"train": {"actor.lr": "fast"}}))
     with pytest.raises(ConfigError, match="the recipe of model.path=.*actor.lr"):
@@ -106,8 +121,12 @@ def test_a_model_directory_can_carry_its_own_defaults(tmp_path):
 def test_the_overlong_penalty_is_refused_on_concatenated_agent_samples():
     """DAPO's overlong penalty compares a sample's length with max_new_tokens, a budget per call: a concat sample
     holds a chain of calls (3 x 40 tokens under max_new_tokens=64 lost the whole penalty with no call cut)."""
-    agent = ["workflow.name=agent", "agent.episode=agents_for_tests:three_turns", "actor.overlong_reward_penalty=true",
-             "actor.overlong_tokens=8"]
+    agent = [
+        "workflow.name=agent",
+        "agent.episode=agents_for_tests:three_turns",
+        "actor.overlong_reward_penalty=true",
+        "actor.overlong_tokens=8",
+    ]
     with pytest.raises(ConfigError, match="agent.export=concat holds every call"):
         configlib.load(TrainConfig, None, agent + ["agent.export=concat"])
     configlib.load(TrainConfig, None, agent + ["agent.export=individual"])

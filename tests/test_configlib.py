@@ -1,5 +1,5 @@
-"""The config machinery (asyncrl.configlib): YAML then overrides; unknown keys named with file, line and the nearest key;
-wrong types; describe and dump; and the mistakes that used to pass silently or end in a traceback: non-finite
+"""The config machinery (asyncrl.configlib): YAML then overrides; unknown keys named with file, line and the nearest
+key; wrong types; describe and dump; and the mistakes that used to pass silently or end in a traceback: non-finite
 floats, duplicate YAML keys, several-line YAML errors, a config path that is a directory, unreadable or not UTF-8."""
 
 import dataclasses
@@ -42,8 +42,17 @@ def test_every_float_key_refuses_nan_and_inf(cls):
         assert str(e.value) == f"command line: '{key}' must be a finite number, got {shown}"
 
 
-@pytest.mark.parametrize("override", ["actor.lr=.inf", "gconfig.temperature=.nan", "reward.timeout_s=.nan",
-                                      "max_train_time_s=.nan", "actor.c_clip=.inf", "actor.eps_clip_higher=nan"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor.lr=.inf",
+        "gconfig.temperature=.nan",
+        "reward.timeout_s=.nan",
+        "max_train_time_s=.nan",
+        "actor.c_clip=.inf",
+        "actor.eps_clip_higher=nan",
+    ],
+)
 def test_reported_non_finite_overrides(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"^command line: '{key}' must be a finite number, got (nan|inf)$"):
@@ -67,14 +76,17 @@ def test_finite_floats_still_load(tmp_path):
         configlib.load(TrainConfig, None, ["actor.lr=true"])
 
 
-@pytest.mark.parametrize("text,line,key,first", [
-    ("actor:\n  lr: 1.0e-5\n  eps_clip: 0.2\n\n  # later\n\n  lr: 3.0e-4\n", 7, "actor.lr", 2),
-    ("gconfig:\n  n_samples: 4\nactor:\n  lr: 1.0e-5\ngconfig:\n  top_k: 3\n", 5, "gconfig", 1),
-    ("reward:\n  kwargs:\n    mode: fraction\n    mode: all\n", 4, "reward.kwargs.mode", 3),
-    ("actor: {lr: 1.0e-5, lr: 2.0e-5}\n", 1, "actor.lr", 1),
-    ("seed: 1\nseed: 2\n", 2, "seed", 1),
-    ("reward:\n  kwargs:\n    cases:\n      - {a: 1, a: 2}\n", 4, "reward.kwargs.cases[0].a", 4),
-])
+@pytest.mark.parametrize(
+    "text,line,key,first",
+    [
+        ("actor:\n  lr: 1.0e-5\n  eps_clip: 0.2\n\n  # later\n\n  lr: 3.0e-4\n", 7, "actor.lr", 2),
+        ("gconfig:\n  n_samples: 4\nactor:\n  lr: 1.0e-5\ngconfig:\n  top_k: 3\n", 5, "gconfig", 1),
+        ("reward:\n  kwargs:\n    mode: fraction\n    mode: all\n", 4, "reward.kwargs.mode", 3),
+        ("actor: {lr: 1.0e-5, lr: 2.0e-5}\n", 1, "actor.lr", 1),
+        ("seed: 1\nseed: 2\n", 2, "seed", 1),
+        ("reward:\n  kwargs:\n    cases:\n      - {a: 1, a: 2}\n", 4, "reward.kwargs.cases[0].a", 4),
+    ],
+)
 def test_duplicate_yaml_keys_are_errors_naming_both_lines(tmp_path, text, line, key, first):
     path = _yaml(tmp_path, text)
     with pytest.raises(ConfigError) as e:
@@ -83,18 +95,25 @@ def test_duplicate_yaml_keys_are_errors_naming_both_lines(tmp_path, text, line, 
 
 
 def test_same_name_in_different_sections_and_merge_keys_are_not_duplicates(tmp_path):
-    path = _yaml(tmp_path, "seed: 3\ntrain_dataset:\n  seed: 4\nactor:\n  <<: {lr: 1.0e-5, eps_clip: 0.3}\n"
-                           "  lr: 2.0e-5\n")
+    path = _yaml(
+        tmp_path, "seed: 3\ntrain_dataset:\n  seed: 4\nactor:\n  <<: {lr: 1.0e-5, eps_clip: 0.3}\n  lr: 2.0e-5\n"
+    )
     cfg = configlib.load(TrainConfig, path)
     assert (cfg.seed, cfg.train_dataset.seed, cfg.actor.lr, cfg.actor.eps_clip) == (3, 4, 2e-5, 0.3)
 
 
-@pytest.mark.parametrize("text,where,problem", [
-    ("actor:\n  lr: [1, 2\n", ":3:1:", "expected ',' or ']', but got '<stream end>' (while parsing a flow sequence "
-                                       "at line 2, column 7)"),
-    ("actor:\n\tlr: 1\n", ":2:1:", "found character '\\t' that cannot start any token"),
-    ("actor:\n  lr: 1\n bad: 2\n", ":3:2:", "expected <block end>, but found '<block mapping start>'"),
-])
+@pytest.mark.parametrize(
+    "text,where,problem",
+    [
+        (
+            "actor:\n  lr: [1, 2\n",
+            ":3:1:",
+            "expected ',' or ']', but got '<stream end>' (while parsing a flow sequence at line 2, column 7)",
+        ),
+        ("actor:\n\tlr: 1\n", ":2:1:", "found character '\\t' that cannot start any token"),
+        ("actor:\n  lr: 1\n bad: 2\n", ":3:2:", "expected <block end>, but found '<block mapping start>'"),
+    ],
+)
 def test_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path, text, where, problem):
     path = _yaml(tmp_path, text)
     with pytest.raises(ConfigError) as e:
@@ -105,8 +124,11 @@ def test_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path, text, wher
 
 def test_an_override_keeps_a_hash_after_a_space():
     """A command line holds no YAML comment: a template's ' #...' was cut off without a word."""
-    cfg = configlib.load(TrainConfig, None, ["train_dataset.prompt_template=Solve {question} #show your work",
-                                              'experiment_name="a #b"', "actor.lr=1e-5"])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        ["train_dataset.prompt_template=Solve {question} #show your work", 'experiment_name="a #b"', "actor.lr=1e-5"],
+    )
     assert cfg.train_dataset.prompt_template == "Solve {question} #show your work"
     assert cfg.experiment_name == "a #b" and cfg.actor.lr == 1e-5
 
@@ -197,8 +219,11 @@ def test_describe_documents_every_key():
 def test_describe_shows_each_commands_own_defaults(cls):
     """A command may set a section's defaults its own way (asyncrl sft: actor.lr 2e-5, batch_size 64): the
     help shows those, not the section class's."""
-    shown = dict(line.split(" = ", 1) for line in configlib.describe(cls).splitlines() if " = " in line
-                 and not line.startswith(" "))
+    shown = dict(
+        line.split(" = ", 1)
+        for line in configlib.describe(cls).splitlines()
+        if " = " in line and not line.startswith(" ")
+    )
     default = cls()
     for key in configlib.all_keys(cls):
         value = default

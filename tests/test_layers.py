@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-
 LAYERS = """
 cli
 launch
@@ -86,9 +85,12 @@ def unit(module: str) -> str:
 
 
 def upward(edges: dict[str, list[tuple[str, int]]], layers: dict[str, int]) -> list[str]:
-    return [f"{a} (line {line}) imports {b}: layer {layers[unit(a)]} -> {layers[unit(b)]}"
-            for a, targets in edges.items() for b, line in targets
-            if unit(a) != unit(b) and layers[unit(a)] > layers[unit(b)]]
+    return [
+        f"{a} (line {line}) imports {b}: layer {layers[unit(a)]} -> {layers[unit(b)]}"
+        for a, targets in edges.items()
+        for b, line in targets
+        if unit(a) != unit(b) and layers[unit(a)] > layers[unit(b)]
+    ]
 
 
 def cycles(edges: dict[str, list[tuple[str, int]]]) -> list[list[str]]:
@@ -150,8 +152,7 @@ def test_no_cycles_between_top_level_units():
     ``data`` is a cycle even when no two modules of them are)."""
     edges: dict[str, list[tuple[str, int]]] = {}
     for a, targets in graph().items():
-        edges.setdefault(unit(a) or "asyncrl", []).extend((unit(b), line) for b, line in targets
-                                                          if unit(b) != unit(a))
+        edges.setdefault(unit(a) or "asyncrl", []).extend((unit(b), line) for b, line in targets if unit(b) != unit(a))
     found = cycles(edges)
     assert not found, f"cycles between units: {found}"
 
@@ -168,14 +169,20 @@ def test_the_check_fails_on_a_planted_upward_import_and_cycle(tmp_path):
     (package / "launch" / "train.py").write_text("from asyncrl.engine.local import f\n")
     edges = graph(package)
     layers = layer_of()
-    assert upward(edges, layers) == [f"asyncrl.engine.local (line 2) imports asyncrl.launch.train: layer "
-                                     f"{layers['engine']} -> {layers['launch']}"]
+    assert upward(edges, layers) == [
+        f"asyncrl.engine.local (line 2) imports asyncrl.launch.train: layer {layers['engine']} -> {layers['launch']}"
+    ]
     assert cycles(edges) == [["asyncrl.engine.local", "asyncrl.launch.train"]]
 
 
 def test_the_loop_imports_nothing_of_the_launchers():
-    found = [f"{a} imports {b}" for a, targets in graph().items() if unit(a) == "loop"
-             for b, _ in targets if unit(b) in ("launch", "commands", "cli")]
+    found = [
+        f"{a} imports {b}"
+        for a, targets in graph().items()
+        if unit(a) == "loop"
+        for b, _ in targets
+        if unit(b) in ("launch", "commands", "cli")
+    ]
     assert not found, found
 
 

@@ -16,8 +16,15 @@ import pytest
 from conftest import ROOT
 
 BIN = Path(sys.executable).parent
-TRAIN_BUDGET = ["total_train_steps=2", "max_train_time_s=0", "train_dataset.batch_size=2", "gconfig.n_samples=2",
-                "valid_dataset.size=8", "progress_bar=false", "report=false"]
+TRAIN_BUDGET = [
+    "total_train_steps=2",
+    "max_train_time_s=0",
+    "train_dataset.batch_size=2",
+    "gconfig.n_samples=2",
+    "valid_dataset.size=8",
+    "progress_bar=false",
+    "report=false",
+]
 SFT_BUDGET = ["total_train_steps=2", "train_dataset.batch_size=4", "evaluator.freq_steps=0", "valid_dataset.size=4"]
 
 
@@ -36,9 +43,16 @@ def _asyncrl() -> str:
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+    }
     proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
@@ -63,13 +77,25 @@ def trained_run(workdir):
 
 
 def test_readme_commands_are_all_covered():
-    known = {"make train", "make test", "asyncrl train", "asyncrl sft", "asyncrl eval --model PATH",
-             "asyncrl rm train_dataset.path=PAIRS.jsonl", "asyncrl diagnose RUN_DIR",
-             "asyncrl serve --model PATH --port N", "asyncrl report RUN_DIR", "asyncrl init-model --out DIR",
-             "asyncrl train --help-config", "asyncrl init-model --out outputs/tiny-init",
-             "asyncrl sft --config examples/sft_tiny.yaml", "asyncrl sft --config examples/sft_tiny_mix.yaml",
-             "asyncrl init-model --task lookup --init-from builtin:tiny-sft --out outputs/agent-init",
-             "asyncrl sft --config examples/sft_agent.yaml", "asyncrl train --config examples/agent_lookup.yaml"}
+    known = {
+        "make train",
+        "make test",
+        "asyncrl train",
+        "asyncrl sft",
+        "asyncrl eval --model PATH",
+        "asyncrl rm train_dataset.path=PAIRS.jsonl",
+        "asyncrl diagnose RUN_DIR",
+        "asyncrl serve --model PATH --port N",
+        "asyncrl report RUN_DIR",
+        "asyncrl init-model --out DIR",
+        "asyncrl train --help-config",
+        "asyncrl init-model --out outputs/tiny-init",
+        "asyncrl sft --config examples/sft_tiny.yaml",
+        "asyncrl sft --config examples/sft_tiny_mix.yaml",
+        "asyncrl init-model --task lookup --init-from builtin:tiny-sft --out outputs/agent-init",
+        "asyncrl sft --config examples/sft_agent.yaml",
+        "asyncrl train --config examples/agent_lookup.yaml",
+    }
     commands = {_usage_placeholders(c) for c in readme_commands()}
     assert commands == known, f"README commands without a runner here: {commands - known}"
 
@@ -97,8 +123,9 @@ def test_train_then_report_then_eval(trained_run, workdir):
     assert samples and {"prompt", "completion", "reward", "staleness"} <= set(samples[0])
     _run([_asyncrl(), "report", str(trained_run)], workdir)
     assert (trained_run / "report.html").exists()
-    out = _run([_asyncrl(), "eval", "--model", str(trained_run / "checkpoints" / "step2"), "valid_dataset.size=8"],
-               workdir).stdout
+    out = _run(
+        [_asyncrl(), "eval", "--model", str(trained_run / "checkpoints" / "step2"), "valid_dataset.size=8"], workdir
+    ).stdout
     assert '"eval_accuracy"' in out.strip().splitlines()[-1]
 
 
@@ -112,8 +139,17 @@ def test_diagnose_a_run(trained_run, workdir):
 def test_rm_on_preference_pairs_then_its_report(workdir):
     """The README's rm command on pairs made by examples/preference_pairs.py, then asyncrl report on its output."""
     _run([sys.executable, "examples/preference_pairs.py", "--n", "60", "--out", "PAIRS.jsonl"], workdir)
-    _run([_asyncrl(), "rm", "train_dataset.path=PAIRS.jsonl", "total_train_steps=3", "train_dataset.batch_size=4",
-          "valid_dataset.size=8"], workdir)
+    _run(
+        [
+            _asyncrl(),
+            "rm",
+            "train_dataset.path=PAIRS.jsonl",
+            "total_train_steps=3",
+            "train_dataset.batch_size=4",
+            "valid_dataset.size=8",
+        ],
+        workdir,
+    )
     assert (workdir / "outputs" / "rm" / "config.json").is_file()
     _run([_asyncrl(), "report", "outputs/rm"], workdir)
     assert "asyncrl rm output" in (workdir / "outputs" / "rm" / "report.html").read_text()
@@ -138,8 +174,13 @@ def test_serve_answers_health(workdir):
     from asyncrl.engine.spawn import free_port
 
     port = free_port()
-    proc = subprocess.Popen([_asyncrl(), "serve", "--model", "builtin:tiny-sft", "--port", str(port)], cwd=workdir,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [_asyncrl(), "serve", "--model", "builtin:tiny-sft", "--port", str(port)],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -151,8 +192,10 @@ def test_serve_answers_health(workdir):
                 time.sleep(0.2)
         else:
             pytest.fail("asyncrl serve did not answer /health within 120 s")
-        r = httpx.post(f"http://127.0.0.1:{port}/generate", json={"text": "Compute 1 + 2.",
-                                                                    "sampling_params": {"max_new_tokens": 4}})
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/generate",
+            json={"text": "Compute 1 + 2.", "sampling_params": {"max_new_tokens": 4}},
+        )
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] >= 1
     finally:
         proc.terminate()
@@ -171,8 +214,19 @@ def test_checkpoint_recipe(workdir):
 @pytest.mark.slow
 def test_agent_checkpoint_recipe(workdir):
     """The commands that reproduce builtin:tiny-agent and train it with RL, with tiny budgets."""
-    _run([_asyncrl(), "init-model", "--task", "lookup", "--init-from", "builtin:tiny-sft", "--out",
-          "outputs/agent-init"], workdir)
+    _run(
+        [
+            _asyncrl(),
+            "init-model",
+            "--task",
+            "lookup",
+            "--init-from",
+            "builtin:tiny-sft",
+            "--out",
+            "outputs/agent-init",
+        ],
+        workdir,
+    )
     _run([_asyncrl(), "sft", "--config", "examples/sft_agent.yaml", *SFT_BUDGET, "saver.freq_steps=0"], workdir)
     assert (workdir / "outputs" / "tiny-agent" / "config.json").exists()
     _run([_asyncrl(), "train", "--config", "examples/agent_lookup.yaml", "output_dir=outputs", *TRAIN_BUDGET], workdir)

@@ -44,8 +44,9 @@ def make_batch(lengths, prompt=6, vocab=320, seed=0, group_size=4):
     behav = (torch.randn(N, T - 1, generator=g) * 0.3 - 5.0) * loss_mask
     versions = torch.where(loss_mask > 0, torch.randint(0, 3, (N, T - 1), generator=g), -1)
     rewards = torch.rand(N, generator=g).round()
-    return Batch(ids, attn, loss_mask, behav, versions, rewards, torch.arange(N) // group_size,
-                 torch.zeros(N, dtype=torch.bool))
+    return Batch(
+        ids, attn, loss_mask, behav, versions, rewards, torch.arange(N) // group_size, torch.zeros(N, dtype=torch.bool)
+    )
 
 
 def free_port() -> int:
@@ -60,23 +61,28 @@ def ranked_trainer(dp=None, **kw):
     from asyncrl.trainer import PolicyTrainer
 
     sgd = kw.pop("sgd", False)
-    trainer = PolicyTrainer(make_model(320, seed=7), lr=1e-2, max_grad_norm=0.0, dp=dp,
-                            pack_sequences=kw.pop("pack", True), **kw)
+    trainer = PolicyTrainer(
+        make_model(320, seed=7), lr=1e-2, max_grad_norm=0.0, dp=dp, pack_sequences=kw.pop("pack", True), **kw
+    )
     if sgd:
         trainer.optimizer = torch.optim.SGD(trainer.optimizer.param_groups[0]["params"], lr=1.0)
     return trainer
 
 
 def _join(rank, world, port):
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
     torch.set_num_threads(1)
 
 
-PARALLEL_CASES = {"one-minibatch": {}, "two-minibatches": {"ppo_n_minibatches": 2, "sgd": True},
-                  # 5 groups in 4 minibatches over 2 ranks: a rank holds none of some minibatch (it crashed)
-                  "four-minibatches": {"ppo_n_minibatches": 4, "sgd": True},
-                  "padded-micro-batches": {"pack": False, "mb_max_tokens": 24}}
+PARALLEL_CASES = {
+    "one-minibatch": {},
+    "two-minibatches": {"ppo_n_minibatches": 2, "sgd": True},
+    # 5 groups in 4 minibatches over 2 ranks: a rank holds none of some minibatch (it crashed)
+    "four-minibatches": {"ppo_n_minibatches": 4, "sgd": True},
+    "padded-micro-batches": {"pack": False, "mb_max_tokens": 24},
+}
 """ranked_trainer's options of each case test_parallel compares (SGD for two minibatches: see ranked_trainer)."""
 
 
@@ -95,8 +101,13 @@ def _parallel_cases(rank, world, mode, out):
         trainer.gather_weights()
         all_stats = dp.gather(stats)
         if rank == 0:
-            out.put((f"{name}-{mode}", {k: v.detach().numpy().copy() for k, v in trainer.state_dict().items()},
-                     combine(all_stats)))
+            out.put(
+                (
+                    f"{name}-{mode}",
+                    {k: v.detach().numpy().copy() for k, v in trainer.state_dict().items()},
+                    combine(all_stats),
+                )
+            )
 
 
 def _lora_case(rank, world, out):
@@ -157,8 +168,8 @@ def two_trainer_ranks() -> dict:
 
 def lora_model(rank=8, seed=0, path=None):
     """A LoRA model with random (not zero) B, so that the adapters change the outputs and get every gradient."""
-    from asyncrl.models.lora import apply_lora
     from asyncrl.models.hf import load_model
+    from asyncrl.models.lora import apply_lora
 
     model = load_model(path) if path else make_model(320, seed=7)
     torch.manual_seed(seed)

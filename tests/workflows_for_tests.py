@@ -14,10 +14,20 @@ class ShortAnswerWorkflow:
     async def run(self, item, engine):
         type(self).runs += 1
         completions = await engine.generate(item["prompt_ids"], self.params)
-        return TrajectoryGroup([
-            Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions,
-                       self.bonus / (1 + len(c.output_ids)), c.finish_reason) for c in completions
-        ], item_id=item["id"])
+        return TrajectoryGroup(
+            [
+                Trajectory(
+                    c.prompt_ids,
+                    c.output_ids,
+                    c.logprobs,
+                    c.versions,
+                    self.bonus / (1 + len(c.output_ids)),
+                    c.finish_reason,
+                )
+                for c in completions
+            ],
+            item_id=item["id"],
+        )
 
 
 class RejectAll:

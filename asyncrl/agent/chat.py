@@ -46,35 +46,41 @@ class ChatRenderer:
         """The prompt ids of a fresh conversation, ready for the assistant's reply."""
         return self._ids(self._text(normalize(messages), tools, generation_prompt=True))
 
-    def continuation(self, new_messages: list[dict], tools: list[dict] | None = None,
-                     ended_with_stop: bool = True) -> list[int]:
+    def continuation(
+        self, new_messages: list[dict], tools: list[dict] | None = None, ended_with_stop: bool = True
+    ) -> list[int]:
         """The ids that follow a finished assistant turn (its output ids end with the end-of-turn token when
         ``ended_with_stop``; a turn cut at the length limit gets that token here) so that the whole equals the
         template's render of the conversation with ``new_messages`` added, up to the next generation prompt."""
         if not new_messages:
             raise TemplateError("a continuation needs at least one new message after the assistant turn")
         full = self._text(BASE + normalize(new_messages), tools, generation_prompt=True)
-        after = full[full.index(SENTINEL) + len(SENTINEL):]
+        after = full[full.index(SENTINEL) + len(SENTINEL) :]
         end = self.turn_end.stop_text + self.turn_end.boundary
         if not after.startswith(end):
-            raise TemplateError(f"the chat template closes an assistant turn followed by these messages with "
-                                f"{after[:40]!r}, not {end!r}")
+            raise TemplateError(
+                f"the chat template closes an assistant turn followed by these messages with "
+                f"{after[:40]!r}, not {end!r}"
+            )
         closing = ("" if ended_with_stop else self.turn_end.stop_text) + self.turn_end.boundary
-        return self._ids(closing + after[len(end):])
+        return self._ids(closing + after[len(end) :])
 
     # ---- internals -------------------------------------------------------------------------------------
     def _turn_end(self, stop_text: str) -> TurnEnd:
         text = self._text(BASE, None, generation_prompt=False)
-        after = text[text.rindex(SENTINEL) + len(SENTINEL):]
+        after = text[text.rindex(SENTINEL) + len(SENTINEL) :]
         if not after.startswith(stop_text):
-            raise TemplateError(f"the chat template does not end an assistant turn with the stop token "
-                                f"{stop_text!r} (it writes {after[:40]!r} after the content)")
-        return TurnEnd(stop_text, after[len(stop_text):])
+            raise TemplateError(
+                f"the chat template does not end an assistant turn with the stop token "
+                f"{stop_text!r} (it writes {after[:40]!r} after the content)"
+            )
+        return TurnEnd(stop_text, after[len(stop_text) :])
 
     def _text(self, messages: list[dict], tools, generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                      add_generation_prompt=generation_prompt)
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+            )
         except Exception as e:  # noqa: BLE001 - jinja raises many kinds for a chat it rejects
             raise TemplateError(f"the chat template rejected the conversation: {type(e).__name__}: {e}") from e
 

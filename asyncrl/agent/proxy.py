@@ -48,16 +48,26 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, admin_key: str | None) -> None:
     """Refuse (ValueError) a proxy on a network interface without an admin key."""
     if not is_loopback(host) and not admin_key:
-        raise ValueError(f"the agent proxy binds '{host}', which is not loopback: set an admin key too (anyone "
-                         "who can reach it could otherwise use the engine)")
+        raise ValueError(
+            f"the agent proxy binds '{host}', which is not loopback: set an admin key too (anyone "
+            "who can reach it could otherwise use the engine)"
+        )
 
 
 class AgentProxy:
     """Serves ``engine`` to episodes, one key each. ``params`` is the run's sampling (its ``n`` is ignored: a
     request's ``n`` says how many choices); ``max_len`` the engine's context per sequence."""
 
-    def __init__(self, renderer: ChatRenderer, params: SamplingParams, max_len: int, *, tool_parser: str = "hermes",
-                 model_name: str = "policy", engine=None):
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        params: SamplingParams,
+        max_len: int,
+        *,
+        tool_parser: str = "hermes",
+        model_name: str = "policy",
+        engine=None,
+    ):
         if tool_parser not in PARSERS:
             raise ValueError(f"tool parser must be one of {sorted(PARSERS)}, got '{tool_parser}'")
         self.renderer, self.params, self.max_len = renderer, dataclasses.replace(params, n=1), max_len
@@ -108,8 +118,18 @@ class AgentProxy:
         messages, tools = _messages(body), _tools(body)
         _check_chars(len(canonical(messages)) + len(canonical(tools or [])), "messages and tools")
         _tool_choice(body, tools)
-        fingerprint = canonical(["chat", messages, tools, body.get("tool_choice"), body.get("n"), body.get("stop"),
-                                 _max_tokens(body), bool(body.get("logprobs"))])
+        fingerprint = canonical(
+            [
+                "chat",
+                messages,
+                tools,
+                body.get("tool_choice"),
+                body.get("n"),
+                body.get("stop"),
+                _max_tokens(body),
+                bool(body.get("logprobs")),
+            ]
+        )
         future, is_retry = episode.request(fingerprint, retried)
         if is_retry:  # the same request again from a client's retry (after a timeout): the same answer
             return await future
@@ -146,13 +166,26 @@ class AgentProxy:
             raise ProxyError(400, "prompt must be a non-empty string or a list of token ids")
         params = self._params(body)
         choices = []
-        calls = await self._generate(episode, ids, None, 0, [], "", params, _n(body), _max_tokens(body) is not None,
-                                     "cmpl")
+        calls = await self._generate(
+            episode, ids, None, 0, [], "", params, _n(body), _max_tokens(body) is not None, "cmpl"
+        )
         for index, call in enumerate(calls):
-            choices.append({"index": index, "text": self._decode(call.output_ids, params),
-                            "finish_reason": FINISH.get(call.finish_reason, "stop"), "logprobs": None})
-        return {"id": calls[0].id, "object": "text_completion", "created": int(time.time()),
-                "model": self.model_name, "choices": choices, "usage": _usage(ids, calls)}
+            choices.append(
+                {
+                    "index": index,
+                    "text": self._decode(call.output_ids, params),
+                    "finish_reason": FINISH.get(call.finish_reason, "stop"),
+                    "logprobs": None,
+                }
+            )
+        return {
+            "id": calls[0].id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": _usage(ids, calls),
+        }
 
     # ---- internals -----------------------------------------------------------------------------------------
     async def _chat(self, episode: Episode, body: dict, messages: list[dict], tools: list | None) -> dict:
@@ -161,8 +194,17 @@ class AgentProxy:
         except TemplateError as e:
             raise ProxyError(400, f"messages: {e}") from None
         params = self._params(body)
-        calls = await self._generate(episode, prompt_ids, parent, bridge, normalize(messages),
-                                     canonical(tools or []), params, _n(body), _max_tokens(body) is not None)
+        calls = await self._generate(
+            episode,
+            prompt_ids,
+            parent,
+            bridge,
+            normalize(messages),
+            canonical(tools or []),
+            params,
+            _n(body),
+            _max_tokens(body) is not None,
+        )
         choices = []
         for index, call in enumerate(calls):
             text = self._decode(call.output_ids, params)
@@ -175,12 +217,21 @@ class AgentProxy:
             finish = "tool_calls" if reply.tool_calls else FINISH.get(call.finish_reason, "stop")
             choice = {"index": index, "message": message, "finish_reason": finish, "logprobs": None}
             if body.get("logprobs"):
-                choice["logprobs"] = {"content": [
-                    {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(call.output_ids, call.logprobs)]}
+                choice["logprobs"] = {
+                    "content": [
+                        {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                        for t, lp in zip(call.output_ids, call.logprobs)
+                    ]
+                }
             choices.append(choice)
-        return {"id": calls[0].id, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
-                "choices": choices, "usage": _usage(prompt_ids, calls)}
+        return {
+            "id": calls[0].id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": _usage(prompt_ids, calls),
+        }
 
     async def _off_loop(self, fn):
         """``fn()`` on the proxy's one tokenising thread (one: a fast tokenizer used by two threads at once can
@@ -196,9 +247,19 @@ class AgentProxy:
         max_new = self.params.max_new_tokens if limit is None else min(limit, self.params.max_new_tokens)
         return dataclasses.replace(self.params, max_new_tokens=max_new, stop=tuple(stops))
 
-    async def _generate(self, episode: Episode, prompt_ids: list[int], parent, bridge: int, messages, tools_key,
-                        params: SamplingParams, n: int, params_asked: bool = True,
-                        kind: str = "chatcmpl") -> list[Call]:
+    async def _generate(
+        self,
+        episode: Episode,
+        prompt_ids: list[int],
+        parent,
+        bridge: int,
+        messages,
+        tools_key,
+        params: SamplingParams,
+        n: int,
+        params_asked: bool = True,
+        kind: str = "chatcmpl",
+    ) -> list[Call]:
         """``n`` calls of ``prompt_ids``, the choices of one completion (one id, ``KIND-...``); a request that set
         no ``max_tokens`` (``params_asked`` False) gets at most what is left of the context, as OpenAI's API does,
         instead of a refusal."""
@@ -208,9 +269,12 @@ class AgentProxy:
         if not params_asked and 0 < room < params.max_new_tokens:  # no max_tokens asked: what the context holds
             params = dataclasses.replace(params, max_new_tokens=room)
         if len(prompt_ids) + params.max_new_tokens > self.max_len:
-            raise ProxyError(400, f"messages: the conversation is {len(prompt_ids)} tokens; with max_tokens "
-                                  f"{params.max_new_tokens} it exceeds the context of {self.max_len} tokens"
-                                  + (f" (ask for max_tokens <= {room})" if room > 0 else ""))
+            raise ProxyError(
+                400,
+                f"messages: the conversation is {len(prompt_ids)} tokens; with max_tokens "
+                f"{params.max_new_tokens} it exceeds the context of {self.max_len} tokens"
+                + (f" (ask for max_tokens <= {room})" if room > 0 else ""),
+            )
         calls = []
         t0 = time.perf_counter()
         completions = await self.engine.generate(prompt_ids, dataclasses.replace(params, n=n))
@@ -218,8 +282,19 @@ class AgentProxy:
         episode.llm_queue_s += max(c.queued_s for c in completions)
         completion_id = f"{kind}-{uuid.uuid4().hex}"
         for index, c in enumerate(completions):
-            call = Call(completion_id, messages, tools_key, list(prompt_ids), parent, bridge, c.output_ids, c.logprobs,
-                        c.versions, c.finish_reason, choice=index)
+            call = Call(
+                completion_id,
+                messages,
+                tools_key,
+                list(prompt_ids),
+                parent,
+                bridge,
+                c.output_ids,
+                c.logprobs,
+                c.versions,
+                c.finish_reason,
+                choice=index,
+            )
             episode.calls.append(call)
             calls.append(call)
         self.calls += len(calls)
@@ -252,10 +327,16 @@ def _messages(body: dict) -> list[dict]:
                 raise ProxyError(400, f"messages[{i}].tool_calls must be a list")
             for j, call in enumerate(calls):
                 function = call.get("function") if isinstance(call, dict) else None
-                if (not isinstance(function, dict) or not isinstance(function.get("name"), str)
-                        or not isinstance(function.get("arguments", ""), (str, dict))):
-                    raise ProxyError(400, f"messages[{i}].tool_calls[{j}] must be an object with a function "
-                                          "{name: string, arguments: string}")
+                if (
+                    not isinstance(function, dict)
+                    or not isinstance(function.get("name"), str)
+                    or not isinstance(function.get("arguments", ""), (str, dict))
+                ):
+                    raise ProxyError(
+                        400,
+                        f"messages[{i}].tool_calls[{j}] must be an object with a function "
+                        "{name: string, arguments: string}",
+                    )
     return messages
 
 
@@ -263,12 +344,20 @@ def _tools(body: dict) -> list | None:
     tools = _list(body, "tools")
     for i, tool in enumerate(tools or ()):
         function = tool.get("function") if isinstance(tool, dict) else None
-        if (not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict)
-                or not isinstance(function.get("name"), str) or not function["name"]
-                or not isinstance(function.get("description", ""), str)
-                or not isinstance(function.get("parameters", {}), dict)):
-            raise ProxyError(400, f"tools[{i}] must be {{type: function, function: {{name: string, description?: "
-                                  "string, parameters?: object}}")
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not function["name"]
+            or not isinstance(function.get("description", ""), str)
+            or not isinstance(function.get("parameters", {}), dict)
+        ):
+            raise ProxyError(
+                400,
+                f"tools[{i}] must be {{type: function, function: {{name: string, description?: "
+                "string, parameters?: object}}",
+            )
     return tools
 
 
@@ -287,8 +376,9 @@ def _tool_choice(body: dict, tools: list | None) -> None:
         name = choice["function"].get("name")
         if name in names:
             return
-        raise ProxyError(400, f"tool_choice names the function {str(name)[:60]!r}, which is not among the tools "
-                              f"{names[:10]}")
+        raise ProxyError(
+            400, f"tool_choice names the function {str(name)[:60]!r}, which is not among the tools {names[:10]}"
+        )
     raise ProxyError(400, "tool_choice must be 'none', 'auto', 'required' or {type: function, function: {name}}")
 
 
@@ -296,13 +386,17 @@ def _check_common(body: dict) -> None:
     """What every endpoint refuses: streaming (the proxy answers whole responses) and text that is not valid
     Unicode (a lone surrogate such as \\ud800, which JSON can carry and no tokenizer can encode)."""
     if body.get("stream"):
-        raise ProxyError(400, "stream: streaming is not supported by the asyncrl proxy; set stream=false (the "
-                              "answer comes whole, recorded token for token)")
+        raise ProxyError(
+            400,
+            "stream: streaming is not supported by the asyncrl proxy; set stream=false (the "
+            "answer comes whole, recorded token for token)",
+        )
     try:
         canonical(body).encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ProxyError(400, f"the request holds text that is not valid Unicode ({e.reason} at character "
-                              f"{e.start})") from None
+        raise ProxyError(
+            400, f"the request holds text that is not valid Unicode ({e.reason} at character {e.start})"
+        ) from None
 
 
 def _check_chars(n: int, field: str) -> None:
@@ -338,5 +432,8 @@ def _max_tokens(body: dict) -> int | None:
 
 def _usage(prompt_ids: list[int], calls: list[Call]) -> dict:
     completion = sum(len(c.output_ids) for c in calls)
-    return {"prompt_tokens": len(prompt_ids), "completion_tokens": completion,
-            "total_tokens": len(prompt_ids) + completion}
+    return {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(prompt_ids) + completion,
+    }

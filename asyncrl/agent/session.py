@@ -50,9 +50,11 @@ def canonical(obj) -> str:
 
 def _same_message(sent: dict, reply: dict) -> bool:
     """Whether the agent sent back the reply it got (tool-call ids and arguments' spelling aside)."""
+
     def key(m):
         calls = [(c["function"]["name"], canonical(c["function"]["arguments"])) for c in m.get("tool_calls", [])]
         return m["role"], m["content"].strip(), calls
+
     return key(sent) == key(reply)
 
 
@@ -75,10 +77,15 @@ class Episode:
         for i in range(len(self.calls) - 1, -1, -1):
             c = self.calls[i]
             n = len(c.messages)
-            if (c.reply is not None and c.tools_key == tools_key and len(messages) > n + 1
-                    and messages[:n] == c.messages and _same_message(messages[n], c.reply)):
+            if (
+                c.reply is not None
+                and c.tools_key == tools_key
+                and len(messages) > n + 1
+                and messages[:n] == c.messages
+                and _same_message(messages[n], c.reply)
+            ):
                 closed = bool(c.output_ids) and c.output_ids[-1] == self.renderer.stop_token_id  # not a stop string
-                bridge = self.renderer.continuation(messages[n + 1:], tools, ended_with_stop=closed)
+                bridge = self.renderer.continuation(messages[n + 1 :], tools, ended_with_stop=closed)
                 return c.prompt_ids + c.output_ids + bridge, i, len(bridge)
         if self.calls:
             self.history_edits += 1
@@ -150,8 +157,10 @@ class Episode:
         for key, value in outcome.items():
             values = list(value) if isinstance(value, (list, tuple)) else [value]
             if len(values) != len(choices[key]):
-                raise ValueError(f"the episode gave completion {key} {len(values)} reward(s) for its "
-                                 f"{len(choices[key])} choice(s): give one number per choice (a list for n > 1)")
+                raise ValueError(
+                    f"the episode gave completion {key} {len(values)} reward(s) for its "
+                    f"{len(choices[key])} choice(s): give one number per choice (a list for n > 1)"
+                )
             for i, v in zip(choices[key], values):
                 rewards[i] = float(v)
         return rewards
@@ -162,8 +171,11 @@ class Episode:
         rewards = self.rewards(outcome)
         returns = self._discounted(rewards, gamma)
         if mode == "individual":
-            return [Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason)
-                    for c, r in zip(self.calls, returns) if c.output_ids]
+            return [
+                Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason)
+                for c, r in zip(self.calls, returns)
+                if c.output_ids
+            ]
         return self._chains(returns, rewards, gamma)
 
     def _chains(self, returns: list[float], rewards: list[float], gamma: float) -> list[Trajectory]:
@@ -191,7 +203,7 @@ class Episode:
         for k, i in enumerate(chain):
             c = self.calls[i]
             if k:
-                bridge = c.prompt_ids[len(c.prompt_ids) - c.bridge:]
+                bridge = c.prompt_ids[len(c.prompt_ids) - c.bridge :]
                 ids += bridge
                 logprobs += [0.0] * len(bridge)
                 versions += [-1] * len(bridge)

@@ -34,6 +34,7 @@ def _strict_json(text: str):
     """JSON as every client reads it: NaN and Infinity, which Python's json accepts, are malformed, and so are a
     number beyond the float range (1e400 reads as inf), an integer too long to read and nesting too deep
     (JSONDecodeError for all)."""
+
     def refuse(name):
         raise json.JSONDecodeError(f"{name[:20]} is not JSON", text, 0)
 
@@ -62,8 +63,11 @@ def _call(obj, args_key: str, other_key: str) -> dict | None:
             return None
     if not isinstance(args, dict):
         return None
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)},
+    }
 
 
 def parse_hermes(text: str) -> Reply:
@@ -74,7 +78,7 @@ def parse_hermes(text: str) -> Reply:
             call = _call(_strict_json(m.group(1)), "arguments", "parameters")
         except json.JSONDecodeError:
             call = None
-        kept.append(text[last:m.start()])
+        kept.append(text[last : m.start()])
         if call is None:
             malformed += 1
             kept.append(m.group(0))

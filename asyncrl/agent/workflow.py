@@ -52,16 +52,29 @@ class AgentWorkflow:
     port, admin_key)`` puts the proxy on HTTP (a handle with ``url`` and ``close()``, e.g.
     ``asyncrl.server.agent.serve_proxy``); the ``openai`` client needs it, the in-process one does not."""
 
-    def __init__(self, context, *, episode: str, timeout_s: float = 300.0,
-                 export: str = "individual", turn_discount: float = 1.0, tool_parser: str = "hermes",
-                 client: str = "auto", proxy_host: str = "127.0.0.1", proxy_port: int = 0, admin_key: str = "",
-                 options: dict | None = None, serve=None):
+    def __init__(
+        self,
+        context,
+        *,
+        episode: str,
+        timeout_s: float = 300.0,
+        export: str = "individual",
+        turn_discount: float = 1.0,
+        tool_parser: str = "hermes",
+        client: str = "auto",
+        proxy_host: str = "127.0.0.1",
+        proxy_port: int = 0,
+        admin_key: str = "",
+        options: dict | None = None,
+        serve=None,
+    ):
         self.episode_fn, self.options = resolve_episode(episode), dict(options or {})
         stop_token_id, max_len = context.stop_token_ids[0], context.max_len
         self.n, self.timeout_s, self.export, self.gamma = context.params.n, timeout_s, export, turn_discount
         self.tool_parser = tool_parser
-        self.proxy = AgentProxy(ChatRenderer(context.tokenizer, stop_token_id), context.params, max_len,
-                                tool_parser=tool_parser)
+        self.proxy = AgentProxy(
+            ChatRenderer(context.tokenizer, stop_token_id), context.params, max_len, tool_parser=tool_parser
+        )
         self.use_http = client == "openai" or (client == "auto" and _has_openai())
         self.server = self.http = self.serve_fn = None
         if self.use_http:
@@ -82,8 +95,10 @@ class AgentWorkflow:
         self.proxy.tokenizer = self.proxy.renderer.tokenizer
         self.server = serve(self.proxy, host, port, admin_key or None)
         self.serve_fn = serve  # evaluation serves a proxy of its own the same way
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s + 60),
-                                      limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self.http = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout_s + 60),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
 
     async def run(self, item: dict, engine) -> TrajectoryGroup | None:
         self.proxy.engine = engine
@@ -100,8 +115,9 @@ class AgentWorkflow:
         try:
             outcome = await asyncio.wait_for(self.episode_fn(client, item, **self.options), self.timeout_s)
             if not isinstance(outcome, (numbers.Real, dict)) or isinstance(outcome, bool):
-                raise TypeError(f"the episode returned {type(outcome).__name__}, not a reward or "
-                                "{completion_id: reward}")
+                raise TypeError(
+                    f"the episode returned {type(outcome).__name__}, not a reward or {{completion_id: reward}}"
+                )
             if not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in outcome_values(outcome)):
                 raise ValueError(f"the episode returned a reward that is not a finite number: {outcome!r}")
             episode = self.proxy.episodes[key]
@@ -123,16 +139,26 @@ class AgentWorkflow:
         latency (``LATENCY_OPTIONS``: it only slows evaluation down); a failed episode scores 0 and is counted in
         ``eval_episode_failures``."""
         t0 = time.perf_counter()
-        proxy = AgentProxy(ChatRenderer(tokenizer, self.proxy.renderer.stop_token_id), params, self.proxy.max_len,
-                           tool_parser=self.tool_parser, engine=engine)
+        proxy = AgentProxy(
+            ChatRenderer(tokenizer, self.proxy.renderer.stop_token_id),
+            params,
+            self.proxy.max_len,
+            tool_parser=self.tool_parser,
+            engine=engine,
+        )
         server = self.serve_fn(proxy, "127.0.0.1", 0, None) if self.use_http else None
         failures = []
         options = {k: v for k, v in self.options.items() if k not in LATENCY_OPTIONS}  # they only slow it down
 
         async def one(item: dict, http) -> float:
             key = proxy.open()
-            client = InProcessClient(proxy, key) if server is None else _timed_openai()(
-                base_url=server.url + "/v1", api_key=key, http_client=http, max_retries=2, on_call=lambda s: None)
+            client = (
+                InProcessClient(proxy, key)
+                if server is None
+                else _timed_openai()(
+                    base_url=server.url + "/v1", api_key=key, http_client=http, max_retries=2, on_call=lambda s: None
+                )
+            )
             try:
                 outcome = await asyncio.wait_for(self.episode_fn(client, item, **options), self.timeout_s)
                 return outcome_score(outcome)
@@ -155,18 +181,32 @@ class AgentWorkflow:
             if server is not None:
                 server.close()
         if failures:
-            log.warning("evaluation: %d of %d episodes failed (first: %s: %s)", len(failures), len(items),
-                        type(failures[0]).__name__, failures[0])
-        return {"eval_accuracy": sum(s >= success_threshold for s in scores) / len(scores),
-                "eval_reward_mean": sum(scores) / len(scores), "eval_episode_failures": len(failures),
-                "eval_calls_per_episode": proxy.calls / len(items), "eval_items": len(scores),
-                "eval_time_s": time.perf_counter() - t0}
+            log.warning(
+                "evaluation: %d of %d episodes failed (first: %s: %s)",
+                len(failures),
+                len(items),
+                type(failures[0]).__name__,
+                failures[0],
+            )
+        return {
+            "eval_accuracy": sum(s >= success_threshold for s in scores) / len(scores),
+            "eval_reward_mean": sum(scores) / len(scores),
+            "eval_episode_failures": len(failures),
+            "eval_calls_per_episode": proxy.calls / len(items),
+            "eval_items": len(scores),
+            "eval_time_s": time.perf_counter() - t0,
+        }
 
     def _client(self, key: str):
         if not self.use_http:
             return InProcessClient(self.proxy, key)
-        return _timed_openai()(base_url=self.server.url + "/v1", api_key=key, http_client=self.http, max_retries=2,
-                               on_call=lambda seconds: self._add_client_time(key, seconds))
+        return _timed_openai()(
+            base_url=self.server.url + "/v1",
+            api_key=key,
+            http_client=self.http,
+            max_retries=2,
+            on_call=lambda seconds: self._add_client_time(key, seconds),
+        )
 
     def _add_client_time(self, key: str, seconds: float) -> None:
         self._client_s[key] = self._client_s.get(key, 0.0) + seconds
@@ -176,8 +216,12 @@ class AgentWorkflow:
         kind = type(error).__name__
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("an episode of item %s failed; it is dropped and counted in agent_episode_failures "
-                        "(logged once per kind of error)", item.get("id"), exc_info=error)
+            log.warning(
+                "an episode of item %s failed; it is dropped and counted in agent_episode_failures "
+                "(logged once per kind of error)",
+                item.get("id"),
+                exc_info=error,
+            )
 
     def _account(self, wall_s: float, episode, client_s: float) -> None:
         """An episode's time: in the engine (queued, generating), in the proxy's own work, between the client and
@@ -193,10 +237,16 @@ class AgentWorkflow:
         self.time["tool"] += max(0.0, wall_s - client_s)
 
     def stats(self) -> dict:
-        return {"agent_episodes": self.episodes, "agent_episode_failures": self.failures,
-                "agent_calls": self.proxy.calls, "agent_tool_parse_errors": self.proxy.tool_parse_errors,
-                "agent_history_edits": self.history_edits, "agent_retries": self.retries,
-                "agent_tool_s": self.time["tool"], **{f"episode_{k}_s": v for k, v in self.time.items()}}
+        return {
+            "agent_episodes": self.episodes,
+            "agent_episode_failures": self.failures,
+            "agent_calls": self.proxy.calls,
+            "agent_tool_parse_errors": self.proxy.tool_parse_errors,
+            "agent_history_edits": self.history_edits,
+            "agent_retries": self.retries,
+            "agent_tool_s": self.time["tool"],
+            **{f"episode_{k}_s": v for k, v in self.time.items()},
+        }
 
     def close(self) -> None:
         if self.server is not None:

@@ -18,7 +18,6 @@ import torch
 
 from asyncrl.cluster.parallel import all_reduce_cpu
 
-
 _all_reduce = all_reduce_cpu
 
 
@@ -118,8 +117,7 @@ def reinforce_pp_baseline(rewards, group_ids, loss_mask, *, eps: float = 1e-6, *
     return masked_whiten(_broadcast(centred, loss_mask), loss_mask, eps)
 
 
-def gae(rewards, group_ids, loss_mask, *, token_rewards=None, values=None, gamma: float = 1.0, lam: float = 1.0,
-        **_):
+def gae(rewards, group_ids, loss_mask, *, token_rewards=None, values=None, gamma: float = 1.0, lam: float = 1.0, **_):
     """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438, Eq. 16) over the
     completion tokens of each row, with V = 0 after the last one:
 

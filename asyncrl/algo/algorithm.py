@@ -38,29 +38,52 @@ def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
     from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from asyncrl.algo.offpolicy import BehaviourCorrection
 
-    needs_length = cfg.overlong_reward_penalty or (cfg.loss_agg_mode == "seq-mean-token-sum-norm"
-                                                   and not cfg.loss_norm_tokens)
+    needs_length = cfg.overlong_reward_penalty or (
+        cfg.loss_agg_mode == "seq-mean-token-sum-norm" and not cfg.loss_norm_tokens
+    )
     if needs_length and max_new_tokens is None:
-        raise ValueError("actor.overlong_reward_penalty and Dr.GRPO's seq-mean-token-sum-norm without "
-                         "actor.loss_norm_tokens need gconfig.max_new_tokens: pass max_new_tokens to build_trainer")
+        raise ValueError(
+            "actor.overlong_reward_penalty and Dr.GRPO's seq-mean-token-sum-norm without "
+            "actor.loss_norm_tokens need gconfig.max_new_tokens: pass max_new_tokens to build_trainer"
+        )
     correction = BehaviourCorrection(
-        upper=cfg.behav_imp_weight_cap, lower=cfg.behav_imp_weight_floor, mode=cfg.behav_imp_weight_mode,
-        level=cfg.behav_imp_weight_level, metric=cfg.behav_imp_weight_metric, agg=cfg.behav_imp_weight_agg)
+        upper=cfg.behav_imp_weight_cap,
+        lower=cfg.behav_imp_weight_floor,
+        mode=cfg.behav_imp_weight_mode,
+        level=cfg.behav_imp_weight_level,
+        metric=cfg.behav_imp_weight_metric,
+        agg=cfg.behav_imp_weight_agg,
+    )
     return Algorithm(
         adv_fn=ADVANTAGES[cfg.adv_estimator],
         loss_fn=POLICY_LOSSES[cfg.policy_loss],
         agg_fn=AGGREGATIONS[cfg.loss_agg_mode],
-        loss_options={"eps_clip": cfg.eps_clip, "eps_clip_higher": cfg.eps_clip_higher, "c_clip": cfg.c_clip,
-                      "importance_sampling_level": cfg.importance_sampling_level, "correction": correction,
-                      "sapo_tau_pos": cfg.sapo_tau_pos, "sapo_tau_neg": cfg.sapo_tau_neg},
+        loss_options={
+            "eps_clip": cfg.eps_clip,
+            "eps_clip_higher": cfg.eps_clip_higher,
+            "c_clip": cfg.c_clip,
+            "importance_sampling_level": cfg.importance_sampling_level,
+            "correction": correction,
+            "sapo_tau_pos": cfg.sapo_tau_pos,
+            "sapo_tau_neg": cfg.sapo_tau_neg,
+        },
         agg_options={"norm_tokens": cfg.loss_norm_tokens or max_new_tokens},
         shaping=RewardShaping(
-            scaling=cfg.reward_scaling, bias=cfg.reward_bias, clip=cfg.reward_clip,
+            scaling=cfg.reward_scaling,
+            bias=cfg.reward_bias,
+            clip=cfg.reward_clip,
             overlong_tokens=cfg.overlong_tokens if cfg.overlong_reward_penalty else 0,
-            overlong_penalty_factor=cfg.overlong_penalty_factor, max_new_tokens=max_new_tokens,
-            zero_truncated=cfg.mask_no_eos_with_zero),
-        gamma=cfg.discount, lam=cfg.gae_lambda, adv_norm=cfg.adv_norm,
-        kl_fn=KL_ESTIMATORS[cfg.kl_estimator], kl_ctl=cfg.kl_ctl, kl_in_loss=cfg.use_kl_loss,
+            overlong_penalty_factor=cfg.overlong_penalty_factor,
+            max_new_tokens=max_new_tokens,
+            zero_truncated=cfg.mask_no_eos_with_zero,
+        ),
+        gamma=cfg.discount,
+        lam=cfg.gae_lambda,
+        adv_norm=cfg.adv_norm,
+        kl_fn=KL_ESTIMATORS[cfg.kl_estimator],
+        kl_ctl=cfg.kl_ctl,
+        kl_in_loss=cfg.use_kl_loss,
         loglinear_prox=cfg.prox_logp_method == "loglinear",
-        value_eps_clip=cfg.value_eps_clip, value_loss_coef=cfg.value_loss_coef,
+        value_eps_clip=cfg.value_eps_clip,
+        value_loss_coef=cfg.value_loss_coef,
     )

@@ -59,8 +59,16 @@ def log_ratio_at_level(logprobs, anchor_logprobs, advantages, mask, level: str =
 
 
 # ---- surrogates S(u, A): per-token losses and their statistics -----------------------------------------
-def clip_surrogate(log_ratio, advantages, mask, *, eps_clip: float = 0.2, eps_clip_higher: float | None = None,
-                   c_clip: float | None = None, **_):
+def clip_surrogate(
+    log_ratio,
+    advantages,
+    mask,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    **_,
+):
     """PPO's clipped surrogate (Schulman et al. 2017, Eq. 7) with DAPO's decoupled upper bound
     (arXiv 2503.14476) and dual clip for A < 0 (Ye et al. 2020, arXiv 1912.09729):
 
@@ -71,8 +79,10 @@ def clip_surrogate(log_ratio, advantages, mask, *, eps_clip: float = 0.2, eps_cl
     clipped = ratio.clamp(1 - eps_clip, 1 + high)
     unclipped_loss, clipped_loss = -advantages * ratio, -advantages * clipped
     loss = torch.maximum(unclipped_loss, clipped_loss)
-    stats = {"clip_frac": masked_mean((clipped_loss > unclipped_loss).float(), mask),
-             "ratio_mean": masked_mean(ratio, mask)}
+    stats = {
+        "clip_frac": masked_mean((clipped_loss > unclipped_loss).float(), mask),
+        "ratio_mean": masked_mean(ratio, mask),
+    }
     if c_clip is not None:
         bound = c_clip * advantages.abs()
         dual = (advantages < 0) & (loss > bound)
@@ -97,8 +107,9 @@ def sapo_surrogate(log_ratio, advantages, mask, *, sapo_tau_pos: float = 1.0, sa
     return -gate * advantages, {"ratio_mean": masked_mean(ratio, mask), "sapo_gate_mean": masked_mean(gate, mask)}
 
 
-def cispo_surrogate(log_ratio, advantages, mask, *, logprobs, eps_clip: float = 0.2,
-                    eps_clip_higher: float | None = None, **_):
+def cispo_surrogate(
+    log_ratio, advantages, mask, *, logprobs, eps_clip: float = 0.2, eps_clip_higher: float | None = None, **_
+):
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update, and keep
     every token's gradient:
 
@@ -110,8 +121,10 @@ def cispo_surrogate(log_ratio, advantages, mask, *, logprobs, eps_clip: float = 
     clipped = (ratio < 1 - eps_clip) | (ratio > 1 + high)
     # a -inf log-prob (outside the mask, or underflow) contributes neither loss nor gradient
     logp = torch.where(mask.bool() & torch.isfinite(logprobs), logprobs, torch.zeros_like(logprobs))
-    return -weight * advantages * logp, {"clip_frac": masked_mean(clipped.float(), mask),
-                                         "ratio_mean": masked_mean(ratio, mask)}
+    return -weight * advantages * logp, {
+        "clip_frac": masked_mean(clipped.float(), mask),
+        "ratio_mean": masked_mean(ratio, mask),
+    }
 
 
 def pg_surrogate(log_ratio, advantages, mask, **_):
@@ -121,8 +134,14 @@ def pg_surrogate(log_ratio, advantages, mask, **_):
 
 
 # ---- objectives (the registry) ------------------------------------------------------------------------
-def _decoupled(surrogate, x: LossInputs, *, importance_sampling_level: str = "token",
-               correction: BehaviourCorrection = BehaviourCorrection(), **options):
+def _decoupled(
+    surrogate,
+    x: LossInputs,
+    *,
+    importance_sampling_level: str = "token",
+    correction: BehaviourCorrection = BehaviourCorrection(),
+    **options,
+):
     log_ratio, adv = log_ratio_at_level(x.logprobs, x.prox_logprobs, x.advantages, x.mask, importance_sampling_level)
     loss, stats = surrogate(log_ratio, adv, x.mask, logprobs=x.logprobs, **options)
     weight, keep, weight_stats = behaviour_weight(x.prox_logprobs, x.behav_logprobs, x.mask, correction)
@@ -169,7 +188,7 @@ OFF_POLICY_CORRECTED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg"})
 def clipped_value_loss(values, old_values, returns, mask, *, value_eps_clip: float | None = 0.5):
     """PPO's clipped value loss (AReaL's critic; Schulman et al. 2017 code), per token:
 
-        L = max(½(V - R)², ½(V_old + clip(V - V_old, ±ε_v) - R)²);   ε_v = None: ½(V - R)².
+    L = max(½(V - R)², ½(V_old + clip(V - V_old, ±ε_v) - R)²);   ε_v = None: ½(V - R)².
     """
     unclipped = 0.5 * (values - returns) ** 2
     if value_eps_clip is None:
@@ -177,4 +196,5 @@ def clipped_value_loss(values, old_values, returns, mask, *, value_eps_clip: flo
     v_clipped = old_values + (values - old_values).clamp(-value_eps_clip, value_eps_clip)
     clipped = 0.5 * (v_clipped - returns) ** 2
     return torch.maximum(unclipped, clipped) * mask, {
-        "value_clip_frac": masked_mean((clipped > unclipped).float(), mask)}
+        "value_clip_frac": masked_mean((clipped > unclipped).float(), mask)
+    }

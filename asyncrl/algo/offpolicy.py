@@ -57,22 +57,31 @@ class BehaviourCorrection:
     agg: str = "mean"
 
     def __post_init__(self):
-        for name, value, allowed in (("mode", self.mode, MODES), ("level", self.level, LEVELS),
-                                     ("metric", self.metric, METRICS), ("agg", self.agg, AGGS)):
+        for name, value, allowed in (
+            ("mode", self.mode, MODES),
+            ("level", self.level, LEVELS),
+            ("metric", self.metric, METRICS),
+            ("agg", self.agg, AGGS),
+        ):
             if value not in allowed:
                 raise ValueError(f"behaviour weight {name} '{value}' is not one of {list(allowed)}")
         if self.metric != "ratio" and self.mode == "clamp":
             raise ValueError("a KL metric can only mask (mode='mask'): there is no weight to clamp it to")
         if self.level == "sequence" and self.agg != "mean" and self.mode == "clamp":
-            raise ValueError(f"a sequence's weight is the geometric mean of its ratios, which agg='{self.agg}' does "
-                             "not bound: clamping it would change nothing; use mode='mask' (or agg='mean')")
+            raise ValueError(
+                f"a sequence's weight is the geometric mean of its ratios, which agg='{self.agg}' does "
+                "not bound: clamping it would change nothing; use mode='mask' (or agg='mean')"
+            )
         if self.upper is not None and self.lower is not None and self.lower > self.upper:
             raise ValueError(f"behaviour weight lower bound {self.lower} exceeds the upper bound {self.upper}")
 
 
-def behaviour_weight(prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, mask: torch.Tensor,
-                     correction: BehaviourCorrection = BehaviourCorrection(),
-                     ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def behaviour_weight(
+    prox_logprobs: torch.Tensor,
+    behav_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    correction: BehaviourCorrection = BehaviourCorrection(),
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The bounded behaviour weight (N, T), the kept-token mask (N, T) and statistics; no gradient.
 
     Tokens outside ``mask`` get weight 0 and are never counted."""
@@ -109,8 +118,9 @@ def behaviour_weight(prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, 
         inside &= metric >= c.lower
     outside = ~inside & m
     if c.mode == "clamp":
-        clamped = weight.clamp(min=0.0 if c.lower is None else c.lower,
-                               max=float("inf") if c.upper is None else c.upper)
+        clamped = weight.clamp(
+            min=0.0 if c.lower is None else c.lower, max=float("inf") if c.upper is None else c.upper
+        )
         weight = torch.where(outside, clamped, weight)
         keep = m
     else:
@@ -126,8 +136,9 @@ def behaviour_weight(prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, 
     return weight, keep.to(mask.dtype), stats
 
 
-def loglinear_prox_logprobs(behav_logprobs: torch.Tensor, logprobs: torch.Tensor, versions: torch.Tensor,
-                            version: int) -> torch.Tensor:
+def loglinear_prox_logprobs(
+    behav_logprobs: torch.Tensor, logprobs: torch.Tensor, versions: torch.Tensor, version: int
+) -> torch.Tensor:
     """Log-linear approximation of the proximal log-probs from per-token versions (AReaL's
     ``prox_logp_method=loglinear``), which skips the recompute pass:
 

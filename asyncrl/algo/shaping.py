@@ -31,8 +31,9 @@ class RewardShaping:
     zero_truncated: bool = False
 
 
-def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, overlong_tokens: int,
-                     factor: float = 1.0) -> torch.Tensor:
+def overlong_penalty(
+    lengths: torch.Tensor, max_new_tokens: int, overlong_tokens: int, factor: float = 1.0
+) -> torch.Tensor:
     """DAPO's soft overlong punishment (arXiv 2503.14476) for completion ``lengths`` (N,):
 
         R_len(y) = 0                                  if |y| <= L_max - L_cache
@@ -48,8 +49,9 @@ def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, overlong_tokens
     return (penalty * factor).to(torch.float32)
 
 
-def shape_rewards(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor,
-                  shaping: RewardShaping) -> tuple[torch.Tensor, dict]:
+def shape_rewards(
+    rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor, shaping: RewardShaping
+) -> tuple[torch.Tensor, dict]:
     """Shaped sequence rewards (N,) and statistics. ``lengths`` are completion lengths (N,); ``truncated``
     (N,) bool marks samples stopped by ``max_new_tokens`` (no end-of-sequence token)."""
     r = rewards.to(torch.float32)
@@ -57,8 +59,9 @@ def shape_rewards(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch
     if shaping.overlong_tokens > 0:
         if shaping.max_new_tokens is None:
             raise ValueError("the overlong penalty needs max_new_tokens (DAPO's L_max)")
-        pen = overlong_penalty(lengths, shaping.max_new_tokens, shaping.overlong_tokens,
-                               shaping.overlong_penalty_factor)
+        pen = overlong_penalty(
+            lengths, shaping.max_new_tokens, shaping.overlong_tokens, shaping.overlong_penalty_factor
+        )
         r = r + pen
         stats["overlong_penalty_mean"] = float(pen.mean()) if len(pen) else 0.0
         stats["overlong_frac"] = float((pen < 0).float().mean()) if len(pen) else 0.0

@@ -71,5 +71,11 @@ class EngineStats:
         if unknown or "busy_s" in deltas:
             raise TypeError(f"not EngineStats phases: {sorted(unknown | ({'busy_s'} & set(deltas)))}")
         busy = sum(deltas.get(k, 0.0) for k in ("prefill_s", "decode_s", "reprefill_s"))
-        return EngineStats(**{f.name: getattr(self, f.name) + deltas.get(f.name, 0) for f in dataclasses.fields(self)
-                              if f.name != "busy_s"}, busy_s=self.busy_s + busy)
+        return EngineStats(
+            **{
+                f.name: getattr(self, f.name) + deltas.get(f.name, 0)
+                for f in dataclasses.fields(self)
+                if f.name != "busy_s"
+            },
+            busy_s=self.busy_s + busy,
+        )

@@ -22,4 +22,3 @@ class Described(Protocol):
     it is called with the function's bound keyword arguments (``reward.kwargs``)."""
 
     def describe(self, **kwargs) -> dict: ...
-

@@ -41,8 +41,9 @@ class Evaluating(Protocol):
     """A workflow that evaluates held-out items its own way (an agent runs its episodes), instead of one
     answer per item scored by the reward function."""
 
-    def evaluate(self, engine: Engine, items: list[dict], tokenizer, params: SamplingParams,
-                 success_threshold: float = 1.0) -> dict: ...
+    def evaluate(
+        self, engine: Engine, items: list[dict], tokenizer, params: SamplingParams, success_threshold: float = 1.0
+    ) -> dict: ...
 
 
 @dataclass(frozen=True)

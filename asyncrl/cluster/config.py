@@ -43,6 +43,7 @@ class ClusterConfig:
         if self.device == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
         if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("cluster.device=cuda, but torch sees no CUDA device (cluster.device=auto falls back "
-                              "to the CPU)")
+            raise ConfigError(
+                "cluster.device=cuda, but torch sees no CUDA device (cluster.device=auto falls back to the CPU)"
+            )
         return self.device

@@ -103,8 +103,10 @@ def _decoder_layers(model) -> list:
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
     if layers is None:
-        raise ValueError(f"FSDP wrapping needs the decoder layers at model.model.layers ({type(model).__name__} has "
-                         "none); use actor.backend=ddp:dN")
+        raise ValueError(
+            f"FSDP wrapping needs the decoder layers at model.model.layers ({type(model).__name__} has "
+            "none); use actor.backend=ddp:dN"
+        )
     return list(layers)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-
 ROLLOUT_KINDS = ("local", "asyncrl", "sglang", "vllm", "remote")
 ACTOR_KINDS = ("ddp", "fsdp")
 DIMS = re.compile(r"([a-z]+)(\d+)")
@@ -63,8 +62,10 @@ def parse(spec: str, key: str, kinds: tuple[str, ...]) -> Backend:
             sizes[m.group(1)] = int(m.group(2))
             pos = m.end()
         if pos != len(dims) or not dims:
-            raise PlacementError(f"{key}: cannot read the dimensions '{dims}' of '{spec}': write e.g. d2 or d4t2 "
-                                 "(d = data parallel, t = tensor parallel)")
+            raise PlacementError(
+                f"{key}: cannot read the dimensions '{dims}' of '{spec}': write e.g. d2 or d4t2 "
+                "(d = data parallel, t = tensor parallel)"
+            )
     if sizes["d"] < 1 or sizes["t"] < 1:
         raise PlacementError(f"{key}: sizes in '{spec}' must be at least 1")
     if kind in ACTOR_KINDS and sizes["t"] != 1:
@@ -99,16 +100,24 @@ def allocate(rollout: str, actor: str, device: str, n_devices: int) -> Allocatio
     r = parse(rollout, "rollout.backend", ROLLOUT_KINDS)
     a = parse(actor, "actor.backend", ACTOR_KINDS)
     if device == "cpu":
-        return Allocation("cpu", a, r, tuple(() for _ in range(a.dp)),
-                          tuple(() for _ in range(r.dp if r.kind not in ("local", "remote") else 0)))
+        return Allocation(
+            "cpu",
+            a,
+            r,
+            tuple(() for _ in range(a.dp)),
+            tuple(() for _ in range(r.dp if r.kind not in ("local", "remote") else 0)),
+        )
     server_devices = r.devices if r.kind not in ("local", "remote") else 0
     need = a.devices + server_devices
     if need > n_devices:
-        raise PlacementError(f"actor.backend={actor} needs {a.devices} device(s) and rollout.backend={rollout} "
-                             f"{server_devices}: {need} in all, but this machine has {n_devices} {device} "
-                             "device(s); lower d or t, or use more machines (launcher=ray)")
+        raise PlacementError(
+            f"actor.backend={actor} needs {a.devices} device(s) and rollout.backend={rollout} "
+            f"{server_devices}: {need} in all, but this machine has {n_devices} {device} "
+            "device(s); lower d or t, or use more machines (launcher=ray)"
+        )
     trainer = tuple((i,) for i in range(a.dp))
     first = a.dp
-    servers = tuple(tuple(range(first + s * r.tp, first + (s + 1) * r.tp)) for s in range(r.dp)) \
-        if server_devices else ()
+    servers = (
+        tuple(tuple(range(first + s * r.tp, first + (s + 1) * r.tp)) for s in range(r.dp)) if server_devices else ()
+    )
     return Allocation(device, a, r, trainer, servers)

@@ -25,10 +25,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from asyncrl.configlib import ConfigError
+from asyncrl.data.formats import item_prompt_ids
 from asyncrl.engine.sampling import derive_seed
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.types import Completion, SamplingParams
-from asyncrl.data.formats import item_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +41,19 @@ def check_sampling(n_samples: int, ks: list[int], greedy: bool, temperature: flo
     if n_samples < 1:
         raise ConfigError(f"gconfig.n_samples must be >= 1, got {n_samples}")
     if greedy and n_samples > 1:
-        raise ConfigError(f"gconfig.n_samples={n_samples} with evaluator.greedy=true gives {n_samples} identical "
-                          "answers: set evaluator.greedy=false to sample them (at gconfig.temperature), or "
-                          "gconfig.n_samples=1")
+        raise ConfigError(
+            f"gconfig.n_samples={n_samples} with evaluator.greedy=true gives {n_samples} identical "
+            "answers: set evaluator.greedy=false to sample them (at gconfig.temperature), or "
+            "gconfig.n_samples=1"
+        )
     if not isinstance(ks, (list, tuple)) or not ks:
         raise ConfigError(f"k must be a list of integers such as [1, 4], got {ks!r}")
     for k in ks:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_samples:
-            raise ConfigError(f"k: each k of pass@k must be an integer with 1 <= k <= gconfig.n_samples ({n_samples}), "
-                              f"got {k!r} in {list(ks)}")
+            raise ConfigError(
+                f"k: each k of pass@k must be an integer with 1 <= k <= gconfig.n_samples ({n_samples}), "
+                f"got {k!r} in {list(ks)}"
+            )
     if not greedy and not (math.isfinite(temperature) and temperature > 0):
         raise ConfigError(f"gconfig.temperature must be > 0 when sampling (evaluator.greedy=false), got {temperature}")
     if not 0 < top_p <= 1:
@@ -64,14 +68,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 # ---- generation and scoring (plain arguments; usable with any engine) ---------------------------------------
-def generate_groups(engine, tokenizer, items: list[dict], params: SamplingParams,
-                    seed: int | None = None) -> list[list[Completion]]:
+def generate_groups(
+    engine, tokenizer, items: list[dict], params: SamplingParams, seed: int | None = None
+) -> list[list[Completion]]:
     """``params.n`` completions per item from ``engine`` (started; this thread waits). Prompts are the items'
     ``prompt_ids`` where present, else the chat-formatted ``question``; with ``seed``, item i samples with
     ``derive_seed(seed, i)``."""
     prompts = [item_prompt_ids(tokenizer, it) for it in items]
-    per_item = [params if seed is None or params.greedy else replace(params, seed=derive_seed(seed, i))
-                for i in range(len(items))]
+    per_item = [
+        params if seed is None or params.greedy else replace(params, seed=derive_seed(seed, i))
+        for i in range(len(items))
+    ]
 
     async def all_groups():
         return await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, per_item)))
@@ -79,8 +86,9 @@ def generate_groups(engine, tokenizer, items: list[dict], params: SamplingParams
     return list(asyncio.run(all_groups()))
 
 
-def score_groups(reward_fn, items: list[dict], texts: list[list[str]], default: float = 0.0,
-                 threads: int = 1) -> tuple[list[list[float]], list[list[str | None]]]:
+def score_groups(
+    reward_fn, items: list[dict], texts: list[list[str]], default: float = 0.0, threads: int = 1
+) -> tuple[list[list[float]], list[list[str | None]]]:
     """The reward of every text of every item, and per text the error that replaced it (None when scored).
 
     A failed score takes the default carried by :class:`RewardFailure` (the reward service's ``eval_fn``),
@@ -103,8 +111,12 @@ def score_groups(reward_fn, items: list[dict], texts: list[list[str]], default: 
         rewards[i][j], errors[i][j] = value, error
     first = next(((i, e) for i, row in enumerate(errors) for e in row if e), None)
     if first:
-        log.warning("evaluation: the reward of item %d failed (%s); it scores the default, and further failures "
-                    "are counted in eval_reward_errors", first[0], first[1])
+        log.warning(
+            "evaluation: the reward of item %d failed (%s); it scores the default, and further failures "
+            "are counted in eval_reward_errors",
+            first[0],
+            first[1],
+        )
     return rewards, errors
 
 
@@ -125,13 +137,20 @@ def _by_source(items: list[dict], rewards: list[list[float]], threshold: float) 
     the trainer's evaluation reports them."""
     from asyncrl.loop.evaluate import by_source
 
-    return by_source([it for it, group in zip(items, rewards) for _ in group], [r for g in rewards for r in g],
-                     threshold)
+    return by_source(
+        [it for it, group in zip(items, rewards) for _ in group], [r for g in rewards for r in g], threshold
+    )
 
 
-def item_records(items: list[dict], texts: list[list[str]], rewards: list[list[float]],
-                 errors: list[list[str | None]], ks: list[int], finish: list[list[str]],
-                 threshold: float = SUCCESS_THRESHOLD) -> list[dict]:
+def item_records(
+    items: list[dict],
+    texts: list[list[str]],
+    rewards: list[list[float]],
+    errors: list[list[str | None]],
+    ks: list[int],
+    finish: list[list[str]],
+    threshold: float = SUCCESS_THRESHOLD,
+) -> list[dict]:
     """One JSON-ready record per item: its index, id, question, answer, completions, rewards and pass@k."""
     records = []
     for i, item in enumerate(items):
@@ -145,8 +164,13 @@ def item_records(items: list[dict], texts: list[list[str]], rewards: list[list[f
             record["answer"] = item["answer"]
         if item.get("source") is not None:
             record["source"] = item["source"]
-        record |= {"completions": texts[i], "rewards": rewards[i], "finish_reasons": finish[i], "n_correct": c,
-                   **{f"pass@{k}": pass_at_k(n, c, k) for k in sorted(set(ks))}}
+        record |= {
+            "completions": texts[i],
+            "rewards": rewards[i],
+            "finish_reasons": finish[i],
+            "n_correct": c,
+            **{f"pass@{k}": pass_at_k(n, c, k) for k in sorted(set(ks))},
+        }
         failed = [e for e in errors[i] if e]
         if failed:
             record["reward_errors"] = failed
@@ -190,24 +214,44 @@ def run_eval(cfg) -> dict:
     max_len = builtin_context(model.config.max_position_embeddings, cfg.gconfig.max_new_tokens)  # as in training
     room = max_len - cfg.gconfig.max_new_tokens  # prompt tokens that fit beside a full answer
     if (cfg.train_dataset.max_prompt_tokens or 0) > room:
-        raise ConfigError(f"train_dataset.max_prompt_tokens={cfg.train_dataset.max_prompt_tokens} exceeds the {room} "
-                          f"tokens a prompt can have beside gconfig.max_new_tokens={cfg.gconfig.max_new_tokens} in "
-                          f"the engine's context of {max_len}; lower it or leave it unset")
-    items, default_fn, skipped = eval_set_from_config(cfg.task, cfg.valid_dataset, cfg.train_dataset,
-                                                      tokenizer=tokenizer, default_max_prompt_tokens=room)
+        raise ConfigError(
+            f"train_dataset.max_prompt_tokens={cfg.train_dataset.max_prompt_tokens} exceeds the {room} "
+            f"tokens a prompt can have beside gconfig.max_new_tokens={cfg.gconfig.max_new_tokens} in "
+            f"the engine's context of {max_len}; lower it or leave it unset"
+        )
+    items, default_fn, skipped = eval_set_from_config(
+        cfg.task, cfg.valid_dataset, cfg.train_dataset, tokenizer=tokenizer, default_max_prompt_tokens=room
+    )
     if any(skipped.values()):
-        log.warning("evaluating %d items; rows skipped: %d malformed (data_bad_rows), %d with a prompt over %d "
-                    "tokens (data_skipped_long)", len(items), skipped["data_bad_rows"], skipped["data_skipped_long"],
-                    cfg.train_dataset.max_prompt_tokens or room)
+        log.warning(
+            "evaluating %d items; rows skipped: %d malformed (data_bad_rows), %d with a prompt over %d "
+            "tokens (data_skipped_long)",
+            len(items),
+            skipped["data_bad_rows"],
+            skipped["data_skipped_long"],
+            cfg.train_dataset.max_prompt_tokens or room,
+        )
     try:
-        engine = LocalEngine(model, max_slots=max(MIN_ENGINE_SLOTS, cfg.gconfig.n_samples), max_len=max_len,
-                             dtype=DTYPES[cfg.model.dtype], seed=cfg.seed, threads=cfg.threads)
+        engine = LocalEngine(
+            model,
+            max_slots=max(MIN_ENGINE_SLOTS, cfg.gconfig.n_samples),
+            max_len=max_len,
+            dtype=DTYPES[cfg.model.dtype],
+            seed=cfg.seed,
+            threads=cfg.threads,
+        )
     except ValueError as e:  # a model shape the built-in engine does not run
         raise ConfigError(f"model.path: {e}") from e
     g = cfg.gconfig
-    params = SamplingParams(n=g.n_samples, max_new_tokens=g.max_new_tokens, greedy=cfg.evaluator.greedy,
-                            temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                            stop_token_ids=(tokenizer.eos_token_id,))
+    params = SamplingParams(
+        n=g.n_samples,
+        max_new_tokens=g.max_new_tokens,
+        greedy=cfg.evaluator.greedy,
+        temperature=g.temperature,
+        top_p=g.top_p,
+        top_k=g.top_k,
+        stop_token_ids=(tokenizer.eos_token_id,),
+    )
     reward = build_reward_service(cfg.reward, default_fn)
     t0 = time.perf_counter()
     try:
@@ -215,21 +259,32 @@ def run_eval(cfg) -> dict:
         groups = generate_groups(engine, tokenizer, items, params, seed=cfg.seed)
         engine.stop()
         texts = [[tokenizer.decode(c.output_ids, skip_special_tokens=True) for c in g] for g in groups]
-        rewards, errors = score_groups(reward.eval_fn, items, texts, cfg.reward.default,
-                                       threads=max(1, cfg.reward.workers))
+        rewards, errors = score_groups(
+            reward.eval_fn, items, texts, cfg.reward.default, threads=max(1, cfg.reward.workers)
+        )
     finally:
         engine.stop()
         reward.close()
     lengths = [len(c.output_ids) for g in groups for c in g]
     threshold = cfg.evaluator.success_threshold
-    record = {"model": cfg.model.path, "n": len(items), "n_samples": cfg.gconfig.n_samples,
-              **summarize(rewards, cfg.k, threshold),
-              "eval_reward_errors": sum(e is not None for row in errors for e in row),
-              "eval_len_mean": sum(lengths) / len(lengths), **_by_source(items, rewards, threshold),
-              "eval_time_s": time.perf_counter() - t0, **skipped}
+    record = {
+        "model": cfg.model.path,
+        "n": len(items),
+        "n_samples": cfg.gconfig.n_samples,
+        **summarize(rewards, cfg.k, threshold),
+        "eval_reward_errors": sum(e is not None for row in errors for e in row),
+        "eval_len_mean": sum(lengths) / len(lengths),
+        **_by_source(items, rewards, threshold),
+        "eval_time_s": time.perf_counter() - t0,
+        **skipped,
+    }
     if cfg.output:
-        write_jsonl(cfg.output, item_records(items, texts, rewards, errors, cfg.k,
-                                             [[c.finish_reason for c in g] for g in groups], threshold))
+        write_jsonl(
+            cfg.output,
+            item_records(
+                items, texts, rewards, errors, cfg.k, [[c.finish_reason for c in g] for g in groups], threshold
+            ),
+        )
         record["output"] = cfg.output
         log.info("wrote the answers to %d items to %s", len(items), cfg.output)
     return record

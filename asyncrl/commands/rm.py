@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
+from asyncrl.commands.sft.loss import cosine_lr
 from asyncrl.config import RMConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.models.hf import resolve_model_path
 from asyncrl.reward.model import load_reward_model, pair_text, scores
-from asyncrl.commands.sft.loss import cosine_lr
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +44,20 @@ def read_pairs(path: str) -> list[Pair]:
         except ValueError as e:
             raise ConfigError(f"{path}:{n}: not a JSON object ({e})") from None
         prompt = row.get("prompt", row.get("question")) if isinstance(row, dict) else None
-        missing = [k for k, v in (("prompt", prompt), ("chosen", row.get("chosen") if isinstance(row, dict) else None),
-                                  ("rejected", row.get("rejected") if isinstance(row, dict) else None))
-                   if not isinstance(v, str)]
+        missing = [
+            k
+            for k, v in (
+                ("prompt", prompt),
+                ("chosen", row.get("chosen") if isinstance(row, dict) else None),
+                ("rejected", row.get("rejected") if isinstance(row, dict) else None),
+            )
+            if not isinstance(v, str)
+        ]
         if missing:
-            raise ConfigError(f"{path}:{n}: a preference pair needs the text fields prompt (or question), chosen "
-                              f"and rejected; missing or not text: {', '.join(missing)}")
+            raise ConfigError(
+                f"{path}:{n}: a preference pair needs the text fields prompt (or question), chosen "
+                f"and rejected; missing or not text: {', '.join(missing)}"
+            )
         pairs.append((prompt, row["chosen"], row["rejected"]))
     if not pairs:
         raise ConfigError(f"train_dataset.path: '{path}' holds no pairs")
@@ -72,7 +80,7 @@ def bradley_terry(model, tokenizer, batch: list[Pair], max_length: int) -> tuple
     """(loss, margins r(chosen) - r(rejected)) of a batch: chosen and rejected scored in one pass."""
     texts = [pair_text(p, c) for p, c, _ in batch] + [pair_text(p, r) for p, _, r in batch]
     r = scores(model, tokenizer, texts, max_length)
-    margin = r[: len(batch)] - r[len(batch):]
+    margin = r[: len(batch)] - r[len(batch) :]
     return -torch.nn.functional.logsigmoid(margin).mean(), margin
 
 
@@ -84,10 +92,12 @@ def evaluate_pairs(model, tokenizer, pairs: list[Pair], max_length: int, batch_s
     margins = []
     with torch.no_grad():
         for i in range(0, len(pairs), batch_size):
-            margins += bradley_terry(model, tokenizer, pairs[i:i + batch_size], max_length)[1].tolist()
+            margins += bradley_terry(model, tokenizer, pairs[i : i + batch_size], max_length)[1].tolist()
     model.train()
-    return {"eval_pair_accuracy": sum(m > 0 for m in margins) / len(margins),
-            "eval_margin_mean": sum(margins) / len(margins)}
+    return {
+        "eval_pair_accuracy": sum(m > 0 for m in margins) / len(margins),
+        "eval_margin_mean": sum(margins) / len(margins),
+    }
 
 
 def rm(cfg: RMConfig) -> dict:
@@ -120,8 +130,12 @@ def rm(cfg: RMConfig) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        record = {"step": step, "loss": float(loss.detach()), "pair_accuracy": float((margin > 0).float().mean()),
-                  "elapsed_s": time.perf_counter() - t0}
+        record = {
+            "step": step,
+            "loss": float(loss.detach()),
+            "pair_accuracy": float((margin > 0).float().mean()),
+            "elapsed_s": time.perf_counter() - t0,
+        }
         if step == cfg.total_train_steps or (cfg.evaluator.freq_steps and step % cfg.evaluator.freq_steps == 0):
             record.update(evaluate_pairs(model, tokenizer, valid, cfg.max_length))
         _log(metrics, record, console=step % cfg.log_every == 0 or "eval_pair_accuracy" in record)
@@ -137,6 +151,7 @@ def _log(metrics, record: dict, console: bool = True) -> None:
     metrics.flush()
     if not console:
         return
-    parts = [f"step {record['step']}"] + [f"{k} {v:.4g}" for k, v in record.items()
-                                          if k not in ("step", "elapsed_s") and isinstance(v, float)]
+    parts = [f"step {record['step']}"] + [
+        f"{k} {v:.4g}" for k, v in record.items() if k not in ("step", "elapsed_s") and isinstance(v, float)
+    ]
     log.info("rm: %s", ", ".join(parts))

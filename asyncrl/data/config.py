@@ -14,15 +14,26 @@ from typing import Callable, ClassVar
 
 from asyncrl.configlib import ConfigError
 from asyncrl.data.datasets import Dataset, file_dataset, file_eval_set, gym_dataset, make_task, task_dataset
-from asyncrl.data.mixture import MixtureSchedule, mixture_dataset, split_sizes
 from asyncrl.data.formats import check_template
 from asyncrl.data.gym import PREFIX as GYM_PREFIX
+from asyncrl.data.mixture import MixtureSchedule, mixture_dataset, split_sizes
 
 ROW_TYPES = ("auto", "gsm8k", "math", "qa", "code", "chat")
 ITEM_FIELDS = ("question", "answer", "solution", "tests", "fn_name", "messages")
 BUILTIN_PREFIX = "builtin:"
-MIXTURE_KEYS = ("name", "path", "weight", "type", "fields", "prompt_template", "split", "gym_options", "valid_path",
-                "reward_fn", "reward_kwargs")
+MIXTURE_KEYS = (
+    "name",
+    "path",
+    "weight",
+    "type",
+    "fields",
+    "prompt_template",
+    "split",
+    "gym_options",
+    "valid_path",
+    "reward_fn",
+    "reward_kwargs",
+)
 SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -59,8 +70,7 @@ class TaskConfig:
 
     def validate(self) -> None:
         if self.name != "lookup" and self.lookup != LookupOptions():
-            raise ConfigError(f"task.lookup.* are options of the lookup task (task.name=lookup), not of "
-                              f"'{self.name}'")
+            raise ConfigError(f"task.lookup.* are options of the lookup task (task.name=lookup), not of '{self.name}'")
         make_task(self.name, task_options(self))
 
 
@@ -121,19 +131,24 @@ class TrainDatasetConfig:
 
     def validate(self) -> None:
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 0:
-            raise ConfigError(f"train_dataset.max_prompt_tokens must be >= 0 (0 = no limit), got "
-                              f"{self.max_prompt_tokens}")
+            raise ConfigError(
+                f"train_dataset.max_prompt_tokens must be >= 0 (0 = no limit), got {self.max_prompt_tokens}"
+            )
         _check_rows("train_dataset", self.type, self.fields, self.prompt_template)
         if not isinstance(self.mixture, list):
             raise ConfigError(f"train_dataset.mixture must be a list of sources, got {self.mixture!r}")
         if self.mixture and self.path:
-            raise ConfigError("train_dataset.path and train_dataset.mixture are exclusive: put the path in a "
-                              "mixture entry ({path: ...}) and leave train_dataset.path empty")
+            raise ConfigError(
+                "train_dataset.path and train_dataset.mixture are exclusive: put the path in a "
+                "mixture entry ({path: ...}) and leave train_dataset.path empty"
+            )
         names = [self._check_entry(i, entry) for i, entry in enumerate(self.mixture)]
         for i, name in enumerate(names):
             if name in names[:i]:
-                raise ConfigError(f"train_dataset.mixture[{i}].name: '{name}' is the name of entry "
-                                  f"{names.index(name)} too; give each source its own name")
+                raise ConfigError(
+                    f"train_dataset.mixture[{i}].name: '{name}' is the name of entry "
+                    f"{names.index(name)} too; give each source its own name"
+                )
 
     def _check_entry(self, i: int, entry) -> str:
         """Check mixture entry ``i`` (one-line errors naming ``train_dataset.mixture[i].KEY``); its name."""
@@ -149,8 +164,7 @@ class TrainDatasetConfig:
         if not isinstance(path, str) or not path:
             raise ConfigError(f"{key}.path is required: a file, 'builtin:NAME' or 'gym:NAME', got {path!r}")
         weight = entry.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
-                or weight <= 0:
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
             raise ConfigError(f"{key}.weight must be a number > 0, got {weight!r}")
         for k in ("type", "prompt_template", "split", "valid_path", "reward_fn"):
             if k in entry and not isinstance(entry[k], str):
@@ -171,8 +185,10 @@ class TrainDatasetConfig:
                 raise ConfigError(f"{key}.reward_fn: {e}") from None
         name = entry.get("name", _default_name(path))
         if not isinstance(name, str) or not SOURCE_NAME.fullmatch(name):
-            raise ConfigError(f"{key}.name must be letters, digits, '_', '-' or '.', got {name!r}"
-                              + ("" if "name" in entry else " (derived from the path: give a name)"))
+            raise ConfigError(
+                f"{key}.name must be letters, digits, '_', '-' or '.', got {name!r}"
+                + ("" if "name" in entry else " (derived from the path: give a name)")
+            )
         return name
 
 
@@ -192,8 +208,14 @@ class ValidDatasetConfig:
 
 
 # ---- from the sections to the data ----------------------------------------------------------------------
-def dataset_from_config(task: TaskConfig, train: TrainDatasetConfig, valid: ValidDatasetConfig, *, tokenizer=None,
-                        default_max_prompt_tokens: int | None = None) -> Dataset:
+def dataset_from_config(
+    task: TaskConfig,
+    train: TrainDatasetConfig,
+    valid: ValidDatasetConfig,
+    *,
+    tokenizer=None,
+    default_max_prompt_tokens: int | None = None,
+) -> Dataset:
     """The training stream, the held-out list and the default reward of the configured source.
 
     ``tokenizer`` (optional) enables the prompt limit and pre-tokenises prompts with the chat template into
@@ -205,35 +227,60 @@ def dataset_from_config(task: TaskConfig, train: TrainDatasetConfig, valid: Vali
         return _mixture(task, train, valid, tokenizer, default_max_prompt_tokens)
     kind, name = _source(train.path)
     if valid.path and kind != "file":
-        raise ConfigError("valid_dataset.path is read with the training file's format: give train_dataset.path "
-                          "a file too, or leave valid_dataset.path empty for the task's own held-out split")
-    common = dict(seed=train.seed, valid_seed=valid.seed, valid_size=valid.size, tokenizer=tokenizer,
-                  max_prompt_tokens=prompt_limit(train.max_prompt_tokens, default_max_prompt_tokens))
+        raise ConfigError(
+            "valid_dataset.path is read with the training file's format: give train_dataset.path "
+            "a file too, or leave valid_dataset.path empty for the task's own held-out split"
+        )
+    common = dict(
+        seed=train.seed,
+        valid_seed=valid.seed,
+        valid_size=valid.size,
+        tokenizer=tokenizer,
+        max_prompt_tokens=prompt_limit(train.max_prompt_tokens, default_max_prompt_tokens),
+    )
     if kind == "builtin":
         return task_dataset(name or task.name, task_options(task, name), template=train.prompt_template, **common)
     if kind == "gym":
         return gym_dataset(name, train.gym_options, template=train.prompt_template, **common)
-    return file_dataset(train.path, split=train.split, shuffle=train.shuffle, valid_path=valid.path,
-                        valid_split=valid.split, **_row_options(train), **common)
+    return file_dataset(
+        train.path,
+        split=train.split,
+        shuffle=train.shuffle,
+        valid_path=valid.path,
+        valid_split=valid.split,
+        **_row_options(train),
+        **common,
+    )
 
 
-def eval_set_from_config(task: TaskConfig, valid: ValidDatasetConfig, train: TrainDatasetConfig | None = None, *,
-                         tokenizer=None, default_max_prompt_tokens: int | None = None
-                         ) -> tuple[list[dict], Callable[..., float], dict]:
+def eval_set_from_config(
+    task: TaskConfig,
+    valid: ValidDatasetConfig,
+    train: TrainDatasetConfig | None = None,
+    *,
+    tokenizer=None,
+    default_max_prompt_tokens: int | None = None,
+) -> tuple[list[dict], Callable[..., float], dict]:
     """Held-out items, their default reward and the rows skipped (``data_bad_rows``, ``data_skipped_long``) for
     evaluation alone (``asyncrl eval``): the file ``valid_dataset.path`` (read with ``train``'s type, fields and
     template; no training source needed), else the held-out split of the training source (the built-in task by
     default; the rows skipped are then the whole source's, training rows included)."""
     train = train or TrainDatasetConfig()
     if not valid.path:
-        data = dataset_from_config(task, train, valid, tokenizer=tokenizer,
-                                   default_max_prompt_tokens=default_max_prompt_tokens)
+        data = dataset_from_config(
+            task, train, valid, tokenizer=tokenizer, default_max_prompt_tokens=default_max_prompt_tokens
+        )
         skipped = {k: v for k, v in data.stats().items() if k in ("data_bad_rows", "data_skipped_long")}
         return data.valid, data.reward_fn, skipped
     train.validate()
-    return file_eval_set(valid.path, size=valid.size, split=valid.split, tokenizer=tokenizer,
-                         max_prompt_tokens=prompt_limit(train.max_prompt_tokens, default_max_prompt_tokens),
-                         **_row_options(train))
+    return file_eval_set(
+        valid.path,
+        size=valid.size,
+        split=valid.split,
+        tokenizer=tokenizer,
+        max_prompt_tokens=prompt_limit(train.max_prompt_tokens, default_max_prompt_tokens),
+        **_row_options(train),
+    )
 
 
 def source_lookup(train: TrainDatasetConfig) -> Callable[[int], str | None] | None:
@@ -245,29 +292,41 @@ def source_lookup(train: TrainDatasetConfig) -> Callable[[int], str | None] | No
     return MixtureSchedule(_names(train), [float(e.get("weight", 1.0)) for e in train.mixture], train.seed)
 
 
-def _mixture(task: TaskConfig, train: TrainDatasetConfig, valid: ValidDatasetConfig, tokenizer,
-             default_max_prompt_tokens: int | None) -> Dataset:
+def _mixture(
+    task: TaskConfig,
+    train: TrainDatasetConfig,
+    valid: ValidDatasetConfig,
+    tokenizer,
+    default_max_prompt_tokens: int | None,
+) -> Dataset:
     """Each entry's dataset (seed ``train.seed + i``, its share of the held-out size), then the mixture."""
     from asyncrl.reward.base import MixtureReward, SourceReward, load_reward_fn
 
     if valid.path:
-        raise ConfigError("valid_dataset.path is not read with train_dataset.mixture: give a file source its own "
-                          "held-out file (train_dataset.mixture[i].valid_path), or leave valid_dataset.path empty")
+        raise ConfigError(
+            "valid_dataset.path is not read with train_dataset.mixture: give a file source its own "
+            "held-out file (train_dataset.mixture[i].valid_path), or leave valid_dataset.path empty"
+        )
     weights = [float(e.get("weight", 1.0)) for e in train.mixture]
     sizes = split_sizes(valid.size, weights)
     sources, rewards = {}, {}
     for i, (name, entry) in enumerate(zip(_names(train), train.mixture)):
         source = _entry(train, entry, seed=train.seed + i)
         try:
-            data = dataset_from_config(task, source, dataclasses.replace(valid, size=sizes[i],
-                                                                         path=entry.get("valid_path", "")),
-                                       tokenizer=tokenizer, default_max_prompt_tokens=default_max_prompt_tokens)
+            data = dataset_from_config(
+                task,
+                source,
+                dataclasses.replace(valid, size=sizes[i], path=entry.get("valid_path", "")),
+                tokenizer=tokenizer,
+                default_max_prompt_tokens=default_max_prompt_tokens,
+            )
         except ConfigError as e:
             raise ConfigError(f"train_dataset.mixture[{i}] ({name}): {e}") from None
         sources[name] = (weights[i], data)
         own = entry.get("reward_fn")
-        rewards[name] = SourceReward(load_reward_fn(own) if own else data.reward_fn,
-                                     dict(entry.get("reward_kwargs", {})), named=bool(own))
+        rewards[name] = SourceReward(
+            load_reward_fn(own) if own else data.reward_fn, dict(entry.get("reward_kwargs", {})), named=bool(own)
+        )
     return mixture_dataset(sources, seed=train.seed, reward_fn=MixtureReward(rewards))
 
 
@@ -296,8 +355,7 @@ def _check_rows(key: str, row_type: str, fields: dict, template: str) -> None:
         raise ConfigError(f"{key}.type must be one of {list(ROW_TYPES)}, got '{row_type}'")
     unknown = set(fields) - set(ITEM_FIELDS)
     if unknown:
-        raise ConfigError(f"{key}.fields: unknown item field(s) {sorted(unknown)}; map one of "
-                          f"{', '.join(ITEM_FIELDS)}")
+        raise ConfigError(f"{key}.fields: unknown item field(s) {sorted(unknown)}; map one of {', '.join(ITEM_FIELDS)}")
     for name, column in fields.items():
         if not isinstance(column, str) or not column:
             raise ConfigError(f"{key}.fields.{name} must be a column name, got {column!r}")
@@ -312,9 +370,11 @@ def prompt_limit(configured: int | None, default: int | None) -> int | None:
     if configured is not None:
         return configured or None
     if default is not None and default < 1:
-        raise ConfigError(f"train_dataset.max_prompt_tokens: its default, the model's context minus "
-                          f"max_new_tokens, is {default}, which leaves no room for a prompt; lower max_new_tokens "
-                          "(gconfig.max_new_tokens in training)")
+        raise ConfigError(
+            f"train_dataset.max_prompt_tokens: its default, the model's context minus "
+            f"max_new_tokens, is {default}, which leaves no room for a prompt; lower max_new_tokens "
+            "(gconfig.max_new_tokens in training)"
+        )
     return default
 
 
@@ -327,14 +387,15 @@ def task_options(task: TaskConfig, name: str = "") -> dict:
 
 
 def _row_options(train: TrainDatasetConfig) -> dict:
-    return dict(row_type=train.type, fields=train.fields, template=train.prompt_template,
-                skip_bad_rows=train.skip_bad_rows)
+    return dict(
+        row_type=train.type, fields=train.fields, template=train.prompt_template, skip_bad_rows=train.skip_bad_rows
+    )
 
 
 def _source(path: str) -> tuple[str, str]:
     """('builtin' | 'gym' | 'file', the name or path) of ``train_dataset.path``."""
     if not path or path.startswith(BUILTIN_PREFIX):
-        return "builtin", path[len(BUILTIN_PREFIX):]
+        return "builtin", path[len(BUILTIN_PREFIX) :]
     if path.startswith(GYM_PREFIX):
-        return "gym", path[len(GYM_PREFIX):]
+        return "gym", path[len(GYM_PREFIX) :]
     return "file", path

@@ -44,8 +44,15 @@ ALIASES = {
     "fn_name": ("fn_name", "entry_point"),
     "messages": ("messages", "conversations", "conversation"),
 }
-ROLES = {"system": "system", "developer": "developer", "user": "user", "assistant": "assistant", "tool": "tool",
-         "human": "user", "gpt": "assistant"}  # the last two: ShareGPT's names
+ROLES = {
+    "system": "system",
+    "developer": "developer",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "human": "user",
+    "gpt": "assistant",
+}  # the last two: ShareGPT's names
 CALC_RE = re.compile(r"<<[^<>]*>>")
 
 
@@ -74,9 +81,11 @@ def detect_type(record: dict, mapping: dict) -> str:
         return "math"
     if get("question") is not None and (answer is not None or isinstance(solution, str)):
         return "qa"
-    raise ValueError(f"cannot tell the row format from its fields {sorted(record)}; set train_dataset.type "
-                     "and/or map columns with train_dataset.fields.question=COLUMN (and answer/tests), or give "
-                     "chat rows a 'messages' list of {role, content} turns")
+    raise ValueError(
+        f"cannot tell the row format from its fields {sorted(record)}; set train_dataset.type "
+        "and/or map columns with train_dataset.fields.question=COLUMN (and answer/tests), or give "
+        "chat rows a 'messages' list of {role, content} turns"
+    )
 
 
 REWARD_ARGUMENTS = ("prompt", "completion")
@@ -92,16 +101,19 @@ def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
     missing = {name: col for name, col in mapping.items() if col not in record}
     if missing:
         name, col = next(iter(missing.items()))
-        raise ValueError(f"fields.{name} names the column '{col}', which the row does not have (columns: "
-                         f"{sorted(record)[:12]})")
+        raise ValueError(
+            f"fields.{name} names the column '{col}', which the row does not have (columns: {sorted(record)[:12]})"
+        )
     if row_type == "chat":
         item = _chat(record, mapping)
     else:
         col, question = field_value(record, "question", mapping)
         if not isinstance(question, str) or not question.strip():
             where = f"column '{col}'" if col else f"any of the columns {list(ALIASES['question'])}"
-            raise ValueError(f"no question text in {where} (fields: {sorted(record)}); map it with "
-                             "train_dataset.fields.question=COLUMN")
+            raise ValueError(
+                f"no question text in {where} (fields: {sorted(record)}); map it with "
+                "train_dataset.fields.question=COLUMN"
+            )
         item = NORMALIZERS[row_type](record, mapping)
         item["question"] = question
     if template:
@@ -124,7 +136,7 @@ def prompt_of(item: dict) -> str | list[dict]:
     messages = item.get("messages")
     if not messages:
         return item["question"]
-    return messages[:_final_assistant(messages)]
+    return messages[: _final_assistant(messages)]
 
 
 def chat_prompt_ids(tokenizer, question: str | list[dict]) -> list[int]:
@@ -154,8 +166,10 @@ def check_template(template: str) -> None:
             continue
         first = re.split(r"[.\[]", name, maxsplit=1)[0]
         if not first or first.isdigit():
-            raise ValueError(f"'{{{name}}}' is a positional field: name a field such as {{question}}, and write "
-                             "{{}} for literal braces (e.g. \\boxed{{}})")
+            raise ValueError(
+                f"'{{{name}}}' is a positional field: name a field such as {{question}}, and write "
+                "{{}} for literal braces (e.g. \\boxed{{}})"
+            )
         if conversion not in (None, "r", "s", "a"):
             raise ValueError(f"'{{{name}!{conversion}}}': the conversion must be !r, !s or !a")
         named = True
@@ -168,8 +182,9 @@ def apply_template(template: str, fields: dict) -> str:
     try:
         return template.format(**fields)
     except KeyError as e:
-        raise ValueError(f"train_dataset.prompt_template refers to {e}, which is not among the fields "
-                         f"{sorted(fields)}") from None
+        raise ValueError(
+            f"train_dataset.prompt_template refers to {e}, which is not among the fields {sorted(fields)}"
+        ) from None
     except (IndexError, AttributeError, TypeError, ValueError) as e:
         raise ValueError(f"train_dataset.prompt_template cannot be formatted ({type(e).__name__}: {e})") from None
 
@@ -208,8 +223,10 @@ def _qa(record: dict, mapping: dict) -> dict:
     sol_col, solution = field_value(record, "solution", mapping)
     has_solution = isinstance(solution, str) and bool(solution.strip())
     if answer in (None, "") and not has_solution:
-        raise ValueError(f"no answer (fields: {sorted(record)}); map it with train_dataset.fields.answer=COLUMN "
-                         "(or give a solution / response for SFT)")
+        raise ValueError(
+            f"no answer (fields: {sorted(record)}); map it with train_dataset.fields.answer=COLUMN "
+            "(or give a solution / response for SFT)"
+        )
     item = {} if answer in (None, "") else {"answer": str(answer)}
     if has_solution:
         item["solution"] = solution
@@ -226,8 +243,12 @@ def _code(record: dict, mapping: dict) -> dict:
     except BadTestsError as e:
         raise ValueError(f"tests (column '{tests_col}'): {e}") from None
     fn_names = {c.fn_name for c in cases} - {None}
-    item: dict = {"tests": [{"args": list(c.args), "expected": c.expected} if c.fn_name else
-                            {"input": c.stdin, "output": c.stdout} for c in cases]}
+    item: dict = {
+        "tests": [
+            {"args": list(c.args), "expected": c.expected} if c.fn_name else {"input": c.stdin, "output": c.stdout}
+            for c in cases
+        ]
+    }
     if fn_names:
         if len(fn_names) > 1:
             raise ValueError(f"tests call several functions {sorted(fn_names)}; one per problem is supported")
@@ -254,8 +275,10 @@ def _first_solution(solution: Any) -> str | None:
 def _chat(record: dict, mapping: dict) -> dict:
     col, raw = field_value(record, "messages", mapping)
     if raw is None:
-        raise ValueError(f"no conversation: no 'messages' list in column '{col or ALIASES['messages'][0]}' "
-                         f"(fields: {sorted(record)})")
+        raise ValueError(
+            f"no conversation: no 'messages' list in column '{col or ALIASES['messages'][0]}' "
+            f"(fields: {sorted(record)})"
+        )
     messages = chat_messages(raw, col)
     final = _final_assistant(messages)
     if final is None:
@@ -263,8 +286,10 @@ def _chat(record: dict, mapping: dict) -> dict:
     if not messages[final]["content"].strip():
         raise ValueError(f"{col}[{final}]: the final assistant turn is empty: nothing to train on")
     if final != len(messages) - 1:
-        raise ValueError(f"{col}[{final + 1}]: a '{messages[final + 1]['role']}' turn follows the final assistant "
-                         "turn; a conversation ends with the assistant's reply")
+        raise ValueError(
+            f"{col}[{final + 1}]: a '{messages[final + 1]['role']}' turn follows the final assistant "
+            "turn; a conversation ends with the assistant's reply"
+        )
     user = _last_user(messages, final)
     if user is None:
         raise ValueError(f"'{col}' has no user turn before the final assistant turn")

@@ -35,8 +35,10 @@ def gym_items(name: str, seed: int, size: int, options: dict, key: str = "train_
     rg = _module(key)
     if name not in rg.factory.DATASETS:
         near = difflib.get_close_matches(name, rg.factory.DATASETS, n=3)
-        raise ConfigError(f"{key}: reasoning-gym has no task '{name}'" + (f"; did you mean {near}?" if near else
-                          "; see asyncrl.data.gym.task_names()"))
+        raise ConfigError(
+            f"{key}: reasoning-gym has no task '{name}'"
+            + (f"; did you mean {near}?" if near else "; see asyncrl.data.gym.task_names()")
+        )
     try:
         dataset = rg.create_dataset(name, seed=seed, size=size, **options)
     except (TypeError, ValueError, AssertionError) as e:

@@ -39,15 +39,24 @@ NAMES = tuple(f"box {n}" for n in range(10, 100))
 has from arithmetic (its digit tokens come from the arithmetic checkpoint); made-up words were new tokens to it,
 and a 4-layer model fine-tuned for 400 steps invented names instead of copying them (0 of 100 held-out solved).
 Three-digit boxes (box 100 - box 999) were miscopied (box 634 called as box 644): two digits are less to copy."""
-THINGS = ("apples", "coins", "books", "shells", "stamps", "marbles", "cards", "pens", "keys", "cups", "hats",
-          "rings")
+THINGS = ("apples", "coins", "books", "shells", "stamps", "marbles", "cards", "pens", "keys", "cups", "hats", "rings")
 
-LOOKUP_TOOL = {"type": "function", "function": {
-    "name": "lookup", "description": "The number stored under a key: a box, such as 'box 41'.",
-    "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
-PYTHON_TOOL = {"type": "function", "function": {
-    "name": "python", "description": "Run Python code; returns what it prints.",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}}
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "The number stored under a key: a box, such as 'box 41'.",
+        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+    },
+}
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code; returns what it prints.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
 TOOLS = [LOOKUP_TOOL, PYTHON_TOOL]
 
 
@@ -87,8 +96,9 @@ class LookupTask:
         if self.max_terms < self.min_terms:
             raise ValueError(f"max_terms ({self.max_terms}) must be >= min_terms ({self.min_terms})")
         if self.max_terms > 6:
-            raise ValueError(f"max_terms must be <= 6 for the lookup task (one tool call per fact), got "
-                             f"{self.max_terms}")
+            raise ValueError(
+                f"max_terms must be <= 6 for the lookup task (one tool call per fact), got {self.max_terms}"
+            )
         if self.max_operand < 2:
             raise ValueError(f"max_operand must be >= 2, got {self.max_operand}")
         for name in ("direct_frac", "python_frac"):
@@ -98,11 +108,14 @@ class LookupTask:
             raise ValueError(f"direct_things must be a list of things, got {self.direct_things!r}")
         unknown = sorted(set(self.direct_things) - set(THINGS))
         if unknown:
-            raise ValueError(f"direct_things names no thing of the lookup task: {unknown} (the things: "
-                             f"{', '.join(THINGS)})")
+            raise ValueError(
+                f"direct_things names no thing of the lookup task: {unknown} (the things: {', '.join(THINGS)})"
+            )
         if self.direct_things and not self.direct_frac:
-            raise ValueError("direct_things picks the questions that get guessing transcripts; with "
-                             "task.direct_frac 0 there are none: set task.direct_frac > 0 or leave direct_things empty")
+            raise ValueError(
+                "direct_things picks the questions that get guessing transcripts; with "
+                "task.direct_frac 0 there are none: set task.direct_frac > 0 or leave direct_things empty"
+            )
         object.__setattr__(self, "direct_things", tuple(self.direct_things))
 
     def problem(self, rng: random.Random) -> dict:
@@ -123,8 +136,15 @@ class LookupTask:
         facts = {f"{thing} of {name}": v for name, v in zip(names, values)}
         question = _question(names, thing, ops, values[-1] if given else None)
         question = question[0].upper() + question[1:]
-        item = {"question": question, "answer": str(answer), "facts": facts, "thing": thing, "names": names,
-                "ops": "".join(ops), "given": values[-1] if given else None}
+        item = {
+            "question": question,
+            "answer": str(answer),
+            "facts": facts,
+            "thing": thing,
+            "names": names,
+            "ops": "".join(ops),
+            "given": values[-1] if given else None,
+        }
         item["transcript"] = self.transcript(item)
         item["solution"] = item["transcript"][-1]["content"]
         return item
@@ -171,9 +191,11 @@ class LookupTask:
             messages += _lookup_turn(name, value)
         if len(values) > 1 and _unit_hash(question + "#python") < self.python_frac:
             code = "print(" + " ".join([str(values[0])] + [f"{op} {v}" for op, v in zip(ops, values[1:])]) + ")"
-            messages += [{"role": "assistant", "content": tool_call_text("python", {"code": code})},
-                         {"role": "tool", "content": str(values_total(values, ops))},
-                         {"role": "assistant", "content": f"The answer is {values_total(values, ops)}."}]
+            messages += [
+                {"role": "assistant", "content": tool_call_text("python", {"code": code})},
+                {"role": "tool", "content": str(values_total(values, ops))},
+                {"role": "assistant", "content": f"The answer is {values_total(values, ops)}."},
+            ]
             return messages
         messages.append({"role": "assistant", "content": working(values, ops)})
         return messages
@@ -185,8 +207,10 @@ def tool_result(key: str, value: int) -> str:
 
 
 def _lookup_turn(key: str, value: int) -> list[dict]:
-    return [{"role": "assistant", "content": tool_call_text("lookup", {"key": key})},
-            {"role": "tool", "content": tool_result(key, value)}]
+    return [
+        {"role": "assistant", "content": tool_call_text("lookup", {"key": key})},
+        {"role": "tool", "content": tool_result(key, value)},
+    ]
 
 
 def values_total(values: list[int], ops: list[str]) -> int:

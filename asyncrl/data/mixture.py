@@ -25,7 +25,7 @@ class MixtureSchedule:
 
     def index(self, position: int) -> int:
         digest = hashlib.blake2b(f"{self.seed}:{position}".encode(), digest_size=8).digest()
-        u = int.from_bytes(digest, "big") / 2.0 ** 64  # uniform in [0, 1)
+        u = int.from_bytes(digest, "big") / 2.0**64  # uniform in [0, 1)
         return min(bisect.bisect_right(self.bounds, u), len(self.names) - 1)
 
     def __call__(self, item_id) -> str | None:
@@ -35,8 +35,9 @@ class MixtureSchedule:
         return self.names[self.index(item_id)]
 
 
-def mixture_dataset(sources: dict[str, tuple[float, Dataset]], *, seed: int = 0,
-                    reward_fn: Callable[..., float] | None = None) -> Dataset:
+def mixture_dataset(
+    sources: dict[str, tuple[float, Dataset]], *, seed: int = 0, reward_fn: Callable[..., float] | None = None
+) -> Dataset:
     """One dataset from several: position i of the stream comes from a source chosen by weight
     (:class:`MixtureSchedule`), items are renumbered by position (ids stay unique integers, as the rollout
     seeds need) and tagged with their ``source`` (a row's own ``source`` column becomes ``row_source``); the
@@ -64,8 +65,10 @@ def mixture_dataset(sources: dict[str, tuple[float, Dataset]], *, seed: int = 0,
             item = next(streams[k])
             if prompt_key(item) not in held:
                 return item
-        raise ConfigError(f"train_dataset.mixture: source '{names[k]}' yields only prompts that the mixture holds "
-                          f"out ({MAX_SKIPS_IN_A_ROW} in a row)")
+        raise ConfigError(
+            f"train_dataset.mixture: source '{names[k]}' yields only prompts that the mixture holds "
+            f"out ({MAX_SKIPS_IN_A_ROW} in a row)"
+        )
 
     def interleaved() -> Iterator[dict]:
         for position in itertools.count():

@@ -76,8 +76,13 @@ class RowLoader:
         column = next((c for c in CONTEXT_COLUMNS if isinstance(row.data.get(c), str) and row.data[c].strip()), None)
         if column is not None and self.row_type != "chat":
             self.warned_context = True
-            log.warning("%s: the column '%s' is not part of the prompt (only the question is); to ask with it, set "
-                        "train_dataset.prompt_template, e.g. '{question}\\n\\n{%s}'", row.where, column, column)
+            log.warning(
+                "%s: the column '%s' is not part of the prompt (only the question is); to ask with it, set "
+                "train_dataset.prompt_template, e.g. '{question}\\n\\n{%s}'",
+                row.where,
+                column,
+                column,
+            )
 
     def _bad(self, message: str) -> None:
         if not self.skip_bad_rows:
@@ -144,12 +149,18 @@ class PromptLimit:
                 continue
             if self.max_tokens and len(ids) > self.max_tokens:
                 if self.counters.add("data_skipped_long") == 1:
-                    log.warning("skipping a prompt of %d tokens, over the limit of %d (%s); further ones are "
-                                "counted in data_skipped_long", len(ids), self.max_tokens, LIMIT_KEY)
+                    log.warning(
+                        "skipping a prompt of %d tokens, over the limit of %d (%s); further ones are "
+                        "counted in data_skipped_long",
+                        len(ids),
+                        self.max_tokens,
+                        LIMIT_KEY,
+                    )
                 in_a_row += 1
                 if in_a_row >= MAX_SKIPS_IN_A_ROW and not finite:  # an endless stream, every prompt too long
-                    raise ConfigError(f"{in_a_row} prompts in a row are longer than {self.max_tokens} tokens "
-                                      f"({LIMIT_KEY})")
+                    raise ConfigError(
+                        f"{in_a_row} prompts in a row are longer than {self.max_tokens} tokens ({LIMIT_KEY})"
+                    )
                 continue
             in_a_row = 0
             yield {**item, "prompt_ids": ids}

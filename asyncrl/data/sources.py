@@ -45,9 +45,11 @@ def resolve_path(path: str, key: str) -> Path:
     cached = hub_dataset_dir(path)
     if cached is not None:
         return cached
-    raise ConfigError(f"{key}: '{path}' does not exist (a local .jsonl/.json/.parquet file, a saved datasets "
-                      "directory or a hub dataset already in the local Hugging Face cache is expected; nothing is "
-                      "downloaded)")
+    raise ConfigError(
+        f"{key}: '{path}' does not exist (a local .jsonl/.json/.parquet file, a saved datasets "
+        "directory or a hub dataset already in the local Hugging Face cache is expected; nothing is "
+        "downloaded)"
+    )
 
 
 def hub_dataset_dir(name: str) -> Path | None:
@@ -89,18 +91,26 @@ def split_files(folder: Path, split: str, key: str) -> list[Path]:
     """The data files of ``split`` in a folder of files (a hub dataset's snapshot): those whose path names the
     split (``train-00000-of-00001.parquet``, ``data/test.jsonl``, ``train/0.parquet``, ``gsm8k_train.jsonl``), in
     order; ``train_sft-...`` is another split (``train_sft``), not ``train``."""
-    files = sorted(p for p in folder.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file()
-                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    named = [p for p in files if re.search(rf"(^|[/_.-]){re.escape(split)}([/.-]|$)",
-                                           p.relative_to(folder).as_posix())]
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.suffix in DATA_SUFFIXES
+        and p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    named = [p for p in files if re.search(rf"(^|[/_.-]){re.escape(split)}([/.-]|$)", p.relative_to(folder).as_posix())]
     if not named:
         found = ", ".join(p.relative_to(folder).as_posix() for p in files[:6]) or "no .parquet/.jsonl/.json file"
-        raise ConfigError(f"{key}: '{folder}' has no file of split '{split}' ({found}); set "
-                          f"{key.rsplit('.', 1)[0]}.split or name the file")
+        raise ConfigError(
+            f"{key}: '{folder}' has no file of split '{split}' ({found}); set "
+            f"{key.rsplit('.', 1)[0]}.split or name the file"
+        )
     folders = sorted({p.relative_to(folder).parts[0] for p in named if len(p.relative_to(folder).parts) > 1})
     if len(folders) > 1 and all(not re.search(rf"{re.escape(split)}", f) for f in folders):
-        raise ConfigError(f"{key}: '{folder}' holds several configurations ({', '.join(folders)}): name one, "
-                          f"add /{folders[0]} to the dataset name")
+        raise ConfigError(
+            f"{key}: '{folder}' holds several configurations ({', '.join(folders)}): name one, "
+            f"add /{folders[0]} to the dataset name"
+        )
     return named
 
 
@@ -166,8 +176,9 @@ def _saved_dataset_rows(path: Path, split: str, key: str) -> Iterator[Row | RowE
     try:
         import datasets
     except ImportError:
-        raise ConfigError(f"{key}: reading the saved dataset '{path}' needs datasets: pip install "
-                          "'asyncrl[data]'") from None
+        raise ConfigError(
+            f"{key}: reading the saved dataset '{path}' needs datasets: pip install 'asyncrl[data]'"
+        ) from None
     try:
         ds = datasets.load_from_disk(str(path))
     except FileNotFoundError as e:

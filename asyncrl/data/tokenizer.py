@@ -85,11 +85,14 @@ def read_corpus(path: str, key: str = "--corpus", fields: list[str] | None = Non
     file = Path(path).expanduser()
     if not file.is_file():
         what = "is a directory" if file.is_dir() else "does not exist"
-        raise ConfigError(f"{key}: '{path}' {what}; give a .txt file (one document per line) or a .jsonl / .json "
-                          "file of rows")
+        raise ConfigError(
+            f"{key}: '{path}' {what}; give a .txt file (one document per line) or a .jsonl / .json file of rows"
+        )
     if file.suffix not in CORPUS_SUFFIXES:
-        raise ConfigError(f"{key}: cannot read '{path}': expected a .txt file (one document per line) or a "
-                          ".jsonl / .json file of rows")
+        raise ConfigError(
+            f"{key}: cannot read '{path}': expected a .txt file (one document per line) or a "
+            ".jsonl / .json file of rows"
+        )
     if fields and file.suffix == ".txt":
         raise ConfigError(f"--fields picks columns of .jsonl / .json rows; '{path}' is a text file")
     documents = _text_lines(file, key) if file.suffix == ".txt" else _row_texts(file, key, fields)
@@ -108,8 +111,9 @@ def _text_lines(file: Path, key: str) -> list[str]:
         try:
             text = line.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{key}: {file}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the "
-                              "line)") from None
+            raise ConfigError(
+                f"{key}: {file}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line)"
+            ) from None
         if text:
             documents.append(text)
     return documents

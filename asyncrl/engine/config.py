@@ -107,27 +107,38 @@ class RolloutConfig:
         if kind == "remote" and not self.server_addrs:
             raise ConfigError("rollout.server_addrs is empty: backend 'remote' needs the host:port of each server")
         if kind != "remote" and self.server_addrs:
-            raise ConfigError(f"rollout.server_addrs is for backend 'remote'; backend '{self.backend}' starts its "
-                              "own servers")
+            raise ConfigError(
+                f"rollout.server_addrs is for backend 'remote'; backend '{self.backend}' starts its own servers"
+            )
         transport = self.resolved_transport
         if transport == "inprocess" and kind != "local":
-            raise ConfigError(f"rollout.weight_transport 'inprocess' reaches only backend 'local'; backend "
-                              f"'{self.backend}' needs 'disk' or 'dist'")
+            raise ConfigError(
+                f"rollout.weight_transport 'inprocess' reaches only backend 'local'; backend "
+                f"'{self.backend}' needs 'disk' or 'dist'"
+            )
         if transport == "dist" and kind == "local":
-            raise ConfigError("rollout.weight_transport 'dist' broadcasts to servers; backend 'local' uses "
-                              "'inprocess' or 'disk'")
+            raise ConfigError(
+                "rollout.weight_transport 'dist' broadcasts to servers; backend 'local' uses 'inprocess' or 'disk'"
+            )
         if transport == "dist" and self.resolved_api == "vllm":
-            raise ConfigError("rollout.weight_transport 'dist' speaks SGLang's weight-update API; for "
-                              "rollout.server_api 'vllm' use 'disk'")
+            raise ConfigError(
+                "rollout.weight_transport 'dist' speaks SGLang's weight-update API; for "
+                "rollout.server_api 'vllm' use 'disk'"
+            )
         if self.resolved_api == "vllm" and kind != "local" and self.interrupt_mode != "abort":
-            raise ConfigError("rollout.interrupt_mode must be 'abort' with rollout.server_api 'vllm' (vLLM cannot "
-                              "re-prefill running requests in place)")
+            raise ConfigError(
+                "rollout.interrupt_mode must be 'abort' with rollout.server_api 'vllm' (vLLM cannot "
+                "re-prefill running requests in place)"
+            )
         if kind == "sglang" and self.interrupt_mode != "abort":
-            raise ConfigError("rollout.interrupt_mode must be 'abort' with rollout.backend sglang (asyncrl does not "
-                              "drive SGLang's in-place pause; aborted samples are continued under the new weights)")
+            raise ConfigError(
+                "rollout.interrupt_mode must be 'abort' with rollout.backend sglang (asyncrl does not "
+                "drive SGLang's in-place pause; aborted samples are continued under the new weights)"
+            )
         if self.interrupt_mode == "drain" and kind != "local":
-            raise ConfigError("rollout.interrupt_mode 'drain' is implemented by the built-in engine only "
-                              "(rollout.backend 'local')")
+            raise ConfigError(
+                "rollout.interrupt_mode 'drain' is implemented by the built-in engine only (rollout.backend 'local')"
+            )
         for key in ("request_timeout_s", "batch_timeout_s", "weight_sync_timeout_s", "server_startup_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"rollout.{key} must be > 0, got {getattr(self, key)!r}")
@@ -159,6 +170,8 @@ class RolloutConfig:
         from asyncrl.cluster.placement import resolve_transport
 
         return resolve_transport(self.weight_transport, self.placement.kind)
+
+
 MAX_CONTEXT = 1024  # KV-cache positions per sequence in the built-in engines (the model's own limit if lower)
 
 

@@ -13,30 +13,44 @@ from asyncrl.types import Completion, SamplingParams
 
 def join(done: Completion, more: Completion) -> Completion:
     """A sample continued after an interruption: the tokens so far, then the new chunk."""
-    return Completion(done.prompt_ids, done.output_ids + more.output_ids, done.logprobs + more.logprobs,
-                      done.versions + more.versions, more.finish_reason, done.queued_s + more.queued_s)
+    return Completion(
+        done.prompt_ids,
+        done.output_ids + more.output_ids,
+        done.logprobs + more.logprobs,
+        done.versions + more.versions,
+        more.finish_reason,
+        done.queued_s + more.queued_s,
+    )
 
 
 MAX_EMPTY_RESUMES = 100
 """Resubmissions in a row that bring no new token before a sample is given up as stuck."""
 
 
-async def continue_aborted(c: Completion, params: SamplingParams,
-                           resubmit: Callable[[list[int], SamplingParams], Awaitable[Completion]],
-                           index: int = 0) -> Completion:
+async def continue_aborted(
+    c: Completion,
+    params: SamplingParams,
+    resubmit: Callable[[list[int], SamplingParams], Awaitable[Completion]],
+    index: int = 0,
+) -> Completion:
     """Finish sample ``index`` of a request that an abort cut short: resubmit prompt + output so far
     (``resubmit(ids, params)`` returns one completion; it draws as sample ``index``) until it stops or reaches
     ``params.max_new_tokens``. The new chunks are generated (and stamped) under whatever weights serve then."""
     empty = 0
     while c.finish_reason == "abort" and len(c.output_ids) < params.max_new_tokens:
-        rest = dataclasses.replace(params, n=1, max_new_tokens=params.max_new_tokens - len(c.output_ids),
-                                   seed_offset=params.seed_offset + index,
-                                   stop_context=params.stop_context + len(c.output_ids))
+        rest = dataclasses.replace(
+            params,
+            n=1,
+            max_new_tokens=params.max_new_tokens - len(c.output_ids),
+            seed_offset=params.seed_offset + index,
+            stop_context=params.stop_context + len(c.output_ids),
+        )
         more = await resubmit(c.prompt_ids + c.output_ids, rest)
         empty = 0 if more.output_ids else empty + 1
         if empty >= MAX_EMPTY_RESUMES:
-            raise RuntimeError(f"a sample was aborted {empty} times in a row without a new token: the engine "
-                               "keeps aborting it")
+            raise RuntimeError(
+                f"a sample was aborted {empty} times in a row without a new token: the engine keeps aborting it"
+            )
         c = join(c, more)
     if c.finish_reason == "abort":
         c = dataclasses.replace(c, finish_reason="length")

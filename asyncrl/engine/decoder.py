@@ -67,8 +67,15 @@ class Decoder:
     """Engine-side weights and KV cache for one model, on one device (default the CPU); not thread-safe (the
     engine loop owns it)."""
 
-    def __init__(self, hf_model, slots: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 native_kernels: bool = True, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        hf_model,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        native_kernels: bool = True,
+        device: torch.device | str | None = None,
+    ):
         self.shape = s = DecoderShape.from_hf_config(hf_model.config)
         if s.head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head_dim, got {s.head_dim}")
@@ -76,9 +83,13 @@ class Decoder:
         self.device = dev = resolve_device(device)
         self.on_cpu = dev.type == "cpu"
         if self.on_cpu and emulated_dtype(dtype):
-            log.warning("dtype %s has no native support on this CPU (%s, no AVX512/AMX half precision): its "
-                        "matmuls are emulated and generation is many times slower than in float32; use "
-                        "dtype float32 here", str(dtype).replace("torch.", ""), torch.backends.cpu.get_cpu_capability())
+            log.warning(
+                "dtype %s has no native support on this CPU (%s, no AVX512/AMX half precision): its "
+                "matmuls are emulated and generation is many times slower than in float32; use "
+                "dtype float32 here",
+                str(dtype).replace("torch.", ""),
+                torch.backends.cpu.get_cpu_capability(),
+            )
         rotary = hf_model.model.rotary_emb
         # the table is computed on the host in float32 (the same numbers on every device), then moved
         cpu = torch.device("cpu")
@@ -91,8 +102,9 @@ class Decoder:
         self.cache_len = max_len + 1  # position max_len is scratch for padding
         # keys, then values: (L, 2, slots, kv_heads, cache_len, D). The K (or V) block of a range of slots then
         # merges its slot and head dims without a copy, so attention reads the cache in place
-        self.kv_cache = torch.zeros((s.n_layers, 2, slots, s.n_kv_heads, self.cache_len, s.head_dim), dtype=dtype,
-                                    device=dev)
+        self.kv_cache = torch.zeros(
+            (s.n_layers, 2, slots, s.n_kv_heads, self.cache_len, s.head_dim), dtype=dtype, device=dev
+        )
         # float32 on the CPU: the matrix products run in native kernels on packed weights, and decode steps run
         # attention (with the rotary embedding and the cache write), RMSNorm and the SiLU gate in native kernels
         # too (native.py), when a C compiler is available. The kernels are CPU code: never on another device
@@ -141,8 +153,9 @@ class Decoder:
         steps = torch.arange(C, device=dev)
         pos = start[:, None] + steps[None, :]  # (S, C)
         mask = torch.zeros(S, 1, 1, C, t_used, dtype=self.dtype, device=dev)
-        mask.masked_fill_((torch.arange(t_used, device=dev)[None, None, :] > pos[:, :, None])[:, None, None],
-                          float("-inf"))
+        mask.masked_fill_(
+            (torch.arange(t_used, device=dev)[None, None, :] > pos[:, :, None])[:, None, None], float("-inf")
+        )
         # padding rows write into the scratch column, so no write ever clobbers a cached position
         wpos = torch.where(steps[None, :] < lengths[:, None], pos, self.max_len)  # (S, C)
         # row of (kv, slot, head) in the flattened cache, for the 2 nk heads of each slot: keys, then values
@@ -151,8 +164,13 @@ class Decoder:
         slot = torch.arange(first_slot, first_slot + S, device=dev)[:, None]
         base = ((kv_idx * self.slots + slot) * nk + head) * self.cache_len  # (S, 2 nk)
         rot = self.rotation[wpos][:, :, None, :] * self.head_scale[:, None]  # (S, C, nq + nk, D/2)
-        return _Plan(rot=rot, write=(base[:, :, None] + wpos[:, None, :]).reshape(-1), mask=mask,
-                     slots=slice(first_slot, first_slot + S), t_used=t_used)
+        return _Plan(
+            rot=rot,
+            write=(base[:, :, None] + wpos[:, None, :]).reshape(-1),
+            mask=mask,
+            slots=slice(first_slot, first_slot + S),
+            t_used=t_used,
+        )
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, first_slot: int, start: torch.Tensor, lengths: torch.Tensor):
@@ -194,8 +212,15 @@ class Decoder:
         both = host.to(self.device, non_blocking=True)
         return both[: S * C].view(S, C), both[S * C : S * C + S], both[S * C + S :]
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, n: int, bias: torch.Tensor | None = None,
-                residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    def _linear(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        n: int,
+        bias: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``x @ W`` (+ ``bias``), ``n`` output features, for a matrix in the layout ``prepare_weights`` stored;
         with ``residual``, ``residual + x @ W`` (packed: added into ``residual`` in place). ``out`` receives the
         result if given."""
@@ -224,8 +249,9 @@ class Decoder:
             if lw.qn is not None:
                 qkv[:, :nq] = self._rms(qkv[:, :nq], lw.qn)
                 qkv[:, nq : nq + nk] = self._rms(qkv[:, nq : nq + nk], lw.kn)
-            k.decode_attention(qkv, pos, self._rotation_f, self.kv_cache[i], att, self._scores, first_slot, nq, nk,
-                               D**-0.5)
+            k.decode_attention(
+                qkv, pos, self._rotation_f, self.kv_cache[i], att, self._scores, first_slot, nq, nk, D**-0.5
+            )
             x = self._linear(att, lw.wo, H, residual=x)
             k.silu_mul(self._linear(k.rms_norm(x, lw.ln2, eps, h), lw.wgu, 2 * I), act)
             x = self._linear(act, lw.wd, H, residual=x)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from asyncrl.engine.sampling import derive_seed
 from asyncrl.types import Completion, SamplingParams
 
+
 @dataclass(frozen=True)
 class Call:
     """One control request: POST ``path`` with a JSON body and/or query parameters."""
@@ -26,8 +27,14 @@ class SGLangAPI:
     generate_path = "/generate"
 
     def generate_body(self, ids: list[int], p: SamplingParams) -> dict:
-        sp = {"n": p.n, "max_new_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
-              "top_p": p.top_p, "top_k": p.top_k or -1, **_stop_tokens(p)}
+        sp = {
+            "n": p.n,
+            "max_new_tokens": p.max_new_tokens,
+            "temperature": 0.0 if p.greedy else p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k or -1,
+            **_stop_tokens(p),
+        }
         if p.stop:
             sp["stop"] = list(p.stop)
         if p.seed is not None:
@@ -44,8 +51,15 @@ class SGLangAPI:
             versions = meta.get("output_token_versions")
             if versions is None or len(versions) != len(ids):
                 versions = [_as_version(meta.get("weight_version"), version)] * len(ids)
-            out.append(Completion(prompt_ids, ids, [float(x[0]) for x in pairs], [int(v) for v in versions],
-                                  _finish(meta.get("finish_reason"))))
+            out.append(
+                Completion(
+                    prompt_ids,
+                    ids,
+                    [float(x[0]) for x in pairs],
+                    [int(v) for v in versions],
+                    _finish(meta.get("finish_reason")),
+                )
+            )
         return out
 
     def pause(self, keep: bool) -> list[Call]:
@@ -68,8 +82,15 @@ class VLLMAPI:
     generate_path = "/inference/v1/generate"
 
     def generate_body(self, ids: list[int], p: SamplingParams) -> dict:
-        sp = {"n": p.n, "max_tokens": p.max_new_tokens, "temperature": 0.0 if p.greedy else p.temperature,
-              "top_p": p.top_p, "top_k": p.top_k, "logprobs": 0, **_stop_tokens(p)}
+        sp = {
+            "n": p.n,
+            "max_tokens": p.max_new_tokens,
+            "temperature": 0.0 if p.greedy else p.temperature,
+            "top_p": p.top_p,
+            "top_k": p.top_k,
+            "logprobs": 0,
+            **_stop_tokens(p),
+        }
         if p.stop:
             sp["stop"] = list(p.stop)
         if p.seed is not None:
@@ -85,8 +106,11 @@ class VLLMAPI:
             for span in c.get("weight_versions") or []:
                 v = _as_version(span.get("version"), version)
                 versions[span["start"] : span["end"]] = [v] * (span["end"] - span["start"])
-            out.append(Completion(prompt_ids, ids, [float(x["logprob"]) for x in content], versions,
-                                  _finish(c.get("finish_reason"))))
+            out.append(
+                Completion(
+                    prompt_ids, ids, [float(x["logprob"]) for x in content], versions, _finish(c.get("finish_reason"))
+                )
+            )
         return out
 
     def pause(self, keep: bool) -> list[Call]:
@@ -96,8 +120,10 @@ class VLLMAPI:
         return [Call("/resume")]
 
     def load_from_disk(self, path: str, version: int) -> list[Call]:
-        return [Call("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
-                *self.set_version(version)]
+        return [
+            Call("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": path}}),
+            *self.set_version(version),
+        ]
 
     def set_version(self, version: int) -> list[Call]:
         return [Call("/update_weight_version", {"new_version": str(version)})]

@@ -54,8 +54,16 @@ class Fleet:
     ``wait_healthy()`` and ``close()``: ``asyncrl.engine.spawn.ServerProcess``). ``lock`` guards the servers'
     outstanding counts and the turn (the engine's counters share it)."""
 
-    def __init__(self, addrs: list[str] = (), *, launch: Callable[[], list] | None = None, headers: dict | None = None,
-                 request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0, startup_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        addrs: list[str] = (),
+        *,
+        launch: Callable[[], list] | None = None,
+        headers: dict | None = None,
+        request_timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        startup_timeout_s: float = 120.0,
+    ):
         self.servers = [Server(url_of(a)) for a in addrs]
         self.launch, self.procs = launch, []
         self.headers = headers or {}
@@ -78,8 +86,9 @@ class Fleet:
             self.servers = [Server(p.url) for p in self.procs]
             for p in self.procs:
                 p.wait_healthy()
-        self.sync = httpx.Client(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
-                                 headers=self.headers)
+        self.sync = httpx.Client(
+            timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s), headers=self.headers
+        )
         for s in self.servers:
             wait_healthy(s.url, self.startup_timeout_s)
             self._check_not_ahead(s.url, version)
@@ -96,7 +105,8 @@ class Fleet:
             raise WeightSyncError(
                 f"server {url} serves weight version {served}, from another run (this run starts at version "
                 f"{version}): start a fresh server for this run (asyncrl serve ...), or resume the run that "
-                "used it")
+                "used it"
+            )
 
     def stop(self) -> None:
         if self.sync is not None:
@@ -152,8 +162,9 @@ class Fleet:
                 self.retire(server, f"did not answer /health before the update to version {version}")
         return answered
 
-    def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None,
-             params: dict | None = None) -> dict:
+    def post(
+        self, url: str, path: str, body: dict | None = None, timeout: float | None = None, params: dict | None = None
+    ) -> dict:
         """A control request to one server; raises ``ServerError`` (``RequestFailed`` for a 5xx answer) or
         ``RequestRejected`` with its message."""
         import httpx
@@ -167,8 +178,9 @@ class Fleet:
             raise ServerError(f"{url}{path}: {type(e).__name__}: {e}") from e
         return checked(r, url + path)
 
-    def call_all(self, addrs: list[str], calls: list[Call], timeout: float, what: str,
-                 survive: int | None = None) -> list[str]:
+    def call_all(
+        self, addrs: list[str], calls: list[Call], timeout: float, what: str, survive: int | None = None
+    ) -> list[str]:
         """Run ``calls`` (in order) on every server at once; return the servers that succeeded. A failure raises
         ``WeightSyncError`` naming ``what``, except with ``survive`` (the version being installed): a server
         that cannot be reached (connection lost, timeout: it died) is then retired and the others go on, as
@@ -194,8 +206,10 @@ class Fleet:
             except Exception as e:  # noqa: BLE001 - collected and raised together
                 errors.append(f"{url}: {e}")
         if errors or not done:
-            raise WeightSyncError(f"{what} failed on {len(errors) or len(addrs)} of {len(addrs)} servers: "
-                                  + "; ".join(errors or ["every server was lost"]))
+            raise WeightSyncError(
+                f"{what} failed on {len(errors) or len(addrs)} of {len(addrs)} servers: "
+                + "; ".join(errors or ["every server was lost"])
+            )
         return done
 
 

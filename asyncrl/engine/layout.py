@@ -85,9 +85,14 @@ def pair_order(head_dim: int, device: torch.device | str = "cpu") -> torch.Tenso
     return torch.stack([ar, ar + half], dim=1).reshape(-1)
 
 
-def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: torch.dtype,
-                    reuse: Weights | None = None, packed: bool = False,
-                    device: torch.device | str = "cpu") -> Weights:
+def prepare_weights(
+    sd: dict[str, torch.Tensor],
+    shape: DecoderShape,
+    dtype: torch.dtype,
+    reuse: Weights | None = None,
+    packed: bool = False,
+    device: torch.device | str = "cpu",
+) -> Weights:
     """Convert HF-named tensors into the engine layout; ``sd`` is not kept. With ``reuse`` (a weight set no
     longer served) its tensors are overwritten instead of allocating: writing into memory that is already
     mapped is several times faster than a fresh allocation of a large model. Raises KeyError naming the first
@@ -133,8 +138,9 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
 
     embed_src = get("model.embed_tokens.weight")
     if tuple(embed_src.shape) != (s.vocab, s.hidden):
-        raise ValueError(f"embedding shape {tuple(embed_src.shape)} does not match the model config "
-                         f"({s.vocab}, {s.hidden})")
+        raise ValueError(
+            f"embedding shape {tuple(embed_src.shape)} does not match the model config ({s.vocab}, {s.hidden})"
+        )
     head_src = embed_src if s.tied and "lm_head.weight" not in sd else get("lm_head.weight")
     old_layers = reuse.layers if reuse is not None else []
 
@@ -176,21 +182,25 @@ def prepare_weights(sd: dict[str, torch.Tensor], shape: DecoderShape, dtype: tor
         if p + "self_attn.q_proj.bias" in sd:
             qb, kb, vb = (get(p + f"self_attn.{n}_proj.bias") for n in "qkv")
             bias = put(old and old.bqkv, [pairs(qb), pairs(kb), vb])
-        layers.append(LayerWeights(
-            wqkv=put(old and old.wqkv, [pairs(q), pairs(k), v], matrix=True),
-            bqkv=bias,
-            wo=put(old and old.wo, [get(p + "self_attn.o_proj.weight")], matrix=True),
-            wgu=put(old and old.wgu, [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")],
-                    matrix=True),
-            wd=put(old and old.wd, [get(p + "mlp.down_proj.weight")], matrix=True),
-            ln1=put(old and old.ln1, [get(p + "input_layernorm.weight")]),
-            ln2=put(old and old.ln2, [get(p + "post_attention_layernorm.weight")]),
-            qn=put(old and old.qn, [pairs_1d(get(p + "self_attn.q_norm.weight"))]) if s.qk_norm else None,
-            kn=put(old and old.kn, [pairs_1d(get(p + "self_attn.k_norm.weight"))]) if s.qk_norm else None,
-        ))
-    weights = Weights(embed=put(reuse and reuse.embed, [embed_src]),
-                      norm=put(reuse and reuse.norm, [get("model.norm.weight")]),
-                      lm_head=put(reuse and reuse.lm_head, [head_src], matrix=True), layers=layers)
+        layers.append(
+            LayerWeights(
+                wqkv=put(old and old.wqkv, [pairs(q), pairs(k), v], matrix=True),
+                bqkv=bias,
+                wo=put(old and old.wo, [get(p + "self_attn.o_proj.weight")], matrix=True),
+                wgu=put(old and old.wgu, [get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], matrix=True),
+                wd=put(old and old.wd, [get(p + "mlp.down_proj.weight")], matrix=True),
+                ln1=put(old and old.ln1, [get(p + "input_layernorm.weight")]),
+                ln2=put(old and old.ln2, [get(p + "post_attention_layernorm.weight")]),
+                qn=put(old and old.qn, [pairs_1d(get(p + "self_attn.q_norm.weight"))]) if s.qk_norm else None,
+                kn=put(old and old.kn, [pairs_1d(get(p + "self_attn.k_norm.weight"))]) if s.qk_norm else None,
+            )
+        )
+    weights = Weights(
+        embed=put(reuse and reuse.embed, [embed_src]),
+        norm=put(reuse and reuse.norm, [get("model.norm.weight")]),
+        lm_head=put(reuse and reuse.lm_head, [head_src], matrix=True),
+        layers=layers,
+    )
     bad: set[str] = set()
     for dev in {flag.device for _, flag in unchecked}:  # one read of the flags of each source device
         names = [name for name, flag in unchecked if flag.device == dev]

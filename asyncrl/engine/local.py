@@ -36,15 +36,28 @@ from typing import Callable
 
 import torch
 
-from asyncrl.cluster.cores import use_threads
 from asyncrl.api.engine import EngineStats
+from asyncrl.cluster.cores import use_threads
 from asyncrl.engine.continuation import continue_all
 from asyncrl.engine.decoder import Decoder, resolve_device
 from asyncrl.engine.layout import Weights
-from asyncrl.engine.requests import (CPU, INTERRUPT_MODES, MAX_VERSION, PendingUpdate, Request, SampleState,
-                                     VersionConflict, check_request, ends_with_stop_string, settle, state_dict_of)
-from asyncrl.engine.sampling import RowParams, counter_uniforms, sample_rows
+from asyncrl.engine.phases import PhaseClock
+from asyncrl.engine.requests import (
+    CPU,
+    INTERRUPT_MODES,
+    MAX_VERSION,
+    PendingUpdate,
+    Request,
+    SampleState,
+    VersionConflict,
+    check_request,
+    ends_with_stop_string,
+    settle,
+    state_dict_of,
+)
+from asyncrl.engine.sampling import RowParams, on_host, sample_rows, seeded_uniforms
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
+
 
 class LocalEngine:
     """Continuous-batching engine over a ``Decoder``. Thread-safe entry points: ``submit``, ``generate``,
@@ -93,9 +106,7 @@ class LocalEngine:
         self._cv = threading.Condition()
         self._update_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._stats = EngineStats()  # replaced whole under _stats_lock, so a reader gets one snapshot
-        self._phase: tuple[str, float] | None = None  # (EngineStats field, since): where the loop's time goes now
-        self._stats_lock = threading.Lock()
+        self.clock = PhaseClock()  # where the loop's time goes, and the counters
 
     # ---- public API ----------------------------------------------------------------------------------
     @property
@@ -123,8 +134,14 @@ class LocalEngine:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError with the reason if this engine cannot serve the request."""
-        check_request(prompt_ids, params, max_slots=self.max_slots, max_len=self.max_len,
-                      vocab=self.decoder.shape.vocab, has_tokenizer=self.tokenizer is not None)
+        check_request(
+            prompt_ids,
+            params,
+            max_slots=self.max_slots,
+            max_len=self.max_len,
+            vocab=self.decoder.shape.vocab,
+            has_tokenizer=self.tokenizer is not None,
+        )
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> list[Completion]:
         """``params.n`` finished samples; samples cut short by an abort are continued concurrently."""
@@ -164,10 +181,10 @@ class LocalEngine:
             if self._thread is None:
                 while self.interrupt_mode == "drain" and self._active:
                     self.step(admit=False)
-                self._enter("paused_s")
+                self.clock.enter("paused_s")
                 self._install(update.version, weights)
                 self._interrupt_running()
-                self._enter(None)
+                self.clock.enter(None)
                 return
             pending = PendingUpdate(update.version, weights)
             with self._cv:
@@ -182,16 +199,19 @@ class LocalEngine:
             if isinstance(pending.error, VersionConflict):
                 raise pending.error
             if pending.error is not None:
-                raise RuntimeError(f"installing the weights of version {update.version} failed: "
-                                   f"{type(pending.error).__name__}: {pending.error}") from pending.error
+                raise RuntimeError(
+                    f"installing the weights of version {update.version} failed: "
+                    f"{type(pending.error).__name__}: {pending.error}"
+                ) from pending.error
 
     def _check_version(self, version: int) -> None:
         """Versions are int64 and never decrease; the same version may be loaded again (a retried publish)."""
         if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
             raise ValueError(f"weight version must be an integer in [0, 2**63 - 1], got {str(version)[:40]}")
         if version < self._version:
-            raise VersionConflict(f"weight version {version} is below the version {self._version} being "
-                                  "served: versions never decrease")
+            raise VersionConflict(
+                f"weight version {version} is below the version {self._version} being served: versions never decrease"
+            )
 
     def pause(self) -> None:
         """Stop decoding at the next token boundary; in-flight requests keep their state."""
@@ -240,28 +260,8 @@ class LocalEngine:
         return self._thread is not None
 
     def stats(self) -> EngineStats:
-        """The counters now, the phase the loop is in counted up to this moment: two readings a window apart
-        differ by exactly the window's time, however the loop's iterations straddle its edges."""
-        with self._stats_lock:
-            if self._phase is None:
-                return self._stats
-            kind, since = self._phase
-            return self._stats.plus(**{kind: time.perf_counter() - since})
-
-    def _enter(self, kind: str | None) -> None:
-        """The loop's time goes to phase ``kind`` (an ``EngineStats`` field; None: not counted, the loop is
-        not running) from now on; the time since the last change goes to the phase it was in."""
-        with self._stats_lock:  # the clock read under the lock: no reading falls between it and the change
-            now = time.perf_counter()
-            if self._phase is not None:
-                was, since = self._phase
-                self._stats = self._stats.plus(**{was: now - since})
-            self._phase = None if kind is None else (kind, now)
-
-    def _count(self, **deltas) -> None:
-        """Add ``deltas`` to the counters (``EngineStats`` field names)."""
-        with self._stats_lock:
-            self._stats = self._stats.plus(**deltas)
+        """The counters now (:class:`asyncrl.engine.phases.PhaseClock`: every moment of the loop in one phase)."""
+        return self.clock.read()
 
     @property
     def n_running(self) -> int:
@@ -281,7 +281,7 @@ class LocalEngine:
     @property
     def idle(self) -> bool:
         """Whether the engine's loop is waiting for work (or paused) now."""
-        return self._phase is not None and self._phase[0] == "idle_s" or self._paused
+        return self.clock.phase == "idle_s" or self._paused
 
     def _set_threads(self) -> None:
         use_threads(self.threads() if callable(self.threads) else self.threads)
@@ -293,17 +293,17 @@ class LocalEngine:
 
     def _run_loop(self) -> None:
         """Wait for work, then apply a weight update or an abort, or take one step. Every moment is counted
-        (``_enter``): waiting (for the lock too) as idle or paused, a weight update or an abort as paused, a step
+        (``clock.enter``): waiting (for the lock too) as idle or paused, a weight update or an abort as paused, a step
         as its prefill and decode."""
         while True:
-            self._enter("paused_s" if self._paused else "idle_s")
+            self.clock.enter("paused_s" if self._paused else "idle_s")
             with self._cv:
                 while not (self._stopped or self._update or self._abort) and (
                     self._paused or not (self._waiting or self._active)
                 ):
                     self._cv.wait()
                 if self._stopped:
-                    self._enter(None)
+                    self.clock.enter(None)
                     return
                 # drain (non-interruptible generation, for ablations): a pending update waits until every
                 # running sequence has finished, and no new request starts meanwhile
@@ -312,7 +312,7 @@ class LocalEngine:
                 if not draining:
                     self._update = None
                 abort, self._abort = self._abort, False
-            self._enter("decode_s" if pending is None and not abort else "paused_s")
+            self.clock.enter("decode_s" if pending is None and not abort else "paused_s")
             if pending is not None:
                 try:
                     self._install(pending.version, pending.weights)
@@ -323,7 +323,7 @@ class LocalEngine:
                 if pending is not None and pending.error is None:
                     self._interrupt_running()
                 if abort:
-                    self._enter("paused_s")
+                    self.clock.enter("paused_s")
                     self._abort_running()
                 if pending is None and not abort:
                     self._set_threads()
@@ -336,7 +336,7 @@ class LocalEngine:
         while self._waiting or self._active:
             self._set_threads()  # as the loop does: a callable ``threads`` is asked before each step
             self.step()
-        self._enter(None)
+        self.clock.enter(None)
 
     @torch.inference_mode()
     def step(self, admit: bool = True) -> None:
@@ -345,10 +345,10 @@ class LocalEngine:
             self._step(admit)
 
     def _step(self, admit: bool) -> None:
-        self._enter("prefill_s")
+        self.clock.enter("prefill_s")
         if admit:
             self._admit()
-        self._enter("decode_s")
+        self.clock.enter("decode_s")
         if self._active:
             seqs, cpu = self._active, CPU  # token ids and positions on the host (the decoder moves them)
             tokens = torch.tensor([s.tokens[-1] for s in seqs], device=cpu)[:, None]
@@ -398,32 +398,16 @@ class LocalEngine:
         kernels = self.decoder.kernels
         if self._scratch is None and (kernels is not None or not rows.all_greedy):
             self._scratch = torch.empty(self.max_slots, self.decoder.shape.vocab, device=self.device)
-        u = self._uniforms(seqs, rows)
-        tokens, logprobs = sample_rows(logits, rows, self.generator, self._scratch, kernels, u)
-        if self.decoder.on_cpu:
-            tokens, logprobs = tokens.tolist(), logprobs.tolist()
-        else:  # the step's one read from the device: ids (exact in float64 below 2**53) and log-probs together
-            both = torch.stack([tokens.double(), logprobs.double()]).tolist()
-            tokens, logprobs = [int(t) for t in both[0]], both[1]
+        seeds = None if rows.all_greedy else [s.draw_seed for s in seqs]  # greedy rows draw nothing
+        u = seeded_uniforms(seeds, [len(s.tokens) for s in seqs], self.generator, self.device)
+        tokens, logprobs = on_host(*sample_rows(logits, rows, self.generator, self._scratch, kernels, u))
         version = self._version
         for s, t, lp in zip(seqs, tokens, logprobs):
             s.tokens.append(t)
             s.output_ids.append(t)
             s.logprobs.append(lp)
             s.versions.append(version)
-        self._count(generated_tokens=len(seqs))
-
-    def _uniforms(self, seqs: list[SampleState], rows: RowParams) -> torch.Tensor | None:
-        """Counter-based draws when some request has a seed (``SamplingParams.seed``): a seeded sample's draw
-        depends on its seed, its index among the request's samples and the token's position only; unseeded
-        rows draw from the engine's generator. None when no request is seeded (the generator alone)."""
-        if rows.all_greedy or all(s.draw_seed is None for s in seqs):
-            return None
-        counted = counter_uniforms([s.draw_seed or 0 for s in seqs], [len(s.tokens) for s in seqs])
-        unseeded = [i for i, s in enumerate(seqs) if s.draw_seed is None]
-        if unseeded:  # requests without a seed draw from the engine's generator, as without any seed
-            counted[unseeded] = torch.rand(len(unseeded), generator=self.generator, device=self.device).cpu()
-        return counted
+        self.clock.count(generated_tokens=len(seqs))
 
     def _retire(self) -> None:
         """Finish sequences that hit a stop token or string or their length limit; keep slots contiguous."""
@@ -434,7 +418,7 @@ class LocalEngine:
                 reason = "abort"
             elif s.output_ids[-1] in (p.stop_token_ids or self.default_stop):
                 reason = "stop"
-            elif p.stop and ends_with_stop_string(self.tokenizer, s.tokens[s.output_start:], p.stop):
+            elif p.stop and ends_with_stop_string(self.tokenizer, s.tokens[s.output_start :], p.stop):
                 reason = "stop"
             elif len(s.output_ids) >= p.max_new_tokens or len(s.tokens) >= self.max_len:
                 reason = "length"
@@ -452,7 +436,9 @@ class LocalEngine:
         self._active.pop()
         self._rows = None
         req = s.req
-        req.done.append((s.index, Completion(req.prompt_ids, s.output_ids, s.logprobs, s.versions, reason, req.queued_s)))
+        req.done.append(
+            (s.index, Completion(req.prompt_ids, s.output_ids, s.logprobs, s.versions, reason, req.queued_s))
+        )
         if len(req.done) == req.params.n:
             settle(req.future, [c for _, c in sorted(req.done, key=lambda d: d[0])])
 
@@ -470,11 +456,11 @@ class LocalEngine:
             self._interrupt_on_stream()
 
     def _interrupt_on_stream(self) -> None:
-        self._count(interruptions=1)
+        self.clock.count(interruptions=1)
         if self.interrupt_mode == "abort":
             self._abort_running()
             return
-        self._enter("reprefill_s")
+        self.clock.enter("reprefill_s")
         cpu = CPU
         for a in range(0, len(self._active), self.recompute_chunk):
             chunk = self._active[a : a + self.recompute_chunk]
@@ -483,7 +469,7 @@ class LocalEngine:
             for i, s in enumerate(chunk):
                 tokens[i, : s.cached] = torch.tensor(s.tokens[:-1], device=cpu)
             self.decoder.forward(tokens, a, torch.zeros(len(chunk), dtype=torch.long, device=cpu), lengths)
-        self._enter("paused_s")
+        self.clock.enter("paused_s")
 
     def _abort_running(self) -> None:
         with self._on_stream():  # finishing compacts the slots (cache copies)

@@ -52,23 +52,61 @@ class Kernels:
         self._gemm.argtypes = [c_ptr, c_int, c_int, c_ptr, c_int, c_ptr, c_int, c_ptr, c_int]
         self._gemm.restype = None
 
-    def decode_attention(self, qkv: torch.Tensor, pos: torch.Tensor, rot: torch.Tensor, cache: torch.Tensor,
-                         out: torch.Tensor, scratch: torch.Tensor, first_slot: int, nq: int, nk: int,
-                         q_scale: float) -> None:
+    def decode_attention(
+        self,
+        qkv: torch.Tensor,
+        pos: torch.Tensor,
+        rot: torch.Tensor,
+        cache: torch.Tensor,
+        out: torch.Tensor,
+        scratch: torch.Tensor,
+        first_slot: int,
+        nq: int,
+        nk: int,
+        q_scale: float,
+    ) -> None:
         """Rotate q and k of ``qkv`` (S, nq + 2 nk, D) in place by ``rot`` (positions, D/2, 2), write k and v at
         ``pos`` (S,) into ``cache`` (2, slots, nk, cache_len, D), and write the attention of each query head
         over positions 0..pos into ``out`` (S, nq D). ``scratch`` holds S nk nq/nk cache_len floats."""
         S, heads, D = qkv.shape
         cache_len = cache.shape[3]
-        _check(heads == nq + 2 * nk and nq % nk == 0 and D % 8 == 0 and tuple(cache.shape[2:]) == (nk, cache_len, D)
-               and first_slot + S <= cache.shape[1] and out.shape == (S, nq * D) and pos.shape == (S,)
-               and scratch.numel() >= S * nq * cache_len and rot.numel() >= cache_len * D, "decode_attention",
-               qkv=qkv, pos=pos, rot=rot, cache=cache, out=out, scratch=scratch)
+        _check(
+            heads == nq + 2 * nk
+            and nq % nk == 0
+            and D % 8 == 0
+            and tuple(cache.shape[2:]) == (nk, cache_len, D)
+            and first_slot + S <= cache.shape[1]
+            and out.shape == (S, nq * D)
+            and pos.shape == (S,)
+            and scratch.numel() >= S * nq * cache_len
+            and rot.numel() >= cache_len * D,
+            "decode_attention",
+            qkv=qkv,
+            pos=pos,
+            rot=rot,
+            cache=cache,
+            out=out,
+            scratch=scratch,
+        )
         if int(pos.max()) >= cache_len - 1:
             raise ValueError(f"decode_attention: position {int(pos.max())} is outside the cache of {cache_len - 1}")
-        self._attn(qkv.data_ptr(), pos.data_ptr(), rot.data_ptr(), cache.data_ptr(), out.data_ptr(),
-                   scratch.data_ptr(), S, first_slot, cache.shape[1], nq, nk, D, cache_len, q_scale,
-                   torch.get_num_threads())
+        self._attn(
+            qkv.data_ptr(),
+            pos.data_ptr(),
+            rot.data_ptr(),
+            cache.data_ptr(),
+            out.data_ptr(),
+            scratch.data_ptr(),
+            S,
+            first_slot,
+            cache.shape[1],
+            nq,
+            nk,
+            D,
+            cache_len,
+            q_scale,
+            torch.get_num_threads(),
+        )
 
     def silu_mul(self, gu: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` (M, I) = silu(gu[:, :I]) * gu[:, I:] for ``gu`` (M, 2 I)."""
@@ -76,16 +114,39 @@ class Kernels:
         _check(gu.shape == (M, 2 * I), "silu_mul", gu=gu, out=out)
         self._silu(gu.data_ptr(), out.data_ptr(), M, I, torch.get_num_threads())
 
-    def gemm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
-             accumulate: bool = False) -> torch.Tensor:
+    def gemm(
+        self,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        out: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        accumulate: bool = False,
+    ) -> torch.Tensor:
         """``out`` (M, N) = ``x`` (M, K) @ W (+ ``bias``), or ``out += x @ W`` with ``accumulate``, for W packed
         in panels of 16 output columns, ``w`` (ceil(N / 16), K, 16) (decoder.py). Returns ``out``."""
         (M, K), N = x.shape, out.shape[1]
-        _check(w.shape[0] * PANEL >= N and tuple(w.shape[1:]) == (K, PANEL) and out.shape[0] == M
-               and (bias is None or bias.shape == (N,)), "gemm", x=x, packed_weight=w, out=out,
-               **({} if bias is None else {"bias": bias}))
-        self._gemm(x.data_ptr(), M, K, w.data_ptr(), N, None if bias is None else bias.data_ptr(), int(accumulate),
-                   out.data_ptr(), torch.get_num_threads())
+        _check(
+            w.shape[0] * PANEL >= N
+            and tuple(w.shape[1:]) == (K, PANEL)
+            and out.shape[0] == M
+            and (bias is None or bias.shape == (N,)),
+            "gemm",
+            x=x,
+            packed_weight=w,
+            out=out,
+            **({} if bias is None else {"bias": bias}),
+        )
+        self._gemm(
+            x.data_ptr(),
+            M,
+            K,
+            w.data_ptr(),
+            N,
+            None if bias is None else bias.data_ptr(),
+            int(accumulate),
+            out.data_ptr(),
+            torch.get_num_threads(),
+        )
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> torch.Tensor:
@@ -95,17 +156,40 @@ class Kernels:
         self._rms(x.data_ptr(), weight.data_ptr(), out.data_ptr(), M, N, eps, torch.get_num_threads())
         return out
 
-    def sample(self, logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor, u: torch.Tensor,
-               scratch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        temperature: torch.Tensor,
+        greedy: torch.Tensor,
+        u: torch.Tensor,
+        scratch: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row of ``logits`` (S, V) and its log-probability (sampling.py's ``sample_rows`` without
         top-k/top-p): greedy rows (``greedy`` (S,) bool) take the argmax, the others draw from
         softmax(logits / temperature) by the inverse CDF at ``u`` (S,). ``scratch`` holds at least (S, V)."""
         S, V = logits.shape
-        _check(temperature.shape == u.shape == greedy.shape == (S,) and scratch.numel() >= S * V, "sample",
-               logits=logits, temperature=temperature, greedy=greedy, u=u, scratch=scratch)
+        _check(
+            temperature.shape == u.shape == greedy.shape == (S,) and scratch.numel() >= S * V,
+            "sample",
+            logits=logits,
+            temperature=temperature,
+            greedy=greedy,
+            u=u,
+            scratch=scratch,
+        )
         tokens, logprobs = torch.empty(S, dtype=torch.int64), torch.empty(S, dtype=torch.float32)
-        self._sample(logits.data_ptr(), S, V, temperature.data_ptr(), greedy.data_ptr(), u.data_ptr(),
-                     tokens.data_ptr(), logprobs.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+        self._sample(
+            logits.data_ptr(),
+            S,
+            V,
+            temperature.data_ptr(),
+            greedy.data_ptr(),
+            u.data_ptr(),
+            tokens.data_ptr(),
+            logprobs.data_ptr(),
+            scratch.data_ptr(),
+            torch.get_num_threads(),
+        )
         return tokens, logprobs
 
 
@@ -113,11 +197,16 @@ def _check(ok: bool, kernel: str, **tensors: torch.Tensor) -> None:
     """Refuse arguments that would make ``kernel`` read or write outside its tensors: the shapes it was given
     must hold, and every tensor must be a contiguous CPU float32 tensor (positions int64, flags bool)."""
     dtypes = {"pos": torch.int64, "greedy": torch.bool}
-    ok = ok and all(t.is_contiguous() and t.device.type == "cpu" and t.dtype == dtypes.get(name, torch.float32)
-                    for name, t in tensors.items())
+    ok = ok and all(
+        t.is_contiguous() and t.device.type == "cpu" and t.dtype == dtypes.get(name, torch.float32)
+        for name, t in tensors.items()
+    )
     if not ok:
-        shapes = ", ".join(f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
-                           f"{'' if t.is_contiguous() else ' (not contiguous)'}" for name, t in tensors.items())
+        shapes = ", ".join(
+            f"{name} {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+            f"{'' if t.is_contiguous() else ' (not contiguous)'}"
+            for name, t in tensors.items()
+        )
         raise ValueError(f"{kernel}: arguments do not fit: {shapes}")
 
 
@@ -182,13 +271,16 @@ def load() -> Kernels | None:
 def _load(out_dir: Path) -> Kernels | None:
     cc = compiler()
     if cc is None:
-        log.warning("no C compiler (cc, gcc or clang) found: the engine decodes through torch alone, slower; "
-                    "install one (e.g. apt-get install gcc) for its native kernels")
+        log.warning(
+            "no C compiler (cc, gcc or clang) found: the engine decodes through torch alone, slower; "
+            "install one (e.g. apt-get install gcc) for its native kernels"
+        )
         return None
     try:
         path = build(cc, out_dir)
         return Kernels(ctypes.CDLL(str(path)), path)
     except (OSError, RuntimeError) as e:
-        log.warning("the engine's native kernels could not be built or loaded (%s); decoding through torch "
-                    "alone, slower", e)
+        log.warning(
+            "the engine's native kernels could not be built or loaded (%s); decoding through torch alone, slower", e
+        )
         return None

@@ -30,10 +30,10 @@ import weakref
 from typing import Callable
 
 from asyncrl.api.engine import EngineStats
+from asyncrl.api.weights import WeightSyncError
 from asyncrl.engine.continuation import continue_aborted
 from asyncrl.engine.dialects import APIS
 from asyncrl.engine.fleet import Fleet, RequestFailed, Server, ServerError, checked
-from asyncrl.api.weights import WeightSyncError
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,21 @@ class RemoteEngine:
     ``launch``, if given, starts the servers on ``start`` and returns objects with ``url`` and ``close()``
     (``asyncrl.engine.spawn.ServerProcess``); ``stop`` closes them."""
 
-    def __init__(self, addrs: list[str] = (), *, api: str = "sglang", interrupt_mode: str = "abort",
-                 request_timeout_s: float = 600.0, connect_timeout_s: float = 5.0, max_attempts: int = 3,
-                 dead_cooldown_s: float = 5.0, startup_timeout_s: float = 120.0, version: int = 0,
-                 launch: Callable[[], list] | None = None, api_key: str | None = None):
+    def __init__(
+        self,
+        addrs: list[str] = (),
+        *,
+        api: str = "sglang",
+        interrupt_mode: str = "abort",
+        request_timeout_s: float = 600.0,
+        connect_timeout_s: float = 5.0,
+        max_attempts: int = 3,
+        dead_cooldown_s: float = 5.0,
+        startup_timeout_s: float = 120.0,
+        version: int = 0,
+        launch: Callable[[], list] | None = None,
+        api_key: str | None = None,
+    ):
         if api not in APIS:
             raise ValueError(f"server api must be one of {sorted(APIS)}, got '{api}'")
         if interrupt_mode not in ("recompute", "abort"):
@@ -91,8 +102,14 @@ class RemoteEngine:
         self.request_timeout_s, self.connect_timeout_s = request_timeout_s, connect_timeout_s
         self.max_attempts, self.dead_cooldown_s = max_attempts, dead_cooldown_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # servers with --admin-key
-        self.fleet = Fleet(addrs, launch=launch, headers=self._headers, request_timeout_s=request_timeout_s,
-                           connect_timeout_s=connect_timeout_s, startup_timeout_s=startup_timeout_s)
+        self.fleet = Fleet(
+            addrs,
+            launch=launch,
+            headers=self._headers,
+            request_timeout_s=request_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            startup_timeout_s=startup_timeout_s,
+        )
         self._version = version
         self._gate = _Gate()
         self._failed_update: str | None = None
@@ -132,8 +149,14 @@ class RemoteEngine:
             now = time.monotonic()
             self._advance(now)
             idle = max(0.0, (now - self._started_at if self._started_at else 0.0) - self.busy_s - self.paused_s)
-            return EngineStats(self.generated_tokens, self.busy_s, self.interruptions, decode_s=self.busy_s,
-                               paused_s=self.paused_s, idle_s=idle)
+            return EngineStats(
+                self.generated_tokens,
+                self.busy_s,
+                self.interruptions,
+                decode_s=self.busy_s,
+                paused_s=self.paused_s,
+                idle_s=idle,
+            )
 
     def _advance(self, now: float) -> None:
         """Book the time since the last change of phase to the phase it was in (holding ``_lock``)."""
@@ -162,12 +185,19 @@ class RemoteEngine:
     def update_weights(self, update: WeightUpdate, timeout: float | None = 60.0) -> None:
         """Make every live server load ``update.path`` (a directory of safetensors) as ``update.version``."""
         if update.path is None:
-            raise ValueError(f"a remote engine loads weights from disk or a broadcast, not an in-memory "
-                             f"state dict (update to version {update.version}): use weight_transport disk or dist")
+            raise ValueError(
+                f"a remote engine loads weights from disk or a broadcast, not an in-memory "
+                f"state dict (update to version {update.version}): use weight_transport disk or dist"
+            )
         timeout = timeout or self.request_timeout_s
         with self.updating(update.version, timeout) as addrs:
-            self.fleet.call_all(addrs, self.api.load_from_disk(update.path, update.version), timeout,
-                           f"loading version {update.version} from {update.path}", survive=update.version)
+            self.fleet.call_all(
+                addrs,
+                self.api.load_from_disk(update.path, update.version),
+                timeout,
+                f"loading version {update.version} from {update.path}",
+                survive=update.version,
+            )
 
     # ---- weight updates ------------------------------------------------------------------------------------
     def live_addrs(self) -> list[str]:
@@ -190,8 +220,9 @@ class RemoteEngine:
         try:
             if abort:
                 self._gate.close()
-                addrs = self.fleet.call_all(addrs, self.api.pause(keep=False), timeout,
-                                            f"pausing for version {version}", survive=version)
+                addrs = self.fleet.call_all(
+                    addrs, self.api.pause(keep=False), timeout, f"pausing for version {version}", survive=version
+                )
             yield addrs
         except BaseException as e:
             self._failed_update = f"weight update to version {version} failed: {type(e).__name__}: {e}"
@@ -202,11 +233,15 @@ class RemoteEngine:
         self._end_pause()
         if abort:
             try:
-                self.fleet.call_all(addrs, self.api.resume(), timeout, f"resuming after version {version}",
-                                    survive=version)  # those paused: one in a cool-down since would stay paused
+                self.fleet.call_all(
+                    addrs, self.api.resume(), timeout, f"resuming after version {version}", survive=version
+                )  # those paused: one in a cool-down since would stay paused
             except BaseException as e:  # later requests fail naming it instead of waiting at the closed gate
-                self._failed_update = str(e) if isinstance(e, WeightSyncError) else \
-                    f"resuming after version {version} failed: {type(e).__name__}: {e}"
+                self._failed_update = (
+                    str(e)
+                    if isinstance(e, WeightSyncError)
+                    else f"resuming after version {version} failed: {type(e).__name__}: {e}"
+                )
                 raise
             finally:
                 self._gate.open()
@@ -217,8 +252,9 @@ class RemoteEngine:
                 self._advance(time.monotonic())
                 self._paused_since = 0.0
 
-    def post(self, url: str, path: str, body: dict | None = None, timeout: float | None = None,
-             params: dict | None = None) -> dict:
+    def post(
+        self, url: str, path: str, body: dict | None = None, timeout: float | None = None, params: dict | None = None
+    ) -> dict:
         """A control request to one server (``asyncrl.engine.fleet.Fleet.post``)."""
         return self.fleet.post(url, path, body, timeout, params)
 
@@ -235,8 +271,9 @@ class RemoteEngine:
 
         return await continue_aborted(c, params, resubmit, index)
 
-    async def _chunk(self, server: Server | None, prompt_ids: list[int], ids: list[int],
-                     params: SamplingParams) -> tuple[list[Completion], Server]:
+    async def _chunk(
+        self, server: Server | None, prompt_ids: list[int], ids: list[int], params: SamplingParams
+    ) -> tuple[list[Completion], Server]:
         """One request for ``ids``; on a server failure, the same request on another server."""
         deadline = time.monotonic() + self.request_timeout_s
         tried: set[str] = set()
@@ -299,9 +336,10 @@ class RemoteEngine:
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
-                                       headers=self._headers,
-                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.request_timeout_s, connect=self.connect_timeout_s),
+                headers=self._headers,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
             self._clients[loop] = client
         return client
-

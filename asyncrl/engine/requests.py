@@ -87,8 +87,9 @@ class PendingUpdate:
     error: BaseException | None = None  # why installing failed (set before ``applied``)
 
 
-def check_request(prompt_ids: list[int], params: SamplingParams, *, max_slots: int, max_len: int, vocab: int,
-                  has_tokenizer: bool) -> None:
+def check_request(
+    prompt_ids: list[int], params: SamplingParams, *, max_slots: int, max_len: int, vocab: int, has_tokenizer: bool
+) -> None:
     """Raise ValueError with the reason if an engine of ``max_slots`` slots, ``max_len`` positions per sequence
     and ``vocab`` tokens cannot serve the request."""
     if not prompt_ids:

@@ -35,8 +35,9 @@ class RowParams:
         greedy = [bool(p.greedy) for p in params]
         cpu = torch.device("cpu")
         host = dict(  # built on the host, then one asynchronous copy each to the device
-            temperature=torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32,
-                                     device=cpu),
+            temperature=torch.tensor(
+                [1.0 if p.greedy else p.temperature for p in params], dtype=torch.float32, device=cpu
+            ),
             top_p=torch.tensor([1.0 if p.greedy else p.top_p for p in params], dtype=torch.float32, device=cpu),
             top_k=torch.tensor([0 if p.greedy else p.top_k for p in params], dtype=torch.long, device=cpu),
             greedy=torch.tensor(greedy, dtype=torch.bool, device=cpu),
@@ -85,12 +86,19 @@ def counter_uniforms(seeds: list[int], positions: list[int]) -> torch.Tensor:
     """One uniform in [0, 1) per row that depends only on the row's seed and the position of the token being
     sampled (a counter-based generator): the same sample gets the same draws whatever else the engine is
     decoding beside it and however often it is interrupted, so a seeded run can be replayed exactly."""
-    return torch.tensor([(mix64(s ^ mix64(p)) >> 11) * 2.0**-53 for s, p in zip(seeds, positions)],
-                        dtype=torch.float32).clamp_(max=1 - 2**-24)
+    return torch.tensor(
+        [(mix64(s ^ mix64(p)) >> 11) * 2.0**-53 for s, p in zip(seeds, positions)], dtype=torch.float32
+    ).clamp_(max=1 - 2**-24)
 
 
-def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator | None = None,
-                scratch: torch.Tensor | None = None, kernels=None, u: torch.Tensor | None = None):
+def sample_rows(
+    logits: torch.Tensor,
+    p: RowParams,
+    generator: torch.Generator | None = None,
+    scratch: torch.Tensor | None = None,
+    kernels=None,
+    u: torch.Tensor | None = None,
+):
     """Sample one token per row of ``logits`` (S, V); return (tokens (S,), log-probabilities (S,)).
 
     Greedy rows take the argmax and report its log-probability under the unscaled model distribution.
@@ -104,8 +112,11 @@ def sample_rows(logits: torch.Tensor, p: RowParams, generator: torch.Generator |
     dev = logits.device
     if kernels is not None and not p.filtered and scratch is not None and logits.is_contiguous():
         if u is None:
-            u = (torch.zeros(len(logits), device=dev) if p.all_greedy
-                 else torch.rand(len(logits), generator=generator, device=dev))
+            u = (
+                torch.zeros(len(logits), device=dev)
+                if p.all_greedy
+                else torch.rand(len(logits), generator=generator, device=dev)
+            )
         return kernels.sample(logits, p.temperature, p.greedy, u.to(dev), scratch)
     if p.all_greedy:
         tokens = logits.argmax(dim=-1)
@@ -172,6 +183,36 @@ def sample(
     """``sample_rows`` with the parameters given as separate tensors (``logits`` is not modified)."""
     top_p = torch.where(greedy, 1.0, top_p)
     top_k = torch.where(greedy, 0, top_k)
-    params = RowParams(torch.where(greedy, 1.0, temperature), top_p, top_k, greedy, bool(greedy.all()),
-                       bool(((top_p < 1) | (top_k > 0)).any()), bool(greedy.any()))
+    params = RowParams(
+        torch.where(greedy, 1.0, temperature),
+        top_p,
+        top_k,
+        greedy,
+        bool(greedy.all()),
+        bool(((top_p < 1) | (top_k > 0)).any()),
+        bool(greedy.any()),
+    )
     return sample_rows(logits.clone(), params, generator)
+
+
+def seeded_uniforms(seeds: list[int | None] | None, positions: list[int], generator, device) -> torch.Tensor | None:
+    """Counter-based draws where some sample has a seed (``SamplingParams.seed``): a seeded sample's draw depends
+    on its seed (its request's, offset by its index among the request's samples) and the token's position only;
+    unseeded rows draw from the engine's ``generator``. None when no sample is seeded (the generator alone), or
+    when nothing is drawn (``seeds`` None: greedy rows)."""
+    if seeds is None or all(s is None for s in seeds):
+        return None
+    counted = counter_uniforms([s or 0 for s in seeds], positions)
+    unseeded = [i for i, s in enumerate(seeds) if s is None]
+    if unseeded:  # requests without a seed draw from the engine's generator, as without any seed
+        counted[unseeded] = torch.rand(len(unseeded), generator=generator, device=device).cpu()
+    return counted
+
+
+def on_host(tokens: torch.Tensor, logprobs: torch.Tensor) -> tuple[list[int], list[float]]:
+    """The sampled token ids and log-probs as Python lists: one read from the device where they are not on the CPU
+    (ids are exact in float64 below 2**53)."""
+    if tokens.device.type == "cpu":
+        return tokens.tolist(), logprobs.tolist()
+    both = torch.stack([tokens.double(), logprobs.double()]).tolist()
+    return [int(t) for t in both[0]], both[1]

@@ -30,13 +30,26 @@ class ServerProcess:
     """A server in a child process; ``close`` always ends it (terminate, then kill), and so does the end of
     the thread that made it (start servers from a thread that lives as long as they should: the main one)."""
 
-    def __init__(self, cmd: list[str], url: str, startup_timeout_s: float = 120.0, env: dict | None = None,
-                 log_path: str | None = None, wait: bool = True):
+    def __init__(
+        self,
+        cmd: list[str],
+        url: str,
+        startup_timeout_s: float = 120.0,
+        env: dict | None = None,
+        log_path: str | None = None,
+        wait: bool = True,
+    ):
         self.url, self.startup_timeout_s = url, startup_timeout_s
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL
         # a session of its own, so that close/kill reach the server's own children too (vLLM's engine core)
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **(env or {})}, preexec_fn=die_with_parent())
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            preexec_fn=die_with_parent(),
+        )
         if wait:
             self.wait_healthy()
 
@@ -97,11 +110,16 @@ def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = Non
     raise TimeoutError(f"server {url} not healthy within {timeout_s}s")
 
 
-
-
-def asyncrl_server(model: str, *args: str, port: int | None = None, startup_timeout_s: float = 120.0,
-                   log_path: str | None = None, wait: bool = True, env: dict | None = None,
-                   host: str = "127.0.0.1") -> ServerProcess:
+def asyncrl_server(
+    model: str,
+    *args: str,
+    port: int | None = None,
+    startup_timeout_s: float = 120.0,
+    log_path: str | None = None,
+    wait: bool = True,
+    env: dict | None = None,
+    host: str = "127.0.0.1",
+) -> ServerProcess:
     """``asyncrl serve --model MODEL ARGS`` on ``host`` (healthy when this returns, if ``wait``)."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "asyncrl.server", "--model", model, "--host", host, "--port", str(port), *args]
@@ -114,32 +132,76 @@ token-in/token-out ``/inference/v1/generate`` (``--enable-scale-out``) and log-p
 are sampled from (``processed_logprobs``: after temperature/top-k/top-p). On the CPU also ``--enforce-eager``
 and float32."""
 
-VLLM_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false"}
+VLLM_ENV = {
+    "VLLM_SERVER_DEV_MODE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 """Environment of a vLLM-CPU server: the dev-mode routes (``/pause``, ``/resume``, ``/collective_rpc``,
 ``/update_weight_version``) and a 1 GiB KV cache."""
 
 
-def vllm_server(python: str, model: str, *args: str, port: int | None = None, threads: int = 1,
-                max_model_len: int = 512, startup_timeout_s: float = 300.0, log_path: str | None = None,
-                wait: bool = True, env: dict | None = None, dtype: str = "float32",
-                host: str = "127.0.0.1", on_gpu: bool | None = None) -> ServerProcess:
+def vllm_server(
+    python: str,
+    model: str,
+    *args: str,
+    port: int | None = None,
+    threads: int = 1,
+    max_model_len: int = 512,
+    startup_timeout_s: float = 300.0,
+    log_path: str | None = None,
+    wait: bool = True,
+    env: dict | None = None,
+    dtype: str = "float32",
+    host: str = "127.0.0.1",
+    on_gpu: bool | None = None,
+) -> ServerProcess:
     """A vLLM OpenAI server (``python`` is the interpreter of its environment) with ``VLLM_FLAGS`` on ``host``;
     on the CPU (``on_gpu`` False; None: whether ``env`` names GPUs) eager, with ``threads`` threads."""
     port = port or free_port()
     on_gpu = bool((env or {}).get("CUDA_VISIBLE_DEVICES")) if on_gpu is None else on_gpu
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host, "--port",
-           str(port), "--max-model-len", str(max_model_len), "--dtype", dtype, *VLLM_FLAGS,
-           *([] if on_gpu else ["--enforce-eager"]), *args]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        "--dtype",
+        dtype,
+        *VLLM_FLAGS,
+        *([] if on_gpu else ["--enforce-eager"]),
+        *args,
+    ]
     env = {**VLLM_ENV, "OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})}
     return ServerProcess(cmd, f"http://{host}:{port}", startup_timeout_s, env=env, log_path=log_path, wait=wait)
 
 
-def sglang_server(python: str, model: str, *args: str, port: int | None = None, startup_timeout_s: float = 600.0,
-                  log_path: str | None = None, wait: bool = True, env: dict | None = None,
-                  host: str = "127.0.0.1") -> ServerProcess:
+def sglang_server(
+    python: str,
+    model: str,
+    *args: str,
+    port: int | None = None,
+    startup_timeout_s: float = 600.0,
+    log_path: str | None = None,
+    wait: bool = True,
+    env: dict | None = None,
+    host: str = "127.0.0.1",
+) -> ServerProcess:
     """An SGLang server (``python`` is the interpreter of its environment) on ``host`` (GPU only)."""
     port = port or free_port()
     cmd = [python, "-m", "sglang.launch_server", "--model-path", model, "--host", host, "--port", str(port), *args]
-    return ServerProcess(cmd, f"http://{host}:{port}", startup_timeout_s, env={"HF_HUB_OFFLINE": "1", **(env or {})},
-                         log_path=log_path, wait=wait)
+    return ServerProcess(
+        cmd,
+        f"http://{host}:{port}",
+        startup_timeout_s,
+        env={"HF_HUB_OFFLINE": "1", **(env or {})},
+        log_path=log_path,
+        wait=wait,
+    )

@@ -33,24 +33,50 @@ KEYS = ("step_time_s", "gen_busy_frac", "trainer_wait_frac", "staleness_mean", "
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML file of overrides (as asyncrl train)")
     p.add_argument("overrides", nargs="*", help="key.sub=value overrides, as asyncrl train")
-    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
-                   help="predict each value of KEY (repeat for a grid), e.g. rollout.max_head_offpolicyness=0,1,2,4,8")
-    p.add_argument("--profile", nargs="?", const="", default=None, metavar="FILE",
-                   help="measure the costs on this machine for the configured model (a couple of minutes) and write "
-                        "them to FILE (default outputs/plan/profile.yaml)")
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="predict each value of KEY (repeat for a grid), e.g. rollout.max_head_offpolicyness=0,1,2,4,8",
+    )
+    p.add_argument(
+        "--profile",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="FILE",
+        help="measure the costs on this machine for the configured model (a couple of minutes) and write "
+        "them to FILE (default outputs/plan/profile.yaml)",
+    )
     p.add_argument("--hardware", metavar="FILE", help="a hardware profile written by --profile (or edited by hand)")
-    p.add_argument("--from-run", metavar="DIR", help="fit the costs and lengths from a run directory's metrics; with "
-                                                     "--hardware or --profile, only its workload (response lengths, "
-                                                     "prompt size, calls and tool time per episode)")
-    p.add_argument("--calls-per-episode", type=float, default=None, metavar="N",
-                   help="agent workflows: LLM calls per episode (default: what --from-run measured, else 1); tool "
-                        "latency comes from agent.options tool_latency_s / tool_latency_p99_s")
-    p.add_argument("--tool-after-last-call", action="store_true",
-                   help="agent workflows: episodes wait on a tool after their last LLM call too (e.g. a checker of "
-                        "the final answer); else tools come only between calls")
-    p.add_argument("--fresh-calls", action="store_true",
-                   help="agent workflows: each LLM call of an episode is a new conversation with the same prompt "
-                        "(retries, votes over samples); else each call continues the one before")
+    p.add_argument(
+        "--from-run",
+        metavar="DIR",
+        help="fit the costs and lengths from a run directory's metrics; with "
+        "--hardware or --profile, only its workload (response lengths, "
+        "prompt size, calls and tool time per episode)",
+    )
+    p.add_argument(
+        "--calls-per-episode",
+        type=float,
+        default=None,
+        metavar="N",
+        help="agent workflows: LLM calls per episode (default: what --from-run measured, else 1); tool "
+        "latency comes from agent.options tool_latency_s / tool_latency_p99_s",
+    )
+    p.add_argument(
+        "--tool-after-last-call",
+        action="store_true",
+        help="agent workflows: episodes wait on a tool after their last LLM call too (e.g. a checker of "
+        "the final answer); else tools come only between calls",
+    )
+    p.add_argument(
+        "--fresh-calls",
+        action="store_true",
+        help="agent workflows: each LLM call of an episode is a new conversation with the same prompt "
+        "(retries, votes over samples); else each call continues the one before",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (a list for a sweep)")
     p.add_argument("--html", metavar="FILE", help="write a page with the sweep's curves")
 
@@ -77,23 +103,36 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    rows = [{**point, **{k: getattr(p, k) for k in KEYS}, "trained_tokens_per_s": p.trained_tokens_per_s,
-             "time_for_steps_s": p.mean_step_time_s * steps, "steps": steps,
-             "staleness_hist": {str(k): v for k, v in sorted(p.staleness_hist.items())},
-             "max_staleness": p.max_staleness[-1] if p.max_staleness else None} for point, p, steps in results]
+    rows = [
+        {
+            **point,
+            **{k: getattr(p, k) for k in KEYS},
+            "trained_tokens_per_s": p.trained_tokens_per_s,
+            "time_for_steps_s": p.mean_step_time_s * steps,
+            "steps": steps,
+            "staleness_hist": {str(k): v for k, v in sorted(p.staleness_hist.items())},
+            "max_staleness": p.max_staleness[-1] if p.max_staleness else None,
+        }
+        for point, p, steps in results
+    ]
     best = recommend(rows) if len(rows) > 1 else None
     if len(inputs) > 1 and all(w == inputs[0] for w in inputs):
-        print("note: the swept settings do not change what the plan simulates (the workload and the costs are the "
-              "same in every row): costs come from one profile or run, so thread counts, ranks and servers need a "
-              "profile measured for each (`asyncrl plan --profile FILE` under those settings)", file=sys.stderr)
+        print(
+            "note: the swept settings do not change what the plan simulates (the workload and the costs are the "
+            "same in every row): costs come from one profile or run, so thread counts, ranks and servers need a "
+            "profile measured for each (`asyncrl plan --profile FILE` under those settings)",
+            file=sys.stderr,
+        )
     for row in rows if best is not None else []:
         row["recommended"] = row is best
     costs = fitted.profile.costs
     if cfg.cpu_sharing() != "fixed" and costs.train_borrow_x == 1.0:
-        print("note: this run shares the CPU's cores (cluster.cpu_split=auto), but the profile has no speedup for "
-              "the trainer's borrowed core (measured with fixed threads, or fitted from a run): the plan takes it "
-              "as 1, so a trainer-bound run will be faster than predicted; `asyncrl plan --profile` measures it",
-              file=sys.stderr)
+        print(
+            "note: this run shares the CPU's cores (cluster.cpu_split=auto), but the profile has no speedup for "
+            "the trainer's borrowed core (measured with fixed threads, or fitted from a run): the plan takes it "
+            "as 1, so a trainer-bound run will be faster than predicted; `asyncrl plan --profile` measures it",
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(rows[0] if len(rows) == 1 else rows))
     else:
@@ -134,9 +173,11 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
 
     config = Path(run_dir) / "config.yaml"
     if not (Path(run_dir) / "metrics.jsonl").is_file():
-        raise ValueError(f"--from-run {run_dir} is not a run directory: it has no metrics.jsonl (asyncrl train writes "
-                         "outputs/<experiment_name>/<trial_name>/metrics.jsonl; an asyncrl sft output cannot be "
-                         "fitted)")
+        raise ValueError(
+            f"--from-run {run_dir} is not a run directory: it has no metrics.jsonl (asyncrl train writes "
+            "outputs/<experiment_name>/<trial_name>/metrics.jsonl; an asyncrl sft output cannot be "
+            "fitted)"
+        )
     try:
         records = read_metrics(run_dir)
         saved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
@@ -144,8 +185,14 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
         raise ValueError(f"--from-run {run_dir}: {getattr(e, 'strerror', None) or e}") from None
     actor = saved.get("actor") or dataclasses.asdict(cfg.actor)
     n_samples = (saved.get("gconfig") or {}).get("n_samples", cfg.gconfig.n_samples)
-    return fit_run(records, cfg.gconfig.max_new_tokens, n_samples, name=str(run_dir),
-                   epochs=actor.get("ppo_epochs", 1), passes=no_grad_passes(actor))
+    return fit_run(
+        records,
+        cfg.gconfig.max_new_tokens,
+        n_samples,
+        name=str(run_dir),
+        epochs=actor.get("ppo_epochs", 1),
+        passes=no_grad_passes(actor),
+    )
 
 
 def _from_profile(cfg: TrainConfig, args) -> Fitted:
@@ -156,8 +203,10 @@ def _from_profile(cfg: TrainConfig, args) -> Fitted:
         return fitted
     path = Path(args.hardware) if args.hardware else DEFAULT_PROFILE
     if not path.exists():
-        raise ValueError(f"no hardware profile at {path}: measure one with `asyncrl plan --profile` (a couple of "
-                         "minutes), fit one with --from-run RUN_DIR, or name one with --hardware FILE")
+        raise ValueError(
+            f"no hardware profile at {path}: measure one with `asyncrl plan --profile` (a couple of "
+            "minutes), fit one with --from-run RUN_DIR, or name one with --hardware FILE"
+        )
     return load_fitted(path, cfg)
 
 
@@ -197,20 +246,34 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
     options = cfg.agent.options if cfg.workflow.name == "agent" else {}
     agent = cfg.workflow.name == "agent"
     return Workload(
-        batch_size=cfg.train_dataset.batch_size, n_samples=cfg.gconfig.n_samples,
-        max_staleness=cfg.rollout.max_head_offpolicyness, staleness_limit=cfg.rollout.max_staleness_limit,
-        prompt_tokens=fitted.prompt_tokens, lengths=dataclasses.replace(fitted.lengths, cap=cfg.gconfig.max_new_tokens),
-        max_slots=cfg.rollout.max_slots, engines=1 if backend.kind == "local" else max(1, backend.dp),
-        max_concurrent=cfg.rollout.max_concurrent_rollouts, interrupt=cfg.rollout.interrupt_mode,
-        steps=min(cfg.total_train_steps, SIMULATED_STEPS), eval_every=cfg.evaluator.freq_steps,
-        save_every=cfg.saver.freq_steps, epochs=cfg.actor.ppo_epochs,
+        batch_size=cfg.train_dataset.batch_size,
+        n_samples=cfg.gconfig.n_samples,
+        max_staleness=cfg.rollout.max_head_offpolicyness,
+        staleness_limit=cfg.rollout.max_staleness_limit,
+        prompt_tokens=fitted.prompt_tokens,
+        lengths=dataclasses.replace(fitted.lengths, cap=cfg.gconfig.max_new_tokens),
+        max_slots=cfg.rollout.max_slots,
+        engines=1 if backend.kind == "local" else max(1, backend.dp),
+        max_concurrent=cfg.rollout.max_concurrent_rollouts,
+        interrupt=cfg.rollout.interrupt_mode,
+        steps=min(cfg.total_train_steps, SIMULATED_STEPS),
+        eval_every=cfg.evaluator.freq_steps,
+        save_every=cfg.saver.freq_steps,
+        epochs=cfg.actor.ppo_epochs,
         recompute=no_grad_passes(dataclasses.asdict(cfg.actor)),
         calls_per_episode=max(1.0, fitted.calls_per_episode) if agent else 1,
-        tool=ToolLatency(float(options.get("tool_latency_s", fitted.tool_s)),
-                         float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))))
-        if agent else ToolLatency(), tool_after_last=agent and fitted.tool_after_last,
+        tool=ToolLatency(
+            float(options.get("tool_latency_s", fitted.tool_s)),
+            float(options.get("tool_latency_p99_s", options.get("tool_latency_s", fitted.tool_s))),
+        )
+        if agent
+        else ToolLatency(),
+        tool_after_last=agent and fitted.tool_after_last,
         fresh_calls=agent and fitted.fresh_calls,
-        reward_workers=max(1, cfg.reward.workers), cpu_split=cfg.cpu_sharing(), seed=cfg.seed)
+        reward_workers=max(1, cfg.reward.workers),
+        cpu_split=cfg.cpu_sharing(),
+        seed=cfg.seed,
+    )
 
 
 def measure_profile(cfg: TrainConfig) -> Fitted:
@@ -219,18 +282,23 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
 
     from asyncrl.cluster.cores import CoreShare, process_cores
     from asyncrl.data.config import dataset_from_config
-    from asyncrl.launch.build import context_len
+    from asyncrl.launch.shape import context_len
     from asyncrl.models.hf import check_model_dir, load_model, load_tokenizer
-    from asyncrl.weights.publish import build_publisher
     from asyncrl.reward import reward_function
     from asyncrl.reward.base import call_reward
     from asyncrl.trainer import build_trainer
+    from asyncrl.weights.publish import build_publisher
 
     path = check_model_dir(cfg.model.path)
     tokenizer, model = load_tokenizer(path), load_model(path)
     max_len = context_len(cfg.rollout, model.config.max_position_embeddings, cfg.gconfig.max_new_tokens)
-    data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset, tokenizer=tokenizer,
-                               default_max_prompt_tokens=max_len - cfg.gconfig.max_new_tokens)
+    data = dataset_from_config(
+        cfg.task,
+        cfg.train_dataset,
+        cfg.valid_dataset,
+        tokenizer=tokenizer,
+        default_max_prompt_tokens=max_len - cfg.gconfig.max_new_tokens,
+    )
     items = list(itertools.islice(data.train, 32))
     prompts = [it["prompt_ids"] for it in items]
     fn = reward_function(cfg.reward, data.reward_fn)
@@ -239,9 +307,16 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
     one_pass = dataclasses.replace(cfg.actor, ppo_epochs=1, ppo_n_minibatches=1, ref_model="none", kl_ctl=0.0)
 
     def make_trainer(m):
-        return build_trainer(one_pass, m, model_path=path, temperature=cfg.gconfig.temperature, autocast_dtype=None,
-                             max_new_tokens=cfg.gconfig.max_new_tokens, top_p=cfg.gconfig.top_p,
-                             top_k=cfg.gconfig.top_k)
+        return build_trainer(
+            one_pass,
+            m,
+            model_path=path,
+            temperature=cfg.gconfig.temperature,
+            autocast_dtype=None,
+            max_new_tokens=cfg.gconfig.max_new_tokens,
+            top_p=cfg.gconfig.top_p,
+            top_k=cfg.gconfig.top_k,
+        )
 
     def publish(state_dict, version):
         from asyncrl.engine.local import LocalEngine
@@ -259,17 +334,31 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
         torch.save(torch.optim.AdamW(m.parameters()).state_dict(), Path(directory) / "trainer.pt")
 
     engine_threads, trainer_threads, trainer_most = cfg.rollout.threads, cfg.actor.threads, 0
-    if cfg.cpu_sharing() != "fixed":  # each side's share while both work, and the trainer's most (asyncrl.cluster.cores)
+    if (
+        cfg.cpu_sharing() != "fixed"
+    ):  # each side's share while both work, and the trainer's most (asyncrl.cluster.cores)
         share = CoreShare(process_cores())
         engine_threads, trainer_threads, trainer_most = share.engine_threads(), share.trainer_threads(), share.most
-    return measure(model, tokenizer, prompts, max_slots=cfg.rollout.max_slots, max_len=max_len,
-                   max_new_tokens=cfg.gconfig.max_new_tokens, n_samples=cfg.gconfig.n_samples,
-                   temperature=cfg.gconfig.temperature, stop_token_ids=(tokenizer.eos_token_id,),
-                   engine_threads=engine_threads, trainer_threads=trainer_threads, trainer_most=trainer_most,
-                   make_trainer=make_trainer,
-                   publish=publish if cfg.rollout.placement.kind == "local" else None,
-                   reward=lambda text: call_reward(fn, items[0], text), save=save,
-                   eval_items=cfg.valid_dataset.size, name=cfg.model.path)
+    return measure(
+        model,
+        tokenizer,
+        prompts,
+        max_slots=cfg.rollout.max_slots,
+        max_len=max_len,
+        max_new_tokens=cfg.gconfig.max_new_tokens,
+        n_samples=cfg.gconfig.n_samples,
+        temperature=cfg.gconfig.temperature,
+        stop_token_ids=(tokenizer.eos_token_id,),
+        engine_threads=engine_threads,
+        trainer_threads=trainer_threads,
+        trainer_most=trainer_most,
+        make_trainer=make_trainer,
+        publish=publish if cfg.rollout.placement.kind == "local" else None,
+        reward=lambda text: call_reward(fn, items[0], text),
+        save=save,
+        eval_items=cfg.valid_dataset.size,
+        name=cfg.model.path,
+    )
 
 
 def recommend(rows: list[dict]) -> dict:
@@ -287,26 +376,33 @@ def _point(row: dict) -> str:
 
 
 def render_table(rows: list[dict], fitted: Fitted, best: dict | None) -> str:
-    lines = [f"costs: {fitted.profile.name} ({fitted.profile.source}); lengths {fitted.lengths.describe()}",
-             f"{'setting':<36} {'step s':>7} {'tok/s':>8} {'gen busy':>8} {'waits':>6} {'stale':>6} "
-             f"{'time for steps':>15}"]
+    lines = [
+        f"costs: {fitted.profile.name} ({fitted.profile.source}); lengths {fitted.lengths.describe()}",
+        f"{'setting':<36} {'step s':>7} {'tok/s':>8} {'gen busy':>8} {'waits':>6} {'stale':>6} {'time for steps':>15}",
+    ]
     for r in rows:
         mark = " <- recommended" if best is r else ""
-        lines.append(f"{_point(r):<36} {r['step_time_s']:>7.2f} {r['tokens_per_s']:>8.0f} {r['gen_busy_frac']:>8.0%} "
-                     f"{r['trainer_wait_frac']:>6.0%} {r['staleness_mean']:>6.2f} {r['time_for_steps_s'] / 60:>11.1f} min"
-                     f"{mark}")
+        lines.append(
+            f"{_point(r):<36} {r['step_time_s']:>7.2f} {r['tokens_per_s']:>8.0f} {r['gen_busy_frac']:>8.0%} "
+            f"{r['trainer_wait_frac']:>6.0%} {r['staleness_mean']:>6.2f} {r['time_for_steps_s'] / 60:>11.1f} min"
+            f"{mark}"
+        )
     return "\n".join(lines)
 
 
 def render_page(rows: list[dict], fitted: Fitted, best: dict | None) -> str:
     """A self-contained page: the table, and one SVG chart per predicted quantity across the sweep."""
-    charts = "".join(_svg_chart(rows, key) for key in ("step_time_s", "tokens_per_s", "gen_busy_frac",
-                                                       "trainer_wait_frac", "staleness_mean"))
+    charts = "".join(
+        _svg_chart(rows, key)
+        for key in ("step_time_s", "tokens_per_s", "gen_busy_frac", "trainer_wait_frac", "staleness_mean")
+    )
     table = html.escape(render_table(rows, fitted, best))
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in fitted.profile.notes)
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>asyncrl plan</title></head><body "
-            f"style='font-family:sans-serif;max-width:1000px;margin:auto'><h1>asyncrl plan</h1><pre>{table}</pre>"
-            f"{charts}<h2>Profile</h2><ul>{notes}</ul></body></html>")
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>asyncrl plan</title></head><body "
+        f"style='font-family:sans-serif;max-width:1000px;margin:auto'><h1>asyncrl plan</h1><pre>{table}</pre>"
+        f"{charts}<h2>Profile</h2><ul>{notes}</ul></body></html>"
+    )
 
 
 def _svg_chart(rows: list[dict], key: str, width: int = 420, height: int = 220) -> str:
@@ -316,17 +412,24 @@ def _svg_chart(rows: list[dict], key: str, width: int = 420, height: int = 220) 
     xs = [40 + i * (width - 60) / max(1, n - 1) for i in range(n)]
     ys = [height - 30 - v / top * (height - 50) for v in values]
     path = " ".join(f"{'M' if i == 0 else 'L'}{x:.1f},{y:.1f}" for i, (x, y) in enumerate(zip(xs, ys)))
-    labels = "".join(f"<text x='{x:.1f}' y='{height - 10}' font-size='10' text-anchor='middle'>"
-                     f"{html.escape(_point(r).split('=')[-1])}</text>" for x, r in zip(xs, rows))
-    dots = "".join(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3'/><text x='{x:.1f}' y='{y - 6:.1f}' font-size='10' "
-                   f"text-anchor='middle'>{v:.3g}</text>" for x, y, v in zip(xs, ys, values))
-    return (f"<figure style='display:inline-block'><svg width='{width}' height='{height}'><path d='{path}' "
-            f"fill='none' stroke='#1f77b4' stroke-width='2'/>{dots}{labels}</svg><figcaption>{key}</figcaption>"
-            "</figure>")
+    labels = "".join(
+        f"<text x='{x:.1f}' y='{height - 10}' font-size='10' text-anchor='middle'>"
+        f"{html.escape(_point(r).split('=')[-1])}</text>"
+        for x, r in zip(xs, rows)
+    )
+    dots = "".join(
+        f"<circle cx='{x:.1f}' cy='{y:.1f}' r='3'/><text x='{x:.1f}' y='{y - 6:.1f}' font-size='10' "
+        f"text-anchor='middle'>{v:.3g}</text>"
+        for x, y, v in zip(xs, ys, values)
+    )
+    return (
+        f"<figure style='display:inline-block'><svg width='{width}' height='{height}'><path d='{path}' "
+        f"fill='none' stroke='#1f77b4' stroke-width='2'/>{dots}{labels}</svg><figcaption>{key}</figcaption>"
+        "</figure>"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))
-

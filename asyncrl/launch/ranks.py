@@ -22,8 +22,8 @@ from dataclasses import fields, replace
 
 import torch
 
-from asyncrl.engine.spawn import die_with_parent
 from asyncrl.cluster.parallel import DataParallel, shard_groups
+from asyncrl.engine.spawn import die_with_parent
 from asyncrl.types import Batch
 
 log = logging.getLogger(__name__)
@@ -172,12 +172,22 @@ def spawn_ranks(cfg, world: int, port: int, resume=None) -> LocalRanks:
     fd, path = tempfile.mkstemp(prefix="asyncrl-rank-config-", suffix=".yaml")
     os.close(fd)
     configlib.dump(replace(cfg, progress_bar=False), path, mask_secrets=False)  # the ranks are this run
-    env = {**os.environ, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           RESUME_ENV: str(resume or "")}
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port)})
-    procs = [subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", "--config", path],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, preexec_fn=die_with_parent())
-             for r in range(1, world)]
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        RESUME_ENV: str(resume or ""),
+    }
+    os.environ.update(
+        {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.cli", "train", "--config", path],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            preexec_fn=die_with_parent(),
+        )
+        for r in range(1, world)
+    ]
     return LocalRanks(procs, path)
-

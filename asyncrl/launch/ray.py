@@ -22,16 +22,12 @@ driver).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import math
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +36,7 @@ import yaml
 
 from asyncrl.configlib import ConfigError
 from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV
+from asyncrl.launch.supervise import RANK_0_STOP, RANK_STOP, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +44,6 @@ FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS
 """The driver's values of these reach the trainer processes (a cluster's workers have the raylet's environment)."""
 SERVER_KINDS = ("asyncrl", "vllm", "sglang")
 POLL_S = 2.0  # how often the driver asks the ranks whether they have exited
-RANK_0_STOP = ((signal.SIGINT, 600.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0))
-"""How rank 0 is stopped: SIGINT ends its run at the next step boundary with a checkpoint (launch.signals; the
-step in hand and the save may take minutes on a large model); a second signal ends it at once."""
-RANK_STOP = ((None, 10.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0))
-"""The other ranks (they ignore SIGINT) end when rank 0 tells them to; else SIGTERM."""
 STOP_TIMEOUT_S = sum(t for _, t in RANK_0_STOP) + 20
 
 
@@ -78,13 +70,18 @@ def bundle_plan(cfg, device: str = "cpu", cpus: float | None = None) -> list[Bun
         plan.append(Bundle("trainer", rank, {"CPU": float(threads), **({"GPU": 1.0} if gpu else {})}))
     if rollout.kind in SERVER_KINDS:
         for s in range(rollout.dp):
-            plan.append(Bundle("server", s, {"CPU": float(cfg.rollout.threads),
-                                             **({"GPU": float(rollout.tp)} if gpu else {})}))
+            plan.append(
+                Bundle("server", s, {"CPU": float(cfg.rollout.threads), **({"GPU": float(rollout.tp)} if gpu else {})})
+            )
     total = sum(b.resources["CPU"] for b in plan)
     if cpus is not None and total > cpus:
         scale = cpus / total
-        plan = [dataclasses.replace(b, resources={**b.resources, "CPU": max(0.01, math.floor(
-            b.resources["CPU"] * scale * 100) / 100)}) for b in plan]
+        plan = [
+            dataclasses.replace(
+                b, resources={**b.resources, "CPU": max(0.01, math.floor(b.resources["CPU"] * scale * 100) / 100)}
+            )
+            for b in plan
+        ]
     return plan
 
 
@@ -138,8 +135,13 @@ def _connect(ray, address: str) -> bool:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     log.info("starting a local Ray with %d CPUs", cpus)
     # address="local": a new Ray even if one runs here already; the raylet reaps what a dead actor leaves
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING,
-             _system_config={"kill_child_processes_on_worker_exit_with_raylet_subreaper": True})
+    ray.init(
+        address="local",
+        num_cpus=cpus,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        _system_config={"kill_child_processes_on_worker_exit_with_raylet_subreaper": True},
+    )
     return True
 
 
@@ -188,17 +190,21 @@ class _Launch:
         try:
             self._get([self.pg.ready()], timeout)
         except TimeoutError:
-            raise ConfigError(f"launcher=ray: the placement group ({[b.resources for b in plan]}) was not placed "
-                              f"within rollout.server_startup_timeout_s={timeout:g} s on the cluster's resources "
-                              f"{resources}: lower actor.backend/rollout.backend or the threads, or add nodes"
-                              ) from None
-        actor = ray.remote(max_restarts=0)(_Process)
+            raise ConfigError(
+                f"launcher=ray: the placement group ({[b.resources for b in plan]}) was not placed "
+                f"within rollout.server_startup_timeout_s={timeout:g} s on the cluster's resources "
+                f"{resources}: lower actor.backend/rollout.backend or the threads, or add nodes"
+            ) from None
+        actor = ray.remote(max_restarts=0)(Supervisor)
         handles = []
         for i, b in enumerate(plan):
-            handles.append(actor.options(
-                num_cpus=b.resources["CPU"], num_gpus=b.resources.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-            ).remote(b.role, b.index))
+            handles.append(
+                actor.options(
+                    num_cpus=b.resources["CPU"],
+                    num_gpus=b.resources.get("GPU", 0),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+                ).remote(b.role, b.index, ray.util.get_node_ip_address)
+            )
         self.ranks = [h for h, b in zip(handles, plan) if b.role == "trainer"]
         self.servers = [h for h, b in zip(handles, plan) if b.role == "server"]
 
@@ -207,18 +213,37 @@ class _Launch:
         (master_addr, free_port), *server_nodes = self._get([h.node.remote() for h in self.ranks[:1] + self.servers])
         urls = [f"http://{ip}:{port}" for ip, port in server_nodes]
         rollout = cfg.rollout.placement
-        server_refs = [s.start_server.remote(cfg.rollout, rollout.kind, rollout.tp, self.model_path, cfg.model.dtype,
-                                             self._max_len(), cfg.seed + i, port, device == "cuda")
-                       for i, (s, (_, port)) in enumerate(zip(self.servers, server_nodes))]
+        server_refs = [
+            s.start_server.remote(
+                cfg.rollout,
+                rollout.kind,
+                rollout.tp,
+                self.model_path,
+                cfg.model.dtype,
+                self._max_len(),
+                cfg.seed + i,
+                port,
+                device == "cuda",
+            )
+            for i, (s, (_, port)) in enumerate(zip(self.servers, server_nodes))
+        ]
         env = {**self._rank_env(master_addr, cfg.cluster.master_port or free_port), RESUME_ENV: self.resume}
-        self._get([h.start_rank.remote(self._rank_config(urls if r == 0 else None, master_addr),
-                                       {**env, "RANK": str(r), RANK_ENV: str(r)}, os.getcwd())
-                   for r, h in enumerate(self.ranks)])
+        self._get(
+            [
+                h.start_rank.remote(
+                    self._rank_config(urls if r == 0 else None, master_addr),
+                    {**env, "RANK": str(r), RANK_ENV: str(r)},
+                    os.getcwd(),
+                )
+                for r, h in enumerate(self.ranks)
+            ]
+        )
         try:
             self._get(server_refs, timeout + 30)
         except (ray.exceptions.RayError, TimeoutError) as e:
-            raise ConfigError(f"rollout.backend={cfg.rollout.backend}: the inference servers did not start: "
-                              f"{_cause(e)}") from None
+            raise ConfigError(
+                f"rollout.backend={cfg.rollout.backend}: the inference servers did not start: {_cause(e)}"
+            ) from None
         if urls:
             log.info("inference servers: %s", ", ".join(urls))
         return self._wait()
@@ -247,11 +272,14 @@ class _Launch:
         last = next((ln for ln in reversed(lines) if ln.strip()), "")
         prefix = "asyncrl train: error: "
         if code == 2 and last.startswith(prefix):  # the same one line as a local run
-            return ConfigError(last[len(prefix):])
+            return ConfigError(last[len(prefix) :])
         if code in (128 + signal.SIGINT, 128 + signal.SIGTERM) and "stopped by SIG" in last:
             return StopRequested(code - 128)
-        return RuntimeError(f"launcher=ray: trainer rank {rank} exited with code {code}"
-                            + (f": {last.strip()}" if last else "") + " (its output is above)")
+        return RuntimeError(
+            f"launcher=ray: trainer rank {rank} exited with code {code}"
+            + (f": {last.strip()}" if last else "")
+            + " (its output is above)"
+        )
 
     def close(self) -> None:
         """Stop rank 0 (SIGINT: it ends the run at the next step boundary, with a checkpoint, and tells the other
@@ -287,34 +315,50 @@ class _Launch:
         cfg = self.cfg
         rollout = cfg.rollout
         if urls is not None and rollout.placement.kind in SERVER_KINDS:
-            rollout = dataclasses.replace(rollout, backend="remote", server_addrs=list(urls),
-                                          server_api=rollout.resolved_api)
-        if urls is not None and rollout.resolved_transport == "dist" and \
-                rollout.dist_master_addr in ("127.0.0.1", "localhost"):
+            rollout = dataclasses.replace(
+                rollout, backend="remote", server_addrs=list(urls), server_api=rollout.resolved_api
+            )
+        if (
+            urls is not None
+            and rollout.resolved_transport == "dist"
+            and rollout.dist_master_addr in ("127.0.0.1", "localhost")
+        ):
             rollout = dataclasses.replace(rollout, dist_master_addr=master_addr)
         from asyncrl import configlib
 
-        return yaml.safe_dump(configlib.to_dict(dataclasses.replace(cfg, rollout=rollout, progress_bar=False)),
-                              sort_keys=False)
+        return yaml.safe_dump(
+            configlib.to_dict(dataclasses.replace(cfg, rollout=rollout, progress_bar=False)), sort_keys=False
+        )
 
     def _rank_env(self, master_addr: str, port: int) -> dict:
         """The torchrun environment (one visible GPU per rank: LOCAL_RANK 0), the driver's import path (for
         reward functions and workflows named by import path) and ``FORWARDED_ENV``."""
-        paths = [p or os.getcwd() for p in sys.path
-                 if not p or not p.startswith((sys.prefix, sys.base_prefix, sys.exec_prefix))]
+        paths = [
+            p or os.getcwd()
+            for p in sys.path
+            if not p or not p.startswith((sys.prefix, sys.base_prefix, sys.exec_prefix))
+        ]
         paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
-        return {"WORLD_SIZE": str(self.cfg.actor.world_size), "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
-                "LOCAL_RANK": "0", "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
-                **{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}}
+        return {
+            "WORLD_SIZE": str(self.cfg.actor.world_size),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(port),
+            "LOCAL_RANK": "0",
+            "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+            **{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ},
+        }
 
     def _max_len(self) -> int:
         """The engines' context, as ``launch.build.RunShape`` computes it."""
         from transformers import AutoConfig
 
-        from asyncrl.launch.build import context_len
+        from asyncrl.launch.shape import context_len
 
-        return context_len(self.cfg.rollout, AutoConfig.from_pretrained(self.model_path).max_position_embeddings,
-                           self.cfg.gconfig.max_new_tokens)
+        return context_len(
+            self.cfg.rollout,
+            AutoConfig.from_pretrained(self.model_path).max_position_embeddings,
+            self.cfg.gconfig.max_new_tokens,
+        )
 
     def _run_dir(self) -> str:
         return str(Path(self.cfg.output_dir) / self.cfg.experiment_name / self.cfg.trial_name)
@@ -324,121 +368,3 @@ def _cause(e: BaseException) -> str:
     """The original error of a Ray failure, in one line."""
     cause = getattr(e, "cause", None) or e
     return f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
-
-
-# ---- the actor: one process on its node ------------------------------------------------------------------------
-class _Process:
-    """Supervises one asyncrl process (a server or a trainer rank) on the node Ray placed this actor on. Its
-    methods run one at a time in the actor's main thread, so the process it starts dies with it (the parent-death
-    signal is the starting thread's)."""
-
-    def __init__(self, role: str, index: int):
-        self.role, self.index = role, index
-        # Ray's workers ignore SIGCHLD (children reaped unasked), which makes every exit status read as 0 and is
-        # inherited by the children: the processes supervised here are waited for
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        self.server = None  # asyncrl.engine.spawn.ServerProcess
-        self.proc: subprocess.Popen | None = None
-        self.config_file: str | None = None
-        self.cwd: str | None = None
-        self.lines: collections.deque = collections.deque(maxlen=50)
-        self.reader: threading.Thread | None = None
-
-    def __repr__(self) -> str:  # the prefix of this actor's output lines on the driver
-        return f"asyncrl-{self.role}-{self.index}"
-
-    def node(self) -> tuple[str, int]:
-        """This node's address and a free port on it (rank 0's: the rendezvous; a server's: its own)."""
-        import ray
-
-        from asyncrl.engine.spawn import free_port
-
-        return ray.util.get_node_ip_address(), free_port()
-
-    def start_server(self, rollout, kind: str, tp: int, model_path: str, dtype: str, max_len: int, seed: int,
-                     port: int, on_gpu: bool = False) -> str:
-        """Start the server bound to this node's address and ``port`` (on the GPUs Ray gave this actor if
-        ``on_gpu``); its URL once it answers /health."""
-        import ray
-
-        from asyncrl.engine import _server
-        from asyncrl.models.hf import DTYPES
-
-        # the GPUs are the ones Ray gave this actor (CUDA_VISIBLE_DEVICES, inherited by the server)
-        self.server = _server(rollout, kind, tp, model_path, DTYPES[dtype], max_len, seed, (),
-                              host=ray.util.get_node_ip_address(), port=port, on_gpu=on_gpu)
-        self.server.wait_healthy()
-        return self.server.url
-
-    def start_rank(self, config_text: str, env: dict, cwd: str) -> None:
-        """Start ``asyncrl train`` with this config and environment (in ``cwd`` if this node has it)."""
-        fd, self.config_file = tempfile.mkstemp(prefix="asyncrl-ray-rank-", suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            f.write(config_text)
-        self.cwd = cwd if os.path.isdir(cwd) else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "train", "--config", self.config_file],
-                                     env={**os.environ, **env}, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, preexec_fn=_child_of_actor)
-        self.reader = threading.Thread(target=self._forward, args=(self.proc.stderr,), daemon=True)
-        self.reader.start()
-
-    def _forward(self, stream) -> None:
-        """The rank's stderr goes on to the driver (through Ray's log stream); the last lines are kept."""
-        for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            self.lines.append(line)
-            print(line, file=sys.stderr, flush=True)
-
-    def wait(self, timeout_s: float) -> int | None:
-        """The rank's exit code, or None if it still runs after ``timeout_s``."""
-        try:
-            code = self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-        if self.reader is not None:
-            self.reader.join(timeout=5)
-        return code
-
-    def tail(self) -> list[str]:
-        if self.reader is not None:
-            self.reader.join(timeout=5)
-        return list(self.lines)
-
-    def result(self, run_dir: str) -> dict:
-        """Rank 0's last metrics record (what ``train`` returned there)."""
-        from asyncrl.telemetry.metrics import read_metrics
-
-        records = read_metrics(Path(self.cwd or ".") / run_dir)
-        return records[-1] if records else {}
-
-    def stop(self, sequence=RANK_0_STOP) -> None:
-        """End the process: each (signal or None, seconds) in turn until it exits; a server: its close."""
-        if self.server is not None:
-            self.server.close()
-            self.server = None
-        proc = self.proc
-        for sig, wait_s in sequence:
-            if proc is None or proc.poll() is not None:
-                break
-            if sig is not None:
-                proc.send_signal(sig)
-            try:
-                proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                pass
-        if self.config_file is not None:
-            try:
-                os.unlink(self.config_file)
-            except OSError:
-                pass
-            self.config_file = None
-
-
-def _child_of_actor() -> None:
-    """In the child before exec: SIGINT unblocked and default (Ray's workers block it; a rank stops gracefully on
-    it) and death with the actor's thread."""
-    from asyncrl.engine.spawn import die_with_parent
-
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    die_with_parent(signal.SIGKILL)()

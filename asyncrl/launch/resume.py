@@ -21,21 +21,50 @@ from pathlib import Path
 import yaml
 
 from asyncrl import configlib
-from asyncrl.loop.checkpoint import newest_valid
 from asyncrl.configlib import ConfigError
+from asyncrl.loop.checkpoint import newest_valid
 
 log = logging.getLogger(__name__)
 
 RESUME_MODES = ("auto", "fresh")
-SETTABLE = ("output_dir", "experiment_name", "trial_name",  # where the run is, however it is spelt or moved
-            "total_train_steps", "max_train_time_s", "progress_bar", "report", "resume", "launcher", "cluster.",
-            "evaluator.", "saver.", "stats_logger.", "watchdog.", "reward.workers", "reward.timeout_s",
-            "rollout.request_timeout_s", "rollout.batch_timeout_s", "rollout.weight_sync_timeout_s",
-            "rollout.server_startup_timeout_s", "rollout.backend", "rollout.server_addrs", "rollout.server_key_env",
-            "rollout.server_api",  # the Ray launcher writes the servers it started as remote ones of their dialect
-            "rollout.threads", "rollout.weight_transport", "rollout.weight_dir", "rollout.dist_",
-            "rollout.max_failures_in_a_row", "actor.threads", "actor.backend", "actor.mb_max_tokens", "agent.timeout_s",
-            "agent.client", "agent.proxy_", "agent.admin_key")
+SETTABLE = (
+    "output_dir",
+    "experiment_name",
+    "trial_name",  # where the run is, however it is spelt or moved
+    "total_train_steps",
+    "max_train_time_s",
+    "progress_bar",
+    "report",
+    "resume",
+    "launcher",
+    "cluster.",
+    "evaluator.",
+    "saver.",
+    "stats_logger.",
+    "watchdog.",
+    "reward.workers",
+    "reward.timeout_s",
+    "rollout.request_timeout_s",
+    "rollout.batch_timeout_s",
+    "rollout.weight_sync_timeout_s",
+    "rollout.server_startup_timeout_s",
+    "rollout.backend",
+    "rollout.server_addrs",
+    "rollout.server_key_env",
+    "rollout.server_api",  # the Ray launcher writes the servers it started as remote ones of their dialect
+    "rollout.threads",
+    "rollout.weight_transport",
+    "rollout.weight_dir",
+    "rollout.dist_",
+    "rollout.max_failures_in_a_row",
+    "actor.threads",
+    "actor.backend",
+    "actor.mb_max_tokens",
+    "agent.timeout_s",
+    "agent.client",
+    "agent.proxy_",
+    "agent.admin_key",
+)
 """Keys that may change between a run and its resumption: how it is watched, stopped, placed and timed.
 Everything else (model, data, algorithm, sampling, seeds) must match."""
 
@@ -58,9 +87,11 @@ def resume_point(cfg) -> Path | None:
     differences = _differences(run_dir / "config.yaml", configlib.to_dict(cfg))
     if differences:
         shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in differences[:8])
-        raise ConfigError(f"{run_dir} holds a run with another configuration ({shown}"
-                          f"{'; ...' if len(differences) > 8 else ''}): resume it with the same keys, or set "
-                          "resume=fresh to start over (the old run is moved aside, not deleted)")
+        raise ConfigError(
+            f"{run_dir} holds a run with another configuration ({shown}"
+            f"{'; ...' if len(differences) > 8 else ''}): resume it with the same keys, or set "
+            "resume=fresh to start over (the old run is moved aside, not deleted)"
+        )
     return point
 
 
@@ -69,8 +100,11 @@ def start_fresh(run_dir: Path) -> None:
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return
     point, skipped = newest_valid(run_dir / "checkpoints")
-    why = "resume=fresh" if point is not None else "it holds no checkpoint to resume from" + (
-        f": {'; '.join(skipped)}" if skipped else "")
+    why = (
+        "resume=fresh"
+        if point is not None
+        else "it holds no checkpoint to resume from" + (f": {'; '.join(skipped)}" if skipped else "")
+    )
     aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     shutil.move(str(run_dir), str(aside))
     log.warning("starting %s afresh (%s); the previous run is kept in %s", run_dir, why, aside)
@@ -80,8 +114,9 @@ def _differences(saved: Path, current: dict) -> list[tuple[str, object, object]]
     try:
         old = yaml.safe_load(saved.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read the configuration of the run to resume, {saved}: {e}; set resume=fresh "
-                          "to start over") from e
+        raise ConfigError(
+            f"cannot read the configuration of the run to resume, {saved}: {e}; set resume=fresh to start over"
+        ) from e
     a, b = configlib.flat(old), configlib.flat(current)
     keys = sorted(set(a) | set(b))
     found = [(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k) and not k.startswith(SETTABLE)]

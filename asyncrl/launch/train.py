@@ -16,14 +16,15 @@ import signal
 from pathlib import Path
 
 from asyncrl.cluster import parallel
-from asyncrl.loop.checkpoint import read_latest, run_version
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.loop.controller import run
-from asyncrl.launch.build import assemble, build_rank_trainer
+from asyncrl.launch.build import assemble
+from asyncrl.launch.policy import build_rank_trainer
 from asyncrl.launch.ranks import RANK_ENV, RESUME_ENV, RankDied, serve_rank, spawn_ranks
 from asyncrl.launch.resume import resume_point
 from asyncrl.launch.signals import GracefulStop, StopRequested
+from asyncrl.loop.checkpoint import read_latest, run_version
+from asyncrl.loop.controller import run
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,10 @@ def train(cfg: TrainConfig) -> dict:
             except Exception as e:
                 dead = ranks.failed(grace_s=2.0) if ranks is not None else []
                 if dead:  # the collective that failed is the symptom; the rank's death is the cause
-                    raise RankDied(f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
-                                   "its last checkpoint") from e
+                    raise RankDied(
+                        f"a trainer rank died (exit status {dead[0]}); the run stops, resume it from "
+                        "its last checkpoint"
+                    ) from e
                 raise
     except StopRequested as e:
         e.checkpoint = _latest_checkpoint(run_dir) if run_dir is not None else None
@@ -93,9 +96,15 @@ def _complete(cfg: TrainConfig, resume: Path | None) -> dict | None:
     if version < cfg.total_train_steps:
         return None
     run_dir = resume.parent.parent
-    log.info("%s is complete: it trained %d of total_train_steps=%d steps, its checkpoint is %s. To train on, raise "
-             "total_train_steps; to start over, set resume=fresh (the run is moved aside, not deleted) or another "
-             "trial_name", run_dir, version, cfg.total_train_steps, resume)
+    log.info(
+        "%s is complete: it trained %d of total_train_steps=%d steps, its checkpoint is %s. To train on, raise "
+        "total_train_steps; to start over, set resume=fresh (the run is moved aside, not deleted) or another "
+        "trial_name",
+        run_dir,
+        version,
+        cfg.total_train_steps,
+        resume,
+    )
     return {"version": version, "complete": True, "run_dir": str(run_dir), "checkpoint": str(resume)}
 
 
@@ -107,8 +116,8 @@ def _latest_checkpoint(run_dir: Path) -> str | None:
 def _say_outcome(run_dir: Path) -> None:
     """Start -> end in a few lines: steps and time, reward, held-out accuracy, where the checkpoint and the report
     are."""
-    from asyncrl.telemetry.record import load_run
     from asyncrl.report.summary import summarize
+    from asyncrl.telemetry.record import load_run
 
     try:
         run = load_run(run_dir)
@@ -117,15 +126,19 @@ def _say_outcome(run_dir: Path) -> None:
         log.warning("no summary: %s", e)
         return
     last = run.steps[-1]["step"] if run.steps else 0
-    log.info("done: step %d, %.0f s of training (median step %.2f s); run directory %s", last, s.wall_s,
-             s.step_time_s, run_dir)
+    log.info(
+        "done: step %d, %.0f s of training (median step %.2f s); run directory %s",
+        last,
+        s.wall_s,
+        s.step_time_s,
+        run_dir,
+    )
     if s.reward_first is not None:
         log.info("reward %.3f -> %.3f (mean of the first and the last 5 steps)", s.reward_first, s.reward_last)
     if s.final_accuracy is not None:
         best_step = max(run.evals, key=lambda r: r["eval_accuracy"])["step"]
         start = f"{s.initial_accuracy:.3f} -> " if s.initial_accuracy is not None else ""
-        log.info("held-out accuracy %s%.3f (best %.3f at step %d)", start, s.final_accuracy, s.best_accuracy,
-                 best_step)
+        log.info("held-out accuracy %s%.3f (best %.3f at step %d)", start, s.final_accuracy, s.best_accuracy, best_step)
     checkpoint = _latest_checkpoint(run_dir)
     if checkpoint:
         log.info("checkpoint: %s (a Hugging Face directory; asyncrl eval --model %s)", checkpoint, run_dir)
@@ -145,13 +158,16 @@ def _trainer_ranks(cfg: TrainConfig, resume: Path | None):
 
         ranks = spawn_ranks(cfg, world, cfg.cluster.master_port or free_port(), resume)
     elif int(os.environ["WORLD_SIZE"]) != world:
-        raise ConfigError(f"actor.backend={cfg.actor.backend} asks for {world} ranks, but WORLD_SIZE is "
-                          f"{os.environ['WORLD_SIZE']} (torchrun --nproc-per-node must match)")
+        raise ConfigError(
+            f"actor.backend={cfg.actor.backend} asks for {world} ranks, but WORLD_SIZE is "
+            f"{os.environ['WORLD_SIZE']} (torchrun --nproc-per-node must match)"
+        )
     import torch
 
     rank = int(os.environ["RANK"])
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
-                          if cfg.cluster.resolved_device() == "cuda" else "cpu")
+    device = torch.device(
+        f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cfg.cluster.resolved_device() == "cuda" else "cpu"
+    )
     timeout = cfg.rollout.batch_timeout_s + 600  # a rank waits for rank 0's next batch at most this long
     return parallel.from_env(cfg.actor.parallel_mode, device, timeout), ranks
 

@@ -26,8 +26,9 @@ from asyncrl.loop.staleness import FixedStaleness
 from asyncrl.types import TrajectoryGroup
 
 
-def capacity(max_staleness: int, version: int, batch_size: int, accepted: int, running: int,
-             max_concurrent: int = 0) -> int:
+def capacity(
+    max_staleness: int, version: int, batch_size: int, accepted: int, running: int, max_concurrent: int = 0
+) -> int:
     """How many more groups may start now (AReaL's gate, with η = ``max_staleness``); may be negative."""
     cap = (max_staleness + version + 1) * batch_size - (accepted + running)
     if max_concurrent > 0:
@@ -62,8 +63,14 @@ class BufferSnapshot:
 class RolloutBuffer:
     """Thread-safe counters, the ready groups, and the rules that link them."""
 
-    def __init__(self, batch_size: int, max_staleness: "int | StalenessPolicy", max_concurrent: int = 0,
-                 on_change=None, clock=time.perf_counter):
+    def __init__(
+        self,
+        batch_size: int,
+        max_staleness: "int | StalenessPolicy",
+        max_concurrent: int = 0,
+        on_change=None,
+        clock=time.perf_counter,
+    ):
         self.batch_size, self.max_concurrent = batch_size, max_concurrent
         self.policy = FixedStaleness(max_staleness) if isinstance(max_staleness, int) else max_staleness
         self.max_staleness = self.policy.bound()  # η of the current version
@@ -133,7 +140,11 @@ class RolloutBuffer:
         the counters; the items that were being rolled out are admitted again like new ones."""
         with self._cv:
             self.version, self.accepted, self.rejected, self.drawn = version, accepted, rejected, drawn
-            for admit_version, group, *admitted_under in ready:  # checkpoints before the η was kept: at least the gap to now
+            for (
+                admit_version,
+                group,
+                *admitted_under,
+            ) in ready:  # checkpoints before the η was kept: at least the gap to now
                 bound = admitted_under[0] if admitted_under else max(self.max_staleness, version - admit_version)
                 ticket = Ticket(next(self._seq), admit_version, bound)
                 self._ready[ticket.seq] = (ticket, group)
@@ -210,9 +221,14 @@ class RolloutBuffer:
         """The counters; ``max_staleness``: the η the current version admits under; ``staleness_bound``: the
         largest η the last batch's groups were admitted under, which no token of that batch is older than."""
         with self._cv:
-            return {"buffer_ready": len(self._ready), "buffer_running": self.running,
-                    "groups_accepted": self.accepted, "groups_rejected": self.rejected,
-                    "max_staleness": self.max_staleness, "staleness_bound": self._taken_bound}
+            return {
+                "buffer_ready": len(self._ready),
+                "buffer_running": self.running,
+                "groups_accepted": self.accepted,
+                "groups_rejected": self.rejected,
+                "max_staleness": self.max_staleness,
+                "staleness_bound": self._taken_bound,
+            }
 
     # ---- internals (hold the lock) -----------------------------------------------------------------------
     def _capacity(self, max_staleness: int) -> int:

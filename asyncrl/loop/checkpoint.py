@@ -91,13 +91,20 @@ class Checkpointer:
         weights = self.trainer.snapshot() if background and isinstance(self.trainer, Snapshots) else None
         if weights is None:
             self.trainer.check_finite()
-            self._write(version, lambda d: self.trainer.save(d, self.tokenizer),
-                        lambda d: training_state(self.trainer, d), state)
+            self._write(
+                version,
+                lambda d: self.trainer.save(d, self.tokenizer),
+                lambda d: training_state(self.trainer, d),
+                state,
+            )
         else:
             trained = cpu_copy(training_state(self.trainer))  # the optimizer and the RNGs as they are now
-            self._writer = threading.Thread(target=self._write_in_background, name=f"checkpoint-{version}",
-                                            args=(version, lambda d: weights.save(d, self.tokenizer),
-                                                  lambda d: trained, state), daemon=True)
+            self._writer = threading.Thread(
+                target=self._write_in_background,
+                name=f"checkpoint-{version}",
+                args=(version, lambda d: weights.save(d, self.tokenizer), lambda d: trained, state),
+                daemon=True,
+            )
             self._writer.start()
         return self.dir / f"step{version}"
 
@@ -129,9 +136,13 @@ class Checkpointer:
             if state is not None:
                 torch.save(trained(tmp), tmp / TRAINER_STATE)
                 torch.save({"ready": state.ready, "inflight": state.inflight}, tmp / ROLLOUTS)
-                _write_json(tmp / RUN_STATE, {k: getattr(state, k) for k in
-                                              ("version", "drawn", "accepted", "rejected", "elapsed_s",
-                                               "timeline_s", "staleness")})
+                _write_json(
+                    tmp / RUN_STATE,
+                    {
+                        k: getattr(state, k)
+                        for k in ("version", "drawn", "accepted", "rejected", "elapsed_s", "timeline_s", "staleness")
+                    },
+                )
             _write_json(tmp / MANIFEST, manifest(tmp))
             _fsync_tree(tmp)
             if final.exists():  # the same version again (e.g. saved at the end of a resumed run)
@@ -141,11 +152,16 @@ class Checkpointer:
             _write_json(self.dir / LATEST, None, text=final.name + "\n")
         except Exception as e:  # OSError, and the writers' own errors (safetensors' SafetensorError, torch.save's
             # RuntimeError on a full disk)
-            why = "the disk is full" if _disk_full(e, tmp) else (getattr(e, "strerror", None) or
-                                                                  f"{type(e).__name__}: {e}")
+            why = (
+                "the disk is full"
+                if _disk_full(e, tmp)
+                else (getattr(e, "strerror", None) or f"{type(e).__name__}: {e}")
+            )
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"writing the checkpoint of version {version} in {self.dir} failed: {why}; "
-                                  f"the previous checkpoint ({read_latest(self.dir) or 'none'}) stays valid") from e
+            raise CheckpointError(
+                f"writing the checkpoint of version {version} in {self.dir} failed: {why}; "
+                f"the previous checkpoint ({read_latest(self.dir) or 'none'}) stays valid"
+            ) from e
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -156,8 +172,10 @@ class Checkpointer:
         """Keep the ``keep`` newest checkpoints up to the one just written; one numbered above it is left from
         before a resume (a damaged one the resume skipped, or one of steps this run trains again): it goes, or it
         would count among the newest and have the checkpoint just written pruned."""
-        steps = sorted((p for p in self.dir.glob("step[0-9]*") if p.is_dir() and p.name[4:].isdigit()),
-                       key=lambda p: int(p.name[4:]))
+        steps = sorted(
+            (p for p in self.dir.glob("step[0-9]*") if p.is_dir() and p.name[4:].isdigit()),
+            key=lambda p: int(p.name[4:]),
+        )
         ahead = [p for p in steps if self.last is not None and int(p.name[4:]) > self.last]
         kept = [p for p in steps if p not in ahead]
         for old in ahead + kept[: -self.keep]:
@@ -192,9 +210,15 @@ def _disk_full(e: BaseException, directory: Path) -> bool:
 def training_state(trainer, directory: Path | None = None) -> dict:
     """The optimizer and the RNGs, for an exact resume (FSDP ranks write their optimizer shards to
     ``directory``)."""
-    return {"trainer": trainer.training_state(None if directory is None else str(directory)), "rng": {
-        "python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+    return {
+        "trainer": trainer.training_state(None if directory is None else str(directory)),
+        "rng": {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        },
+    }
 
 
 def restore_training_state(trainer, path: Path) -> None:
@@ -235,8 +259,11 @@ def run_version(checkpoint: Path) -> int:
 
 def manifest(directory: Path) -> dict:
     """Every file under ``directory`` with its size, and the SHA-256 of its run state."""
-    files = {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
-             if p.is_file() and p.name != MANIFEST}
+    files = {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
     state = directory / RUN_STATE
     return {"files": files, RUN_STATE: _sha256(state) if state.is_file() else None}
 
@@ -279,8 +306,11 @@ def newest_valid(checkpoints: Path) -> tuple[Path | None, list[str]]:
     """The checkpoint to resume from: the newest ``stepN`` that verifies (``latest`` names it, unless the run
     was killed between the rename and ``latest``, or ``latest`` was damaged); and a line for each newer one
     skipped, with why."""
-    steps = sorted((p for p in Path(checkpoints).glob("step*") if p.is_dir() and p.name[4:].isdigit()),
-                   key=lambda p: int(p.name[4:]), reverse=True)
+    steps = sorted(
+        (p for p in Path(checkpoints).glob("step*") if p.is_dir() and p.name[4:].isdigit()),
+        key=lambda p: int(p.name[4:]),
+        reverse=True,
+    )
     skipped = []
     for step in steps:
         why = verify(step)

@@ -24,17 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from asyncrl.loop.buffer import RolloutBuffer
-from asyncrl.loop.checkpoint import CheckpointError, Checkpointer, RunState
-from asyncrl.data.collate import collate
 from asyncrl.api.engine import Engine
-from asyncrl.loop.evaluate import BackgroundEvaluator
-from asyncrl.telemetry.metrics import MetricsLogger, StepMeter
-from asyncrl.api.weights import Publisher
-from asyncrl.loop.rollout import RolloutRunner
 from asyncrl.api.staleness import StalenessPolicy
-from asyncrl.telemetry.timeline import Timeline
 from asyncrl.api.trainer import Trainer
+from asyncrl.api.weights import Publisher
+from asyncrl.data.collate import collate
+from asyncrl.loop.buffer import RolloutBuffer
+from asyncrl.loop.checkpoint import Checkpointer, CheckpointError, RunState
+from asyncrl.loop.evaluate import BackgroundEvaluator
+from asyncrl.loop.rollout import RolloutRunner
+from asyncrl.telemetry.metrics import MetricsLogger, StepMeter
+from asyncrl.telemetry.timeline import Timeline
 from asyncrl.telemetry.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,9 @@ class LoopPlan:
         return bool(self.eval_every) and version % self.eval_every == 0
 
     def save_at(self, version: int, since_last_save_s: float) -> bool:
-        return (bool(self.save_every) and version % self.save_every == 0) or \
-            (bool(self.save_every_s) and since_last_save_s >= self.save_every_s)
+        return (bool(self.save_every) and version % self.save_every == 0) or (
+            bool(self.save_every_s) and since_last_save_s >= self.save_every_s
+        )
 
     def out_of_time(self, elapsed_s: float) -> bool:
         return bool(self.max_time_s) and elapsed_s >= self.max_time_s
@@ -98,8 +99,17 @@ class Parts:
         admission counters (``RunState``)."""
         self.saved()  # the previous checkpoint is complete (or its failure said) before this one is taken
         snap = self.buffer.snapshot()
-        state = RunState(version, snap.drawn, snap.accepted, snap.rejected, self.meter.elapsed(),
-                         self.timeline.now(), snap.ready, snap.inflight, self.staleness.state())
+        state = RunState(
+            version,
+            snap.drawn,
+            snap.accepted,
+            snap.rejected,
+            self.meter.elapsed(),
+            self.timeline.now(),
+            snap.ready,
+            snap.inflight,
+            self.staleness.state(),
+        )
         self._checked(lambda: self.checkpoints.save(version, state, background=self.plan.save_in_background))
         self.meter.last_save = self.meter.elapsed()
 

@@ -14,16 +14,23 @@ import threading
 import time
 
 from asyncrl.api.engine import Engine, InlineGenerating
+from asyncrl.data.formats import item_prompt_ids
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.reward.service import item_label
 from asyncrl.types import SamplingParams, WeightUpdate
-from asyncrl.data.formats import item_prompt_ids
 
 log = logging.getLogger(__name__)
 
 
-def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: SamplingParams,
-             default: float = 0.0, success_threshold: float = 1.0) -> dict:
+def evaluate(
+    engine: Engine,
+    tokenizer,
+    items: list[dict],
+    reward_fn,
+    params: SamplingParams,
+    default: float = 0.0,
+    success_threshold: float = 1.0,
+) -> dict:
     """Generate one answer per item with ``engine`` (started: this thread waits; a local engine not started
     generates in this thread, on its torch threads) and score it.
 
@@ -46,9 +53,14 @@ def evaluate(engine: Engine, tokenizer, items: list[dict], reward_fn, params: Sa
             errors += 1
             scores.append(e.default if isinstance(e, RewardFailure) else default)
             if errors == 1:
-                log.warning("evaluation: the reward of item %s failed (%s: %s); it scores %s, and further "
-                            "failures are counted in eval_reward_errors", item_label(item), type(e).__name__, e,
-                            scores[-1])
+                log.warning(
+                    "evaluation: the reward of item %s failed (%s: %s); it scores %s, and further "
+                    "failures are counted in eval_reward_errors",
+                    item_label(item),
+                    type(e).__name__,
+                    e,
+                    scores[-1],
+                )
         lengths.append(len(c.output_ids))
     return {
         "eval_accuracy": sum(s >= success_threshold for s in scores) / len(scores),
@@ -90,10 +102,21 @@ class Evaluator:
         self.installed: int | None = None  # the version this evaluator last gave its engine
 
     @classmethod
-    def single_turn(cls, engine, weights, tokenizer, items: list[dict], reward_fn, params: SamplingParams,
-                    success_threshold: float = 1.0) -> "Evaluator":
-        evaluator = cls(engine, weights, lambda e: evaluate(e, tokenizer, items, reward_fn, params,
-                                                            success_threshold=success_threshold))
+    def single_turn(
+        cls,
+        engine,
+        weights,
+        tokenizer,
+        items: list[dict],
+        reward_fn,
+        params: SamplingParams,
+        success_threshold: float = 1.0,
+    ) -> "Evaluator":
+        evaluator = cls(
+            engine,
+            weights,
+            lambda e: evaluate(e, tokenizer, items, reward_fn, params, success_threshold=success_threshold),
+        )
         evaluator.tokenizer, evaluator.items = tokenizer, items
         return evaluator
 
@@ -125,8 +148,9 @@ class BackgroundEvaluator:
     def start(self, version: int, elapsed_s: float) -> None:
         self._join()
         self.evaluator.install(version)
-        self._thread = threading.Thread(target=self._score, args=(version, elapsed_s), daemon=True,
-                                        name=f"evaluation-{version}")
+        self._thread = threading.Thread(
+            target=self._score, args=(version, elapsed_s), daemon=True, name=f"evaluation-{version}"
+        )
         self._thread.start()
 
     def finished(self, wait: bool = False) -> list[tuple[int, float, dict]]:

@@ -32,8 +32,16 @@ class RolloutFailures(RuntimeError):
 
 
 class RolloutRunner:
-    def __init__(self, engine, buffer: RolloutBuffer, workflow, items: Iterator[dict], timeout_s: float = 600.0,
-                 accept: Callable[[TrajectoryGroup], bool] | None = None, max_failures_in_a_row: int = 16):
+    def __init__(
+        self,
+        engine,
+        buffer: RolloutBuffer,
+        workflow,
+        items: Iterator[dict],
+        timeout_s: float = 600.0,
+        accept: Callable[[TrajectoryGroup], bool] | None = None,
+        max_failures_in_a_row: int = 16,
+    ):
         self.engine, self.buffer, self.workflow, self.items = engine, buffer, workflow, items
         self.timeout_s = timeout_s
         self.accept = accept  # e.g. DAPO dynamic sampling: drop groups whose rewards are all equal
@@ -158,12 +166,17 @@ class RolloutRunner:
         kind = type(error).__name__
         if kind not in self._logged:
             self._logged.add(kind)
-            log.warning("rollout of item %s failed; the group is dropped and counted in rollout_failures "
-                        "(logged once per kind of error)", item.get("id") if isinstance(item, dict) else item,
-                        exc_info=error)
+            log.warning(
+                "rollout of item %s failed; the group is dropped and counted in rollout_failures "
+                "(logged once per kind of error)",
+                item.get("id") if isinstance(item, dict) else item,
+                exc_info=error,
+            )
         if self.failures_in_a_row >= self.max_failures_in_a_row:
-            stop = RolloutFailures(f"{self.failures_in_a_row} rollouts in a row failed "
-                                   f"(rollout.max_failures_in_a_row); the last one: {kind}: {error}")
+            stop = RolloutFailures(
+                f"{self.failures_in_a_row} rollouts in a row failed "
+                f"(rollout.max_failures_in_a_row); the last one: {kind}: {error}"
+            )
             stop.__cause__ = error
             self.buffer.fail(stop)
 
@@ -181,8 +194,10 @@ def _checked(group) -> TrajectoryGroup | None:
         if not t.prompt_ids or not t.output_ids:
             raise ValueError(f"trajectory {i} of the workflow's group has no prompt or no output tokens")
         if not len(t.output_ids) == len(t.behav_logprobs) == len(t.versions):
-            raise ValueError(f"trajectory {i}: {len(t.output_ids)} output ids, {len(t.behav_logprobs)} log-probs "
-                             f"and {len(t.versions)} versions; they must be one per output token")
+            raise ValueError(
+                f"trajectory {i}: {len(t.output_ids)} output ids, {len(t.behav_logprobs)} log-probs "
+                f"and {len(t.versions)} versions; they must be one per output token"
+            )
         if t.loss_mask is not None and (len(t.loss_mask) != len(t.output_ids) or not any(t.loss_mask)):
             raise ValueError(f"trajectory {i}: loss_mask needs one 0/1 per output token and at least one 1")
         if not isinstance(t.reward, (int, float)) or t.reward != t.reward or abs(t.reward) == float("inf"):

@@ -56,11 +56,14 @@ class FixedStaleness:
 class AutoStaleness:
     """η tuned from the accounting of the last ``window`` steps, between 0 and ``limit`` (module docstring)."""
 
-    def __init__(self, limit: int, start: int | None = None, window: int = 2, wait_high: float = 0.05,
-                 wait_low: float = 0.01):
+    def __init__(
+        self, limit: int, start: int | None = None, window: int = 2, wait_high: float = 0.05, wait_low: float = 0.01
+    ):
         if limit < 0 or window < 1 or not 0 <= wait_low <= wait_high:
-            raise ValueError(f"AutoStaleness needs limit >= 0, window >= 1 and 0 <= wait_low <= wait_high, got "
-                             f"{limit}, {window}, {wait_low}, {wait_high}")
+            raise ValueError(
+                f"AutoStaleness needs limit >= 0, window >= 1 and 0 <= wait_low <= wait_high, got "
+                f"{limit}, {window}, {wait_low}, {wait_high}"
+            )
         self.limit, self.window, self.wait_high, self.wait_low = limit, window, wait_high, wait_low
         self._max_staleness = limit if start is None else min(start, limit)  # from the limit down: speed first
         self._floor = 0  # the smallest η not known to make the trainer wait
@@ -83,18 +86,19 @@ class AutoStaleness:
         if self._skip:  # the two steps after a change train groups admitted before the new η took hold
             self._skip -= 1
             return
-        self._recent = (self._recent + [record])[-2 * self.window:]
+        self._recent = (self._recent + [record])[-2 * self.window :]
         if len(self._recent) < self.window:
             return
-        wait = _wait_share(self._recent[-self.window:])
-        gate_closed = sum(_num(r, "gate_closed_s") for r in self._recent[-self.window:])
+        wait = _wait_share(self._recent[-self.window :])
+        gate_closed = sum(_num(r, "gate_closed_s") for r in self._recent[-self.window :])
         with self._lock:
             now = self._max_staleness
             if wait > self.wait_high and gate_closed > 0 and now < self.limit:
                 self._floor = max(self._floor, now + 1)
                 self._max_staleness = raised(now, wait, self.limit)
-            elif (len(self._recent) == 2 * self.window and _wait_share(self._recent) < self.wait_low
-                  and now > self._floor):
+            elif (
+                len(self._recent) == 2 * self.window and _wait_share(self._recent) < self.wait_low and now > self._floor
+            ):
                 self._max_staleness = now - 1
             if self._max_staleness != now:  # judge the new η on a window of its own
                 self._recent, self._skip = [], 2
@@ -103,8 +107,12 @@ class AutoStaleness:
         """Where the law stands (η, the floor, the steps it is reading or skipping), so that a resumed run goes
         on from there instead of starting again at the limit."""
         with self._lock:
-            return {"max_staleness": self._max_staleness, "floor": self._floor, "skip": self._skip,
-                    "recent": [{k: _num(r, k) for k in READ} for r in self._recent]}
+            return {
+                "max_staleness": self._max_staleness,
+                "floor": self._floor,
+                "skip": self._skip,
+                "recent": [{k: _num(r, k) for k in READ} for r in self._recent],
+            }
 
     def restore(self, state: dict) -> None:
         if not state:  # a checkpoint written before η was saved: start over from the limit
@@ -113,7 +121,7 @@ class AutoStaleness:
             self._max_staleness = min(self.limit, max(0, int(state.get("max_staleness", state.get("eta", 0)))))
             self._floor = min(self._max_staleness, max(0, int(state["floor"])))
             self._skip = int(state["skip"])  # not warm: a resumed run's first step waits for generation to restart
-            self._recent = [dict(r) for r in state["recent"]][-2 * self.window:]
+            self._recent = [dict(r) for r in state["recent"]][-2 * self.window :]
 
 
 READ = ("step_time_s", "trainer_wait_s", "gate_closed_s", "trainer_eval_s", "trainer_save_s")

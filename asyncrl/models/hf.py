@@ -82,8 +82,9 @@ def is_small_model(path: str) -> bool:
         directory = Path(resolve_model_path(path))
         if not (directory / "config.json").exists() and (directory / ADAPTER_CONFIG).exists():
             base = json.loads((directory / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
-            return is_small_model(base if base.startswith(BUILTIN_PREFIX) or Path(base).exists()
-                                  else str(directory / base))
+            return is_small_model(
+                base if base.startswith(BUILTIN_PREFIX) or Path(base).exists() else str(directory / base)
+            )
         c = json.loads((directory / "config.json").read_text())
         h, layers, vocab = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
         inner = int(c.get("intermediate_size") or 4 * h)
@@ -110,13 +111,17 @@ def own_recipe(path: str, command: str) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"model.path: {file} is not JSON ({e})") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ConfigError(f"model.path: {file} must map each command to its keys and values, e.g. "
-                          '{"train": {"actor.lr": 1e-05}}')
+        raise ConfigError(
+            f'model.path: {file} must map each command to its keys and values, e.g. {{"train": {{"actor.lr": 1e-05}}}}'
+        )
     return data.get(command, {})
 
 
-SMALL_MODEL_RECIPE = {"train": {"gconfig.max_new_tokens": 64}, "eval": {"gconfig.max_new_tokens": 64},
-                      "sft": {"gconfig.max_new_tokens": 96, "actor.lr": 2e-3}}
+SMALL_MODEL_RECIPE = {
+    "train": {"gconfig.max_new_tokens": 64},
+    "eval": {"gconfig.max_new_tokens": 64},
+    "sft": {"gconfig.max_new_tokens": 96, "actor.lr": 2e-3},
+}
 """Defaults for a model under 50M parameters (asyncrl's tiny models), in place of those that suit a real model,
 for each key the user leaves unset (a file or the command line sets it otherwise)."""
 
@@ -142,8 +147,10 @@ def check_model_dir(path: str, key: str = "model.path") -> str:
         raise ConfigError(f"{key}: '{path}' is a file; give the checkpoint directory (with config.json)")
     config = resolved / "config.json"
     if not config.is_file():
-        raise ConfigError(f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory "
-                          "(save one with save_pretrained, or make one with `asyncrl init-model --out DIR`)")
+        raise ConfigError(
+            f"{key}: '{path}' has no config.json, so it is not a Hugging Face model directory "
+            "(save one with save_pretrained, or make one with `asyncrl init-model --out DIR`)"
+        )
     try:
         model_type = json.loads(config.read_text()).get("model_type")
     except (ValueError, AttributeError, UnicodeDecodeError) as e:
@@ -151,8 +158,10 @@ def check_model_dir(path: str, key: str = "model.path") -> str:
     if not model_type:
         raise ConfigError(f"{key}: {config} has no 'model_type', so no model class can be chosen for it")
     if not any((resolved / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"{key}: '{path}' has no tokenizer ({', '.join(TOKENIZER_FILES)}); save the tokenizer "
-                          "with the model (tokenizer.save_pretrained)")
+        raise ConfigError(
+            f"{key}: '{path}' has no tokenizer ({', '.join(TOKENIZER_FILES)}); save the tokenizer "
+            "with the model (tokenizer.save_pretrained)"
+        )
     return str(resolved)
 
 
@@ -163,8 +172,10 @@ def load_tokenizer(path: str):
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model.path: cannot load the tokenizer of '{path}': {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        raise ConfigError(
+            f"model.path: cannot load the tokenizer of '{path}': {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
 
 
 def architectures(path: str) -> list[str]:
@@ -187,13 +198,17 @@ def load_model(path: str, dtype: str = "float32"):
 
     path = resolve_model_path(path)
     if is_reward_model(path):
-        raise ConfigError(f"model.path: '{path}' is a reward model ({', '.join(architectures(path))}, from asyncrl rm "
-                          "say), not a language model to generate with: give its base model, or use it as reward.model")
+        raise ConfigError(
+            f"model.path: '{path}' is a reward model ({', '.join(architectures(path))}, from asyncrl rm "
+            "say), not a language model to generate with: give its base model, or use it as reward.model"
+        )
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"model.path: cannot load the model in '{path}': {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        raise ConfigError(
+            f"model.path: cannot load the model in '{path}': {type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
 
 
 def load_checkpoint(path: str, key: str = "model.path", dtype: str = "float32"):
@@ -227,8 +242,9 @@ def adapter_base(adapter_dir: Path, key: str = "model.path") -> str:
     except (OSError, ValueError, AttributeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{key}: {config} is not a readable JSON object ({e})") from None
     if not isinstance(base, str) or not base:
-        raise ConfigError(f"{key}: {config} names no base model (base_model_name_or_path); it is needed to "
-                          "evaluate the adapter")
+        raise ConfigError(
+            f"{key}: {config} names no base model (base_model_name_or_path); it is needed to evaluate the adapter"
+        )
     if not base.startswith(BUILTIN_PREFIX) and not Path(base).exists() and (adapter_dir / base).exists():
         base = str(adapter_dir / base)
     return check_model_dir(base, f"{key} (the base model of the adapter in '{adapter_dir}')")
@@ -240,13 +256,16 @@ def merge_adapter(model, adapter_dir: Path, key: str = "model.path"):
     try:
         from peft import PeftModel
     except ImportError:
-        raise ConfigError(f"{key}: '{adapter_dir}' is a LoRA adapter; loading it needs peft: pip install "
-                          "'asyncrl[lora]'") from None
+        raise ConfigError(
+            f"{key}: '{adapter_dir}' is a LoRA adapter; loading it needs peft: pip install 'asyncrl[lora]'"
+        ) from None
     try:
         return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise ConfigError(f"{key}: cannot load the LoRA adapter in '{adapter_dir}' onto its base model: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        raise ConfigError(
+            f"{key}: cannot load the LoRA adapter in '{adapter_dir}' onto its base model: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
 
 
 def tokenizer_corpus(task, n_problems: int = 20000, seed: int = 1234) -> list[str]:

@@ -8,14 +8,12 @@ beside them. Engines get merged weights: the base weights plus ``B @ A * alpha /
 from __future__ import annotations
 
 import sys
-
 from pathlib import Path
 
 import torch
 
 from asyncrl.configlib import ConfigError
 from asyncrl.models.config import TARGET_MODULES
-
 
 MERGED_DIR = "merged"
 """Where ``save_lora`` writes the merged Hugging Face export, inside the adapter's directory."""
@@ -29,8 +27,10 @@ def _peft():
     try:
         import peft
     except ImportError as e:
-        raise ConfigError(f"model.lora.rank > 0 needs peft, which is not installed ({e}); install the lora extra: "
-                          'pip install -e ".[lora]"') from None
+        raise ConfigError(
+            f"model.lora.rank > 0 needs peft, which is not installed ({e}); install the lora extra: "
+            'pip install -e ".[lora]"'
+        ) from None
     return peft
 
 
@@ -40,8 +40,13 @@ def is_lora(model) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
-def apply_lora(model, rank: int, alpha: float = 16.0, dropout: float = 0.0,
-               target_modules: list[str] | tuple[str, ...] = TARGET_MODULES):
+def apply_lora(
+    model,
+    rank: int,
+    alpha: float = 16.0,
+    dropout: float = 0.0,
+    target_modules: list[str] | tuple[str, ...] = TARGET_MODULES,
+):
     """``model`` with LoRA adapters of ``rank`` on the modules ``target_modules`` names (a ``peft`` model in which
     only the adapters train; the update is ``B @ A * alpha / rank``), or ``model`` unchanged when ``rank`` is 0.
     peft injects the adapters into ``model`` itself: take what it needs from the plain model (e.g. an engine's
@@ -51,14 +56,19 @@ def apply_lora(model, rank: int, alpha: float = 16.0, dropout: float = 0.0,
         return model
     peft = _peft()
     _check_targets(model, target_modules)
-    config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-                             bias="none", task_type="CAUSAL_LM")
+    config = peft.LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         return peft.get_peft_model(model, config)
     except (ValueError, TypeError) as e:  # e.g. a target that is not a layer type peft adapts
         why = " ".join(str(e).split())[:200] or type(e).__name__
-        raise ConfigError(f"model.lora.target_modules={list(target_modules)}: peft cannot adapt them: {why}") \
-            from None
+        raise ConfigError(f"model.lora.target_modules={list(target_modules)}: peft cannot adapt them: {why}") from None
 
 
 def _check_targets(model, targets: list[str]) -> None:
@@ -69,17 +79,23 @@ def _check_targets(model, targets: list[str]) -> None:
     for target in targets:
         matched = [m for n, m in modules if n == target or n.endswith("." + target)]
         if not matched:
-            raise ConfigError(f"model.lora.target_modules: '{target}' matches no module of {type(model).__name__} "
-                              f"(its linear layers: {linear})")
+            raise ConfigError(
+                f"model.lora.target_modules: '{target}' matches no module of {type(model).__name__} "
+                f"(its linear layers: {linear})"
+            )
         odd = next((m for m in matched if not _adaptable(m)), None)
         if odd is not None:
-            raise ConfigError(f"model.lora.target_modules: '{target}' is a {type(odd).__name__}, not a layer LoRA "
-                              f"adapts (linear, embedding, convolution); its linear layers: {linear}")
+            raise ConfigError(
+                f"model.lora.target_modules: '{target}' is a {type(odd).__name__}, not a layer LoRA "
+                f"adapts (linear, embedding, convolution); its linear layers: {linear}"
+            )
 
 
 def _adaptable(module) -> bool:
-    return isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d,
-                               torch.nn.Conv3d)) or type(module).__name__ == "Conv1D"  # transformers' GPT-2 layer
+    return (
+        isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d))
+        or type(module).__name__ == "Conv1D"
+    )  # transformers' GPT-2 layer
 
 
 def trainable_summary(model) -> dict:
@@ -127,8 +143,11 @@ def merged_state_dict(model) -> dict[str, torch.Tensor]:
 def _plus_delta(module, adapter: str, weight: torch.Tensor) -> torch.Tensor:
     """A new tensor: ``weight`` plus the adapter's ``B @ A * scaling`` (one fused ``addmm`` for a plain linear
     layer; peft's own ``get_delta_weight`` for the others: embeddings, convolutions, transposed layouts)."""
-    if adapter in module.lora_A and not getattr(module, "fan_in_fan_out", False) and \
-            isinstance(module.get_base_layer(), torch.nn.Linear):
+    if (
+        adapter in module.lora_A
+        and not getattr(module, "fan_in_fan_out", False)
+        and isinstance(module.get_base_layer(), torch.nn.Linear)
+    ):
         A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
         if A.dtype == B.dtype == weight.dtype:
             return torch.addmm(weight, B, A, alpha=module.scaling[adapter])
@@ -171,8 +190,10 @@ def load_adapter(model, path: str | Path) -> None:
         raise ValueError(f"the adapter in {file} does not fit this model's model.lora (rank and targets): {odd}")
     for key, tensor in saved.items():
         if tensor.shape != expected[key].shape:
-            raise ValueError(f"the adapter in {file} does not fit this model's model.lora: {key} has shape "
-                             f"{tuple(tensor.shape)}, expected {tuple(expected[key].shape)}")
+            raise ValueError(
+                f"the adapter in {file} does not fit this model's model.lora: {key} has shape "
+                f"{tuple(tensor.shape)}, expected {tuple(expected[key].shape)}"
+            )
     set_peft_model_state_dict(model, saved)
 
 

@@ -72,10 +72,27 @@ def _decode_points(engine: LocalEngine, prompt: list[int], batches: list[int], l
     return points
 
 
-def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_len: int, max_new_tokens: int,
-            n_samples: int, temperature: float, stop_token_ids: tuple[int, ...], engine_threads: int,
-            trainer_threads: int, make_trainer, publish=None, reward=None, save=None, eval_items: int = 0,
-            name: str = "", trainer_most: int = 0) -> Fitted:
+def measure(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    *,
+    max_slots: int,
+    max_len: int,
+    max_new_tokens: int,
+    n_samples: int,
+    temperature: float,
+    stop_token_ids: tuple[int, ...],
+    engine_threads: int,
+    trainer_threads: int,
+    make_trainer,
+    publish=None,
+    reward=None,
+    save=None,
+    eval_items: int = 0,
+    name: str = "",
+    trainer_most: int = 0,
+) -> Fitted:
     """Measure the costs on this machine. ``make_trainer(model) -> Trainer`` builds the configured trainer on a
     copy of the model; ``publish(state_dict, version) -> seconds`` is the configured transport into an engine
     (None: in process), ``reward(text) -> float`` the configured reward, ``save(model, directory)`` a checkpoint.
@@ -83,8 +100,14 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     how much faster training runs on that many threads than on its own (``Costs.train_borrow_x``). Decode is
     timed in this thread, which runs no other pool of workers at the same time (``asyncrl.cluster.cores``)."""
     torch.set_num_threads(engine_threads)
-    engine = LocalEngine(copy.deepcopy(model), max_slots=max_slots, max_len=max_len, stop_token_ids=stop_token_ids,
-                         threads=engine_threads, seed=0)
+    engine = LocalEngine(
+        copy.deepcopy(model),
+        max_slots=max_slots,
+        max_len=max_len,
+        stop_token_ids=stop_token_ids,
+        threads=engine_threads,
+        seed=0,
+    )
     prompt = prompts[0][: max(1, max_len // 4)]
     engine.generate_batch([prompt], SamplingParams(n=2, max_new_tokens=8, stop_token_ids=NO_STOP_TOKENS))  # warm
     batches = sorted({1, min(8, max_slots), min(32, max_slots), max_slots})
@@ -98,8 +121,9 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
     engine.generate_batch(sample, SamplingParams(n=1, max_new_tokens=1, stop_token_ids=NO_STOP_TOKENS))
     prefill_per_token = (engine.stats().prefill_s - before.prefill_s) / sum(len(p) for p in sample)
     # response lengths: what the model writes for these prompts at the run's sampling
-    params = SamplingParams(n=n_samples, max_new_tokens=max_new_tokens, temperature=temperature,
-                            stop_token_ids=stop_token_ids)
+    params = SamplingParams(
+        n=n_samples, max_new_tokens=max_new_tokens, temperature=temperature, stop_token_ids=stop_token_ids
+    )
     outs = engine.generate_batch(prompts[:8], params)
     lengths = [len(c.output_ids) for group in outs for c in group]
     texts = [c.output_ids for group in outs for c in group]
@@ -143,23 +167,46 @@ def measure(model, tokenizer, prompts: list[list[int]], *, max_slots: int, max_l
             t0 = time.perf_counter()
             save(model, d)
             save_s = time.perf_counter() - t0
-    costs = Costs(decode_base_s=base, decode_per_seq_s=per_seq, decode_per_ctx_s=per_ctx,
-                  prefill_per_token_s=prefill_per_token, train_base_s=train_base, train_per_token_s=train_per_token,
-                  recompute_per_token_s=train_per_token / 3, sync_s=sync, save_s=save_s, reward_s=reward_s,
-                  train_borrow_x=train_x, decode_overlap_x=decode_x, train_overlap_x=train_overlap_x)
-    costs.eval_s = eval_cost(costs, eval_items, max_slots, int(statistics.mean(len(p) for p in prompts)),
-                             statistics.mean(lengths) if lengths else max_new_tokens)
-    notes = [f"decode steps measured at batch sizes {batches} and {steps} new tokens ({len(points)} points)",
-             f"prefill over {len(sample)} prompts; training on batches of real prompt lengths and the sampled "
-             f"response lengths; engine {engine_threads} thread(s), trainer {trainer_threads}, each alone",
-             f"response lengths: {len(lengths)} samples of {min(8, len(prompts))} prompts at temperature {temperature}",
-             f"side by side (each in its own thread): decode steps of {max_slots} sequences {decode_x:.2f}x as long "
-             f"as alone while the trainer steps, a training step {train_overlap_x:.2f}x while the engine decodes"]
+    costs = Costs(
+        decode_base_s=base,
+        decode_per_seq_s=per_seq,
+        decode_per_ctx_s=per_ctx,
+        prefill_per_token_s=prefill_per_token,
+        train_base_s=train_base,
+        train_per_token_s=train_per_token,
+        recompute_per_token_s=train_per_token / 3,
+        sync_s=sync,
+        save_s=save_s,
+        reward_s=reward_s,
+        train_borrow_x=train_x,
+        decode_overlap_x=decode_x,
+        train_overlap_x=train_overlap_x,
+    )
+    costs.eval_s = eval_cost(
+        costs,
+        eval_items,
+        max_slots,
+        int(statistics.mean(len(p) for p in prompts)),
+        statistics.mean(lengths) if lengths else max_new_tokens,
+    )
+    notes = [
+        f"decode steps measured at batch sizes {batches} and {steps} new tokens ({len(points)} points)",
+        f"prefill over {len(sample)} prompts; training on batches of real prompt lengths and the sampled "
+        f"response lengths; engine {engine_threads} thread(s), trainer {trainer_threads}, each alone",
+        f"response lengths: {len(lengths)} samples of {min(8, len(prompts))} prompts at temperature {temperature}",
+        f"side by side (each in its own thread): decode steps of {max_slots} sequences {decode_x:.2f}x as long "
+        f"as alone while the trainer steps, a training step {train_overlap_x:.2f}x while the engine decodes",
+    ]
     if trainer_most:
-        notes.append(f"the shared split: training on {trainer_most} threads {train_x:.2f}x as fast per token as on "
-                     f"{trainer_threads}")
-    return Fitted(Profile(name or "measured", costs, f"measured on {_machine()}", notes), empirical(lengths, max_new_tokens),
-                  int(statistics.mean(len(p) for p in prompts)))
+        notes.append(
+            f"the shared split: training on {trainer_most} threads {train_x:.2f}x as fast per token as on "
+            f"{trainer_threads}"
+        )
+    return Fitted(
+        Profile(name or "measured", costs, f"measured on {_machine()}", notes),
+        empirical(lengths, max_new_tokens),
+        int(statistics.mean(len(p) for p in prompts)),
+    )
 
 
 def eval_cost(costs: Costs, items: int, slots: int, prompt: int, length: float) -> float:
@@ -241,8 +288,9 @@ def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[floa
     return max(0.0, s1 - per_token * t1), per_token
 
 
-def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name: str = "",
-            epochs: int = 1, passes: int = 1) -> Fitted:
+def fit_run(
+    records: list[dict], max_new_tokens: int, group_size: int = 1, name: str = "", epochs: int = 1, passes: int = 1
+) -> Fitted:
     """Costs and lengths from a run's ``metrics.jsonl`` records (``group_size``: its samples per prompt; ``epochs``:
     its passes over each batch; ``passes``: its forward passes without a gradient a step, timed together in
     ``trainer_recompute_s``): every cost is the run's own average after its first step, which warms up
@@ -267,7 +315,6 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     prompt = max(1.0, (total("train_tokens") - response) / max(1.0, samples))
     per_token = total("trainer_fwd_bwd_s") / max(1.0, total("train_tokens") * max(1, epochs))
     recomputed = total("trainer_recompute_s") / max(1.0, total("train_tokens") * max(1, passes))  # one pass
-    last = steps[-1]
 
     def counted(key):  # a cumulative counter over the steps read; it restarts at 0 in a resumed process
         values = [before.get(key, 0) or 0] + [r.get(key, 0) or 0 for r in steps]
@@ -278,17 +325,28 @@ def fit_run(records: list[dict], max_new_tokens: int, group_size: int = 1, name:
     reward_calls = counted("reward_calls")
     # single-turn: the n samples of a prompt share one prefill; an agent's every call (a sample) prefills its own
     prefills = samples if counted("agent_calls") > 0 else samples / group_size
-    costs = Costs(decode_per_seq_s=total("gen_decode_s") / max(1.0, generated),
-                  prefill_per_token_s=total("gen_prefill_s") / max(1.0, prefills * prompt),
-                  train_base_s=(total("trainer_optim_s") + total("trainer_other_s")) / len(steps),
-                  train_per_token_s=per_token, recompute_per_token_s=recomputed or per_token / 3,
-                  sync_s=median_of("trainer_sync_s"), eval_s=median_of("trainer_eval_s"),
-                  save_s=median_of("trainer_save_s"),
-                  reward_s=total("reward_run_s") / reward_calls if reward_calls > 0 else 0.0)
-    notes = [f"fitted from {len(steps)} steps: decode {costs.decode_per_seq_s * 1e3:.3f} ms per sequence-step at the "
-             f"run's occupancy, training {per_token * 1e6:.1f} us per token + {costs.train_base_s:.3f} s per step"]
-    return Fitted(Profile(name or "fitted", costs, "fitted from a run", notes), from_records(records, max_new_tokens),
-                  int(round(prompt)), calls if calls >= 1 else 1.0, tool)
+    costs = Costs(
+        decode_per_seq_s=total("gen_decode_s") / max(1.0, generated),
+        prefill_per_token_s=total("gen_prefill_s") / max(1.0, prefills * prompt),
+        train_base_s=(total("trainer_optim_s") + total("trainer_other_s")) / len(steps),
+        train_per_token_s=per_token,
+        recompute_per_token_s=recomputed or per_token / 3,
+        sync_s=median_of("trainer_sync_s"),
+        eval_s=median_of("trainer_eval_s"),
+        save_s=median_of("trainer_save_s"),
+        reward_s=total("reward_run_s") / reward_calls if reward_calls > 0 else 0.0,
+    )
+    notes = [
+        f"fitted from {len(steps)} steps: decode {costs.decode_per_seq_s * 1e3:.3f} ms per sequence-step at the "
+        f"run's occupancy, training {per_token * 1e6:.1f} us per token + {costs.train_base_s:.3f} s per step"
+    ]
+    return Fitted(
+        Profile(name or "fitted", costs, "fitted from a run", notes),
+        from_records(records, max_new_tokens),
+        int(round(prompt)),
+        calls if calls >= 1 else 1.0,
+        tool,
+    )
 
 
 def _machine() -> str:

@@ -30,8 +30,8 @@ class Costs:
     weights ``sync_s``
     (the engines are paused for ``pause_s`` of it); an evaluation ``eval_s``, a checkpoint ``save_s``; one
     reward call ``reward_s``. Where the trainer and the engine share the CPU's cores (``cluster.cpu_split=auto``)
-    the costs above are at each side's share (``asyncrl.cluster.cores``), and the trainer runs ``train_borrow_x`` times as
-    fast while it borrows the idle engine's core (1: no gain, or not measured). Where the two run side by side on
+    the costs above are at each side's share (``asyncrl.cluster.cores``), and the trainer runs ``train_borrow_x`` times
+    as fast while it borrows the idle engine's core (1: no gain, or not measured). Where the two run side by side on
     one machine they share its memory bandwidth: decode steps take ``decode_overlap_x`` times as long while the
     trainer works, training ``train_overlap_x`` times as long while an engine decodes (1: separate devices, or
     not measured)."""
@@ -83,8 +83,12 @@ def save_profile(profile: Profile, path: str | Path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"name": profile.name, "source": profile.source, "notes": list(profile.notes),
-            "costs": dataclasses.asdict(profile.costs)}
+    data = {
+        "name": profile.name,
+        "source": profile.source,
+        "notes": list(profile.notes),
+        "costs": dataclasses.asdict(profile.costs),
+    }
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -109,8 +113,12 @@ def load_profile(path: str | Path) -> Profile:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"hardware profile {path}: costs.{k} must be a number >= 0, got {v!r}")
         costs[k] = float(v)
-    return Profile(str(data.get("name", path.stem)), Costs(**costs), str(data.get("source", "")),
-                   [str(n) for n in data.get("notes") or []])
+    return Profile(
+        str(data.get("name", path.stem)),
+        Costs(**costs),
+        str(data.get("source", "")),
+        [str(n) for n in data.get("notes") or []],
+    )
 
 
 # ---- from specifications (GPU clusters) ------------------------------------------------------------------
@@ -165,8 +173,15 @@ class Efficiency:
     interconnect: float = 0.7  # share of NIC bandwidth a weight broadcast reaches
 
 
-def spec_costs(gpu: GPU, model: ModelShape, *, engine_gpus: int, train_gpus: int, eff: Efficiency = Efficiency(),
-               reload_s: float = 2.0) -> Profile:
+def spec_costs(
+    gpu: GPU,
+    model: ModelShape,
+    *,
+    engine_gpus: int,
+    train_gpus: int,
+    eff: Efficiency = Efficiency(),
+    reload_s: float = 2.0,
+) -> Profile:
     """Costs from specifications: one engine of ``engine_gpus`` (tensor parallel) and a trainer of ``train_gpus``
     (data parallel, ZeRO/FSDP). Every number it assumes is in the profile's notes."""
     weight_bytes = 2 * model.params  # BF16
@@ -178,19 +193,29 @@ def spec_costs(gpu: GPU, model: ModelShape, *, engine_gpus: int, train_gpus: int
     train_per_token = 6 * model.params / (gpu.peak_flops * train_gpus * eff.train_mfu)
     recompute_per_token = 2 * model.params / (gpu.peak_flops * train_gpus * eff.train_mfu)
     sync = weight_bytes / (gpu.interconnect * eff.interconnect) + reload_s
-    notes = [f"{gpu.name}: {gpu.peak_flops / 1e12:.0f} TFLOP/s dense BF16, {gpu.memory_bandwidth / 1e12:.2f} TB/s HBM, "
-             f"{gpu.interconnect / 1e9:.0f} GB/s NIC per GPU",
-             f"model: {model.params / 1e9:.2f}B parameters, {model.layers} layers, {model.kv_heads} KV heads x "
-             f"{model.head_dim}: {model.kv_bytes_per_token / 1e3:.1f} kB of KV cache per token (BF16)",
-             f"engine: {engine_gpus} GPU(s), tensor parallel; decode reads every weight and the whole KV cache each "
-             f"step at {eff.decode_bandwidth:.0%} of HBM bandwidth, plus {eff.decode_step_overhead_s * 1e3:.1f} ms a step",
-             f"prefill and the per-sequence decode FLOPs at {eff.prefill_mfu:.0%} of peak",
-             f"trainer: {train_gpus} GPU(s) at {eff.train_mfu:.0%} MFU (6 FLOPs per parameter per token; +2 to "
-             "recompute the proximal policy)",
-             f"weight sync: BF16 weights over the NIC at {eff.interconnect:.0%} + {reload_s:.1f} s for the engines to "
-             "load them"]
-    costs = Costs(decode_base_s=decode_base, decode_per_seq_s=decode_per_seq, decode_per_ctx_s=decode_per_ctx,
-                  prefill_per_token_s=prefill_per_token, train_per_token_s=train_per_token,
-                  recompute_per_token_s=recompute_per_token, sync_s=sync, pause_s=sync)
-    return Profile(f"{gpu.name} ({engine_gpus}-GPU engines, {train_gpus} training GPUs)", costs,
-                   f"spec: {gpu.name}", notes)
+    notes = [
+        f"{gpu.name}: {gpu.peak_flops / 1e12:.0f} TFLOP/s dense BF16, {gpu.memory_bandwidth / 1e12:.2f} TB/s HBM, "
+        f"{gpu.interconnect / 1e9:.0f} GB/s NIC per GPU",
+        f"model: {model.params / 1e9:.2f}B parameters, {model.layers} layers, {model.kv_heads} KV heads x "
+        f"{model.head_dim}: {model.kv_bytes_per_token / 1e3:.1f} kB of KV cache per token (BF16)",
+        f"engine: {engine_gpus} GPU(s), tensor parallel; decode reads every weight and the whole KV cache each "
+        f"step at {eff.decode_bandwidth:.0%} of HBM bandwidth, plus {eff.decode_step_overhead_s * 1e3:.1f} ms a step",
+        f"prefill and the per-sequence decode FLOPs at {eff.prefill_mfu:.0%} of peak",
+        f"trainer: {train_gpus} GPU(s) at {eff.train_mfu:.0%} MFU (6 FLOPs per parameter per token; +2 to "
+        "recompute the proximal policy)",
+        f"weight sync: BF16 weights over the NIC at {eff.interconnect:.0%} + {reload_s:.1f} s for the engines to "
+        "load them",
+    ]
+    costs = Costs(
+        decode_base_s=decode_base,
+        decode_per_seq_s=decode_per_seq,
+        decode_per_ctx_s=decode_per_ctx,
+        prefill_per_token_s=prefill_per_token,
+        train_per_token_s=train_per_token,
+        recompute_per_token_s=recompute_per_token,
+        sync_s=sync,
+        pause_s=sync,
+    )
+    return Profile(
+        f"{gpu.name} ({engine_gpus}-GPU engines, {train_gpus} training GPUs)", costs, f"spec: {gpu.name}", notes
+    )

@@ -37,7 +37,8 @@ class Lengths:
 
     def describe(self) -> str:
         if self.kind == "empirical":
-            return f"empirical ({len(self.values)} measured lengths, mean {sum(self.values) / max(1, len(self.values)):.0f})"
+            mean = sum(self.values) / max(1, len(self.values))
+            return f"empirical ({len(self.values)} measured lengths, mean {mean:.0f})"
         if self.kind == "lognormal":
             return f"log-normal: median {self.median:g}, p99 {self.p99:g} tokens, at most {self.cap}"
         return f"{min(self.cap, int(self.median))} tokens each"
@@ -69,6 +70,6 @@ def from_records(records: list[dict], cap: int) -> Lengths:
     # a log-normal's mean is median * exp(sigma^2 / 2): solve for the median given the mean and the p99
     sigma = 0.0
     for _ in range(50):
-        median = mean / math.exp(sigma ** 2 / 2)
+        median = mean / math.exp(sigma**2 / 2)
         sigma = max(1e-3, math.log(top / median) / Z99)
-    return long_tail(mean / math.exp(sigma ** 2 / 2), top, cap)
+    return long_tail(mean / math.exp(sigma**2 / 2), top, cap)

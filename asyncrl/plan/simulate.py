@@ -17,7 +17,8 @@ What it simulates, as the system does it:
 - the trainer: takes B groups as soon as the buffer's rule allows, trains (``train_s`` of their tokens, times
   ``epochs``, plus the proximal recompute when asked), publishes (``sync_s``), raises the version, evaluates and
   saves when due;
-- the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cluster.cores`` shares them: the engine keeps its share;
+- the CPU's cores (``cpu_split``): fixed, or shared as ``asyncrl.cluster.cores`` shares them: the engine keeps its
+share;
   the trainer looks before each micro-batch of ``shared_mb_tokens`` and runs ``train_borrow_x`` times as fast
   while every engine is idle; alternating (η = 0): always as fast;
 - the memory bandwidth the two share on one machine: an engine's decode steps are ``decode_overlap_x`` times as
@@ -38,9 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from asyncrl.loop.buffer import RolloutBuffer
+from asyncrl.loop.staleness import AutoStaleness, FixedStaleness
 from asyncrl.plan.costs import Costs
 from asyncrl.plan.lengths import Z99, Lengths, fixed
-from asyncrl.loop.staleness import AutoStaleness, FixedStaleness
 
 
 @dataclass(frozen=True)
@@ -107,13 +108,20 @@ class Prediction:
     step_times: list[float]
 
     def to_dict(self) -> dict:
-        return {"steps": self.steps, "total_s": self.total_s, "step_time_s": self.step_time_s,
-                "mean_step_time_s": self.mean_step_time_s, "steady_step_time_s": self.steady_step_time_s,
-                "gen_busy_frac": self.gen_busy_frac,
-                "trainer_wait_frac": self.trainer_wait_frac, "staleness_mean": self.staleness_mean,
-                "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-                "tokens_per_s": self.tokens_per_s, "trained_tokens_per_s": self.trained_tokens_per_s,
-                "max_staleness": self.max_staleness}
+        return {
+            "steps": self.steps,
+            "total_s": self.total_s,
+            "step_time_s": self.step_time_s,
+            "mean_step_time_s": self.mean_step_time_s,
+            "steady_step_time_s": self.steady_step_time_s,
+            "gen_busy_frac": self.gen_busy_frac,
+            "trainer_wait_frac": self.trainer_wait_frac,
+            "staleness_mean": self.staleness_mean,
+            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "tokens_per_s": self.tokens_per_s,
+            "trained_tokens_per_s": self.trained_tokens_per_s,
+            "max_staleness": self.max_staleness,
+        }
 
 
 # ---- the pieces --------------------------------------------------------------------------------------------
@@ -235,7 +243,12 @@ class _Engine:
                 for s, n in zip(finished, self.gen[done].tolist()):
                     s.versions[self.version] += n
                 keep = self.rem > 0
-                self.seqs, self.rem, self.ctx, self.gen = self.seqs[keep], self.rem[keep], self.ctx[keep], self.gen[keep]
+                self.seqs, self.rem, self.ctx, self.gen = (
+                    self.seqs[keep],
+                    self.rem[keep],
+                    self.ctx[keep],
+                    self.gen[keep],
+                )
                 self.load -= len(finished)
                 for s in finished:
                     s.request.open -= 1
@@ -251,8 +264,11 @@ class Simulation:
         self.rng = random.Random(workload.seed)
         self._events: list = []
         self._seq = itertools.count()
-        policy = (AutoStaleness(workload.staleness_limit) if workload.max_staleness == "auto"
-                  else FixedStaleness(int(workload.max_staleness)))
+        policy = (
+            AutoStaleness(workload.staleness_limit)
+            if workload.max_staleness == "auto"
+            else FixedStaleness(int(workload.max_staleness))
+        )
         self.policy = policy
         self.buffer = RolloutBuffer(workload.batch_size, policy, workload.max_concurrent, clock=lambda: self.t)
         self.engines = [_Engine(self, i) for i in range(workload.engines)]
@@ -389,17 +405,23 @@ class Simulation:
         # the trainer's work after the sync, an evaluation and a checkpoint, is in the next step's record, as the
         # loop's account books it (auto η does not read a step spent mostly on them)
         away = self.away
-        self.away = {"trainer_eval_s": self.costs.eval_s if self.w.eval_every and self.version % self.w.eval_every == 0
-                     else 0.0,
-                     "trainer_save_s": self.costs.save_s if self.w.save_every and self.version % self.w.save_every == 0
-                     else 0.0}
+        self.away = {
+            "trainer_eval_s": self.costs.eval_s if self.w.eval_every and self.version % self.w.eval_every == 0 else 0.0,
+            "trainer_save_s": self.costs.save_s if self.w.save_every and self.version % self.w.save_every == 0 else 0.0,
+        }
         extra = sum(self.away.values())
         for e in self.engines:
             e.pending = self.version
         self.buffer.set_version(self.version)
         gate = self.buffer.gate_closed_s()
-        record = {"step": self.version, "step_time_s": self.t - self.last_record, "trainer_wait_s": self.wait_s,
-                  "gate_closed_s": gate - self.last_gate, "max_staleness": self.buffer.max_staleness, **away}
+        record = {
+            "step": self.version,
+            "step_time_s": self.t - self.last_record,
+            "trainer_wait_s": self.wait_s,
+            "gate_closed_s": gate - self.last_gate,
+            "max_staleness": self.buffer.max_staleness,
+            **away,
+        }
         self.steps.append(record)
         self.policy.observe(record)
         self.last_record, self.last_gate, self.wait_s = self.t, gate, 0.0
@@ -421,15 +443,20 @@ class Simulation:
         later = times[1:] or times
         tokens = sum(self.hist.values())
         return Prediction(
-            steps=len(steps), total_s=wall, step_time_s=statistics.median(later) if later else 0.0,
+            steps=len(steps),
+            total_s=wall,
+            step_time_s=statistics.median(later) if later else 0.0,
             mean_step_time_s=sum(later) / len(later) if later else 0.0,
-            steady_step_time_s=statistics.mean(times[len(times) // 2:]) if times else 0.0,
+            steady_step_time_s=statistics.mean(times[len(times) // 2 :]) if times else 0.0,
             gen_busy_frac=min(1.0, sum(e.busy_s for e in self.engines) / len(self.engines) / wall),
             trainer_wait_frac=sum(r["trainer_wait_s"] for r in steps) / wall,
             staleness_mean=sum(k * v for k, v in self.hist.items()) / tokens if tokens else 0.0,
-            staleness_hist=dict(self.hist), tokens_per_s=sum(e.tokens for e in self.engines) / wall,
-            trained_tokens_per_s=self.trained_tokens / wall, max_staleness=[r["max_staleness"] for r in steps],
-            step_times=times)
+            staleness_hist=dict(self.hist),
+            tokens_per_s=sum(e.tokens for e in self.engines) / wall,
+            trained_tokens_per_s=self.trained_tokens / wall,
+            max_staleness=[r["max_staleness"] for r in steps],
+            step_times=times,
+        )
 
 
 def _faster(x: float, borrowing: bool) -> float:

@@ -21,10 +21,34 @@ until a figure is drawn.
 from asyncrl.report.cli import main
 from asyncrl.report.page import PLOTS_DIR, REPORT_FILE, render_html, write_report
 from asyncrl.report.plots import Figure, pyplot, render_figures
+from asyncrl.report.summary import (
+    RunSummary,
+    gen_rates,
+    staleness_histogram,
+    summarize,
+    time_to_target,
+    trainer_breakdown,
+)
 from asyncrl.telemetry.record import GenSample, ReportError, Run, Span, load_run
-from asyncrl.report.summary import (RunSummary, gen_rates, staleness_histogram, summarize, time_to_target,
-                                    trainer_breakdown)
 
-__all__ = ["PLOTS_DIR", "REPORT_FILE", "Figure", "GenSample", "ReportError", "Run", "RunSummary", "Span",
-           "gen_rates", "load_run", "main", "pyplot", "render_figures", "render_html", "staleness_histogram",
-           "summarize", "time_to_target", "trainer_breakdown", "write_report"]
+__all__ = [
+    "PLOTS_DIR",
+    "REPORT_FILE",
+    "Figure",
+    "GenSample",
+    "ReportError",
+    "Run",
+    "RunSummary",
+    "Span",
+    "gen_rates",
+    "load_run",
+    "main",
+    "pyplot",
+    "render_figures",
+    "render_html",
+    "staleness_histogram",
+    "summarize",
+    "time_to_target",
+    "trainer_breakdown",
+    "write_report",
+]

@@ -15,8 +15,11 @@ PROG = "asyncrl report"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", help="a run directory written by asyncrl train (holds metrics.jsonl), or the "
-                                        "output directory of asyncrl sft or asyncrl rm")
+    parser.add_argument(
+        "run_dir",
+        help="a run directory written by asyncrl train (holds metrics.jsonl), or the "
+        "output directory of asyncrl sft or asyncrl rm",
+    )
     parser.add_argument("--out", help=f"HTML file to write (default RUN_DIR/{REPORT_FILE})")
 
 

@@ -15,7 +15,7 @@ from asyncrl.telemetry.verdict import Verdict, diagnose, diagnose_sft
 
 PROG = "asyncrl diagnose"
 SFT_METRICS = "sft_metrics.jsonl"
-MACHINE_FILE = "machine.json"  # where a run ran: written by asyncrl.launch.build.write_machine, read here
+MACHINE_FILE = "machine.json"  # where a run ran: written by asyncrl.launch.rundir.write_machine, read here
 
 
 def run_settings(run) -> dict:
@@ -23,11 +23,17 @@ def run_settings(run) -> dict:
     auto split applied (the built-in engine in the process, one trainer rank, the CPU), as the run's
     ``machine.json`` says. Runs from before that file: read from config.yaml, where ``cluster.device=auto`` counts as
     the CPU on a machine without a GPU."""
-    settings = {name: run.setting(key) for name, key in (("max_staleness", "rollout.max_head_offpolicyness"),
-                                                        ("n_samples", "gconfig.n_samples"),
-                                                        ("max_new_tokens", "gconfig.max_new_tokens"),
-                                                        ("workers", "reward.workers"),
-                                                        ("lr", "actor.lr")) if run.setting(key) is not None}
+    settings = {
+        name: run.setting(key)
+        for name, key in (
+            ("max_staleness", "rollout.max_head_offpolicyness"),
+            ("n_samples", "gconfig.n_samples"),
+            ("max_new_tokens", "gconfig.max_new_tokens"),
+            ("workers", "reward.workers"),
+            ("lr", "actor.lr"),
+        )
+        if run.setting(key) is not None
+    }
     settings["eval_background"] = bool(run.setting("evaluator.background"))
     settings["save_background"] = bool(run.setting("saver.background"))
     transport, backend = run.setting("rollout.weight_transport"), run.setting("rollout.backend") or "local"

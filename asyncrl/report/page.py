@@ -7,11 +7,11 @@ import base64
 import html
 from pathlib import Path
 
-from asyncrl.report.plots import Figure, render_figures
-from asyncrl.telemetry.record import Run, finite, load_run
-from asyncrl.report.summary import RunSummary, summarize
-from asyncrl.telemetry.verdict import diagnose
 from asyncrl.report.diagnose import run_settings
+from asyncrl.report.plots import Figure, render_figures
+from asyncrl.report.summary import RunSummary, summarize
+from asyncrl.telemetry.record import Run, finite, load_run
+from asyncrl.telemetry.verdict import diagnose
 
 REPORT_FILE = "report.html"
 PLOTS_DIR = "plots"
@@ -59,24 +59,34 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 def render_html(run: Run, summary: RunSummary, figures: list[Figure]) -> str:
     title = f"asyncrl run: {html.escape(str(run.path))}"
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{title}</title><style>{STYLE}</style><script>{CHECK_SCRIPT}</script></head><body>",
         f"<h1>{title}</h1>",
         f'<div class="sub">{html.escape(_headline(run))}</div>',
-        "<h2>Verdict</h2>", _verdict(run),
-        "<h2>Summary</h2>", _summary_table(summary),
+        "<h2>Verdict</h2>",
+        _verdict(run),
+        "<h2>Summary</h2>",
+        _summary_table(summary),
     ]
     for fig in figures:
         data = base64.b64encode(fig.png).decode("ascii")
-        parts += [f'<h2 id="{fig.name}">{html.escape(fig.title)}</h2>',
-                  (f'<img class="plot" id="plot-{fig.name}" alt="{html.escape(fig.title)}" '
-                   f'src="data:image/png;base64,{data}">'),
-                  f'<p class="caption">{html.escape(fig.caption)}</p>']
+        parts += [
+            f'<h2 id="{fig.name}">{html.escape(fig.title)}</h2>',
+            (
+                f'<img class="plot" id="plot-{fig.name}" alt="{html.escape(fig.title)}" '
+                f'src="data:image/png;base64,{data}">'
+            ),
+            f'<p class="caption">{html.escape(fig.caption)}</p>',
+        ]
     if run.samples:
         parts += ["<h2>Sample generations</h2>", _samples(run.samples)]
     config = (run.path / "config.yaml").read_text() if (run.path / "config.yaml").is_file() else "(no config.yaml)"
-    parts += ["<h2>Configuration</h2>",
-              f"<details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>", "</body></html>"]
+    parts += [
+        "<h2>Configuration</h2>",
+        f"<details><summary>config.yaml</summary><pre>{html.escape(config)}</pre></details>",
+        "</body></html>",
+    ]
     return "\n".join(parts)
 
 
@@ -89,12 +99,19 @@ def _samples(samples: list[dict]) -> str:
     the prompt and the completion."""
     steps = sorted({r.get("step", 0) for r in samples})
     shown = sorted({steps[0], steps[len(steps) // 2], steps[-1]})[:SAMPLE_STEPS]
-    rows = ["<table><tr><th>step</th><th>reward</th><th>stale</th><th>versions</th><th>prompt</th>"
-            "<th>completion</th></tr>"]
+    rows = [
+        "<table><tr><th>step</th><th>reward</th><th>stale</th><th>versions</th><th>prompt</th><th>completion</th></tr>"
+    ]
     for r in (r for r in samples if r.get("step") in shown):
         versions = f"{r.get('version_min')}-{r.get('version_max')}"
-        cells = [r.get("step"), _fmt(r.get("reward")), r.get("staleness"), versions, r.get("prompt", "")[-300:],
-                 f"{r.get('completion', '')} [{r.get('finish_reason', '')}]"]
+        cells = [
+            r.get("step"),
+            _fmt(r.get("reward")),
+            r.get("staleness"),
+            versions,
+            r.get("prompt", "")[-300:],
+            f"{r.get('completion', '')} [{r.get('finish_reason', '')}]",
+        ]
         rows.append("<tr>" + "".join(f"<td><pre>{html.escape(str(c))}</pre></td>" for c in cells) + "</tr>")
     return "".join(rows) + "</table>"
 
@@ -106,10 +123,15 @@ def _verdict(run: Run) -> str:
 
 
 def _headline(run: Run) -> str:
-    keys = [("model", "model.path"), ("η", "rollout.max_head_offpolicyness"),
-            ("batch", "train_dataset.batch_size"), ("samples/prompt", "gconfig.n_samples"),
-            ("loss", "actor.policy_loss"), ("interrupt", "rollout.interrupt_mode"),
-            ("threads", "actor.threads")]
+    keys = [
+        ("model", "model.path"),
+        ("η", "rollout.max_head_offpolicyness"),
+        ("batch", "train_dataset.batch_size"),
+        ("samples/prompt", "gconfig.n_samples"),
+        ("loss", "actor.policy_loss"),
+        ("interrupt", "rollout.interrupt_mode"),
+        ("threads", "actor.threads"),
+    ]
     return " · ".join(f"{label} {run.setting(key)}" for label, key in keys if run.setting(key) is not None)
 
 
@@ -118,14 +140,26 @@ def _summary_table(s: RunSummary) -> str:
     rows = [
         ("training steps", f"{s.steps}"),
         ("training wall time", f"{s.wall_s:.1f} s (median step {s.step_time_s:.2f} s)"),
-        ("held-out accuracy (start → end, best)",
-         f"{_fmt(s.initial_accuracy)} → {_fmt(s.final_accuracy)} (best {_fmt(s.best_accuracy)})"),
+        (
+            "held-out accuracy (start → end, best)",
+            f"{_fmt(s.initial_accuracy)} → {_fmt(s.final_accuracy)} (best {_fmt(s.best_accuracy)})",
+        ),
         ("batch reward (first 5 → last 5 steps)", f"{_fmt(s.reward_first)} → {_fmt(s.reward_last)}"),
-        ("generation", (f"{s.gen_tokens_per_s:.0f} tokens/s ({s.gen_tokens_per_busy_s:.0f} while busy); "
-                        f"generator idle {s.generator_idle_frac:.0%}")),
+        (
+            "generation",
+            (
+                f"{s.gen_tokens_per_s:.0f} tokens/s ({s.gen_tokens_per_busy_s:.0f} while busy); "
+                f"generator idle {s.generator_idle_frac:.0%}"
+            ),
+        ),
         ("trainer thread (timeline)", ", ".join(f"{k} {v:.0%}" for k, v in s.trainer_breakdown.items()) or "-"),
-        ("training", (f"{s.train_tokens_per_s:.0f} tokens/s while training, {s.trained_tokens_per_wall_s:.0f} "
-                      f"per wall second; trainer waiting {s.trainer_idle_frac:.0%}, evaluating {s.eval_frac:.0%}")),
+        (
+            "training",
+            (
+                f"{s.train_tokens_per_s:.0f} tokens/s while training, {s.trained_tokens_per_wall_s:.0f} "
+                f"per wall second; trainer waiting {s.trainer_idle_frac:.0%}, evaluating {s.eval_frac:.0%}"
+            ),
+        ),
         ("staleness", f"max {s.staleness_max}, mean {s.staleness_mean:.2f}; histogram ({s.staleness_unit}) {hist}"),
     ]
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)

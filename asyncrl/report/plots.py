@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from asyncrl.cache import writable_dir
-from asyncrl.telemetry.record import SPAN_KINDS, ReportError, Run, Span, finite
 from asyncrl.report.summary import gen_rates, ratio, staleness_histogram
+from asyncrl.telemetry.record import SPAN_KINDS, ReportError, Run, Span, finite
 
 SPAN_COLORS = dict(zip(SPAN_KINDS, ("#d9d9d9", "#1f77b4", "#d62728", "#2ca02c", "#9467bd")))
 GEN_COLOR = "#ff7f0e"
@@ -51,8 +51,7 @@ def plot_learning(run: Run, plt) -> bytes:
         ax.plot(sx, sy, color="#1f77b4", alpha=0.35, lw=1, label="batch reward")
         if len(sy) >= 5:
             ax.plot(sx, _rolling(sy, 5), color="#1f77b4", lw=2, label="batch reward (5-step mean)")
-        ax.plot(*series(run.evals, xkey, "eval_accuracy"), "o-", color="#2ca02c", lw=2, ms=4,
-                label="held-out accuracy")
+        ax.plot(*series(run.evals, xkey, "eval_accuracy"), "o-", color="#2ca02c", lw=2, ms=4, label="held-out accuracy")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("reward / accuracy")
@@ -70,8 +69,14 @@ def plot_staleness(run: Run, plt) -> bytes:
     if any("max_staleness" in r for r in steps):  # η of each step (an auto η moves)
         ax.step(*series(steps, "step", "max_staleness"), where="mid", color="k", ls="--", lw=1, label="η")
         if any(r.get("staleness_bound", r.get("max_staleness")) != r.get("max_staleness") for r in steps):
-            ax.step(*series(steps, "step", "staleness_bound"), where="mid", color="k", ls=":", lw=1,
-                    label="bound (η its groups were admitted under)")
+            ax.step(
+                *series(steps, "step", "staleness_bound"),
+                where="mid",
+                color="k",
+                ls=":",
+                lw=1,
+                label="bound (η its groups were admitted under)",
+            )
     elif isinstance(max_staleness, int):
         ax.axhline(max_staleness, color="k", ls="--", lw=1, label=f"η = {max_staleness}")
     ax.set_xlabel("training step")
@@ -92,8 +97,9 @@ def plot_throughput(run: Run, plt) -> bytes:
     steps = run.steps
     tools = tool_waits(steps)  # agentic runs: how many episodes were waiting on tools, on average, per step
     rows = 3 if tools[0] else 2
-    fig, axes = plt.subplots(rows, 1, figsize=(11, 4.6 + 1.6 * (rows - 2)), sharex=True,
-                             gridspec_kw={"height_ratios": [2, 1, 1][:rows]})
+    fig, axes = plt.subplots(
+        rows, 1, figsize=(11, 4.6 + 1.6 * (rows - 2)), sharex=True, gridspec_kw={"height_ratios": [2, 1, 1][:rows]}
+    )
     ax, bx = axes[0], axes[1]
     if tools[0]:
         axes[2].plot(*tools, color="#9467bd", label="episodes waiting on tools (mean over the step)")
@@ -102,8 +108,9 @@ def plot_throughput(run: Run, plt) -> bytes:
         axes[2].grid(alpha=0.3)
         axes[2].legend(loc="best", fontsize=8)
     ax.plot(*series(steps, "elapsed_s", "gen_tokens_per_s"), color=GEN_COLOR, label="generated tokens/s")
-    ax.plot(*series(steps, "elapsed_s", "train_tokens_per_s"), color="#1f77b4",
-            label="trained tokens/s (while training)")
+    ax.plot(
+        *series(steps, "elapsed_s", "train_tokens_per_s"), color="#1f77b4", label="trained tokens/s (while training)"
+    )
     ax.set_ylabel("tokens/s")
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
@@ -133,8 +140,16 @@ def plot_timeline(run: Run, plt) -> bytes:
             if bars:
                 ax.broken_barh(bars, (1.1, 0.8), facecolors=color, label=f"trainer: {kind}")
         if t0:
-            ax.bar(t0, [b * 0.8 for b in busy], width=[b - a for a, b in zip(t0, t1)], bottom=0.1, align="edge",
-                   color=GEN_COLOR, linewidth=0, label="generator busy (bar height = fraction)")
+            ax.bar(
+                t0,
+                [b * 0.8 for b in busy],
+                width=[b - a for a, b in zip(t0, t1)],
+                bottom=0.1,
+                align="edge",
+                color=GEN_COLOR,
+                linewidth=0,
+                label="generator busy (bar height = fraction)",
+            )
         ax.set_yticks([0.5, 1.5])
         ax.set_yticklabels(["generator", "trainer"])
         ax.set_ylim(0, 2)
@@ -150,18 +165,42 @@ def plot_timeline(run: Run, plt) -> bytes:
 
 
 FIGURES = [
-    ("learning", "Reward and held-out accuracy", plot_learning,
-     ("Mean reward of each trained batch (its samples came from older policies when η > 0) and greedy "
-      "accuracy on the held-out split, against training step (left) and training wall time (right).")),
-    ("staleness", "Staleness", plot_staleness,
-     ("How many versions old the trained tokens were: per step (max and token mean), with the bound η, and "
-      "the histogram over the run.")),
-    ("throughput", "Throughput", plot_throughput,
-     ("Generated tokens/s (the engine, over each step's wall time) and trained tokens/s (while the optimizer "
-      "step ran); below, the fraction of each step the generator was busy and the trainer waited for data.")),
-    ("timeline", "Timeline", plot_timeline,
-     ("Top row of each panel: what the trainer thread did (grey = waiting for a batch). Bottom row: how busy "
-      "the generator was in each sampling interval. Overlap of blue and orange is asynchrony at work.")),
+    (
+        "learning",
+        "Reward and held-out accuracy",
+        plot_learning,
+        (
+            "Mean reward of each trained batch (its samples came from older policies when η > 0) and greedy "
+            "accuracy on the held-out split, against training step (left) and training wall time (right)."
+        ),
+    ),
+    (
+        "staleness",
+        "Staleness",
+        plot_staleness,
+        (
+            "How many versions old the trained tokens were: per step (max and token mean), with the bound η, and "
+            "the histogram over the run."
+        ),
+    ),
+    (
+        "throughput",
+        "Throughput",
+        plot_throughput,
+        (
+            "Generated tokens/s (the engine, over each step's wall time) and trained tokens/s (while the optimizer "
+            "step ran); below, the fraction of each step the generator was busy and the trainer waited for data."
+        ),
+    ),
+    (
+        "timeline",
+        "Timeline",
+        plot_timeline,
+        (
+            "Top row of each panel: what the trainer thread did (grey = waiting for a batch). Bottom row: how busy "
+            "the generator was in each sampling interval. Overlap of blue and orange is asynchrony at work."
+        ),
+    ),
 ]
 
 
@@ -221,7 +260,7 @@ def _zoom_window(spans: list[Span]) -> tuple[float, float] | None:
 
 
 def _rolling(ys: list[float], k: int) -> list[float]:
-    return [sum(ys[max(0, i - k + 1): i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(ys))]
+    return [sum(ys[max(0, i - k + 1) : i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(ys))]
 
 
 def to_png(fig, plt, tight: bool = True) -> bytes:

@@ -80,8 +80,10 @@ def summarize(run: Run, target: float | None = None, name: str | None = None) ->
         trainer_breakdown=trainer_breakdown(run.spans),
         step_time_s=_median([num(r, "step_time_s") for r in steps]),
         staleness_max=int(max((num(r, "staleness_max") for r in steps), default=0)),
-        staleness_mean=ratio(sum(num(r, "staleness_mean") * (num(r, "train_tokens") or 1) for r in steps),
-                             sum(num(r, "train_tokens") or 1 for r in steps)),
+        staleness_mean=ratio(
+            sum(num(r, "staleness_mean") * (num(r, "train_tokens") or 1) for r in steps),
+            sum(num(r, "train_tokens") or 1 for r in steps),
+        ),
         staleness_hist=hist,
         staleness_unit=unit,
         reward_first=_mean(rewards[:5]),

@@ -13,12 +13,21 @@ import logging
 from typing import Callable
 
 from asyncrl.configlib import ConfigError
-from asyncrl.reward.base import (BoundReward, MixtureReward, SourceReward, call_reward, item_fields,
-                                 load_reward_fn)
+from asyncrl.reward.base import BoundReward, MixtureReward, SourceReward, call_reward, item_fields, load_reward_fn
 from asyncrl.reward.service import RewardFailure, RewardService
 
-__all__ = ["BoundReward", "MixtureReward", "RewardFailure", "RewardService", "SourceReward", "build_reward_service",
-           "call_reward", "item_fields", "load_reward_fn", "reward_function"]
+__all__ = [
+    "BoundReward",
+    "MixtureReward",
+    "RewardFailure",
+    "RewardService",
+    "SourceReward",
+    "build_reward_service",
+    "call_reward",
+    "item_fields",
+    "load_reward_fn",
+    "reward_function",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +70,25 @@ def build_reward_service(cfg, default_fn: Callable[..., float]) -> RewardService
 
         log.info("reward.judge.serve: starting the judge %s on %s", cfg.judge.serve, cfg.judge.device)
         try:
-            server = asyncrl_server(cfg.judge.serve, "--device", cfg.judge.device, "--threads", str(cfg.judge.threads),
-                                    "--served-model-name", cfg.judge.model or "judge", startup_timeout_s=300.0)
+            server = asyncrl_server(
+                cfg.judge.serve,
+                "--device",
+                cfg.judge.device,
+                "--threads",
+                str(cfg.judge.threads),
+                "--served-model-name",
+                cfg.judge.model or "judge",
+                startup_timeout_s=300.0,
+            )
         except (RuntimeError, TimeoutError) as e:
             raise ConfigError(f"reward.judge.serve: the judge {cfg.judge.serve} did not start ({e})") from e
     try:
-        service = RewardService(reward_function(cfg, default_fn, server and server.url + "/v1"), cfg.default,
-                                timeout_s=cfg.timeout_s, workers=cfg.workers)
+        service = RewardService(
+            reward_function(cfg, default_fn, server and server.url + "/v1"),
+            cfg.default,
+            timeout_s=cfg.timeout_s,
+            workers=cfg.workers,
+        )
     except BaseException:
         if server is not None:
             server.close()

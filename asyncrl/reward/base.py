@@ -108,8 +108,12 @@ class MixtureReward:
         """``reward.fn`` and ``reward.kwargs`` applied: ``fn`` (if given) replaces the own verifier of every
         source that does not name a function, and ``kwargs`` are bound for those sources under their own
         ``reward_kwargs``. A source that names its function keeps it, with its own kwargs only."""
-        return MixtureReward({name: s if s.named else SourceReward(fn or s.fn, {**(kwargs or {}), **s.kwargs})
-                              for name, s in self.sources.items()})
+        return MixtureReward(
+            {
+                name: s if s.named else SourceReward(fn or s.fn, {**(kwargs or {}), **s.kwargs})
+                for name, s in self.sources.items()
+            }
+        )
 
     def describe(self) -> dict:
         """The constant facts of every source's function (e.g. the code reward's sandbox), merged."""

@@ -52,8 +52,8 @@ def extract_code(completion: str) -> str:
     if blocks:
         return blocks[-1]
     opened = re.search(r"```[ \t]*(?:python3?|py)?[ \t]*\n", completion)
-    if opened and "```" not in completion[opened.end():]:
-        return completion[opened.end():]
+    if opened and "```" not in completion[opened.end() :]:
+        return completion[opened.end() :]
     return completion
 
 
@@ -88,8 +88,11 @@ def _case(t: Any, fn_name: str | None, index: int) -> CodeCase:
         if not ("args" in t or "input" in t) or not ("expected" in t or "output" in t):
             raise BadTestsError(f"test {index} calls {name}() but lacks 'args'/'expected', got {sorted(t)}")
         args = t["args"] if "args" in t else t["input"]
-        return CodeCase(fn_name=name, args=tuple(args if isinstance(args, list) else [args]),
-                        expected=t["expected"] if "expected" in t else t["output"])
+        return CodeCase(
+            fn_name=name,
+            args=tuple(args if isinstance(args, list) else [args]),
+            expected=t["expected"] if "expected" in t else t["output"],
+        )
     if "input" not in t or "output" not in t:
         hint = " (a function-call test needs fn_name)" if "args" in t else ""
         raise BadTestsError(f"test {index} needs 'input' and 'output'{hint}, got {sorted(t)}")
@@ -154,7 +157,9 @@ def _non_finite(v: Any) -> bool:
 
 
 def _integer(v: Any) -> bool:
-    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, str) and INTEGER_RE.fullmatch(v) is not None)
+    return (isinstance(v, int) and not isinstance(v, bool)) or (
+        isinstance(v, str) and INTEGER_RE.fullmatch(v) is not None
+    )
 
 
 INTEGER_RE = re.compile(r"[+-]?\d+")
@@ -195,8 +200,14 @@ def case_passed(case: CodeCase, result: RunResult) -> bool:
     return values_match(got, json.loads(json.dumps(case.expected, default=repr)))
 
 
-def run_tests(code: str, cases: list[CodeCase], limits: Limits, sandbox: str = "auto",
-              stop_on_failure: bool = False, python: str | None = None) -> list[str]:
+def run_tests(
+    code: str,
+    cases: list[CodeCase],
+    limits: Limits,
+    sandbox: str = "auto",
+    stop_on_failure: bool = False,
+    python: str | None = None,
+) -> list[str]:
     """Run ``code`` on each case; one status per case: passed | failed | timeout | skipped."""
     box = get_sandbox(sandbox, python)
     statuses: list[str] = []
@@ -210,10 +221,22 @@ def run_tests(code: str, cases: list[CodeCase], limits: Limits, sandbox: str = "
     return statuses + ["skipped"] * (len(cases) - len(statuses))
 
 
-def code_reward(prompt: str, completion: str, tests: Any = None, fn_name: str | None = None, *,
-                mode: str = "fraction", cpu_s: float = 2.0, wall_s: float | None = None, memory_mb: int = 512,
-                nproc: int = 16, sandbox: str = "auto", python: str | None = None, max_tests: int = 0,
-                **_) -> float:
+def code_reward(
+    prompt: str,
+    completion: str,
+    tests: Any = None,
+    fn_name: str | None = None,
+    *,
+    mode: str = "fraction",
+    cpu_s: float = 2.0,
+    wall_s: float | None = None,
+    memory_mb: int = 512,
+    nproc: int = 16,
+    sandbox: str = "auto",
+    python: str | None = None,
+    max_tests: int = 0,
+    **_,
+) -> float:
     """Fraction of test cases the completion's program passes (``mode='fraction'``), or 1.0 only if it passes
     them all (``mode='all'``). Each case runs in its own sandbox with ``cpu_s`` of CPU time and ``wall_s``
     (default 2 x cpu_s + 1) of wall time; ``max_tests`` > 0 runs only the first that many cases.
@@ -229,8 +252,9 @@ def code_reward(prompt: str, completion: str, tests: Any = None, fn_name: str | 
     code = extract_code(completion)
     if not code.strip():
         return 0.0
-    limits = Limits(cpu_s=cpu_s, wall_s=wall_s if wall_s is not None else 2 * cpu_s + 1, memory_mb=memory_mb,
-                    nproc=nproc)
+    limits = Limits(
+        cpu_s=cpu_s, wall_s=wall_s if wall_s is not None else 2 * cpu_s + 1, memory_mb=memory_mb, nproc=nproc
+    )
     statuses = run_tests(code, cases, limits, sandbox, stop_on_failure=mode == "all", python=python)
     passed = statuses.count("passed")
     if mode == "all":

@@ -72,20 +72,31 @@ class JudgeConfig:
             try:
                 self.template.format(question="", response="", reference="")
             except (KeyError, IndexError, ValueError) as e:
-                raise ConfigError(f"reward.judge.template cannot be filled in ({type(e).__name__}: {e}): only "
-                                  "{question}, {response} and {reference} are fields; write a literal brace as {{ "
-                                  "or }}") from None
+                raise ConfigError(
+                    f"reward.judge.template cannot be filled in ({type(e).__name__}: {e}): only "
+                    "{question}, {response} and {reference} are fields; write a literal brace as {{ "
+                    "or }}"
+                ) from None
         if self.timeout_s <= 0 or self.retries < 0 or self.max_concurrency < 1 or self.max_tokens < 1:
-            raise ConfigError("reward.judge.timeout_s must be > 0, retries >= 0, max_concurrency and max_tokens "
-                              ">= 1")
+            raise ConfigError("reward.judge.timeout_s must be > 0, retries >= 0, max_concurrency and max_tokens >= 1")
 
     def build(self, url: str | None = None):
         """The ``Judge`` this section describes (``url``: a served judge's)."""
         from asyncrl.reward.judge import DEFAULT_TEMPLATE, VERDICTS, Judge
 
-        return Judge(url or self.url, self.model, self.api_key_env, self.template or DEFAULT_TEMPLATE, self.score,
-                     dict(self.verdicts or VERDICTS), self.max_tokens, 0.0, self.timeout_s, self.retries,
-                     self.max_concurrency)
+        return Judge(
+            url or self.url,
+            self.model,
+            self.api_key_env,
+            self.template or DEFAULT_TEMPLATE,
+            self.score,
+            dict(self.verdicts or VERDICTS),
+            self.max_tokens,
+            0.0,
+            self.timeout_s,
+            self.retries,
+            self.max_concurrency,
+        )
 
 
 @dataclass

@@ -33,8 +33,9 @@ def extract_gym_answer(completion: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def gym_reward(prompt: str, completion: str, gym_task: str = "", metadata: Any = None, answer: Any = None,
-               **_) -> float:
+def gym_reward(
+    prompt: str, completion: str, gym_task: str = "", metadata: Any = None, answer: Any = None, **_
+) -> float:
     """The task's score (0..1) for the completion's final answer; 0.0 when there is none."""
     if not gym_task:
         raise ValueError("gym_reward needs a 'gym_task' field on the item (the reasoning-gym task name)")

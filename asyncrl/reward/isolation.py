@@ -36,11 +36,18 @@ def isolation() -> tuple[str, list[str]]:
     global _isolation
     if _isolation is None:
         _isolation = ("subreaper", [])
-        for prefix in ((PID_NAMESPACE, USER_PID_NAMESPACE) if shutil.which("unshare") else ()):
+        for prefix in (PID_NAMESPACE, USER_PID_NAMESPACE) if shutil.which("unshare") else ():
             try:
-                ok = subprocess.run(prefix + [sys.executable, "-S", "-c", "import os; assert os.getpid() == 1"],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+                ok = (
+                    subprocess.run(
+                        prefix + [sys.executable, "-S", "-c", "import os; assert os.getpid() == 1"],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        timeout=30,
+                    ).returncode
+                    == 0
+                )
             except (OSError, subprocess.TimeoutExpired):
                 ok = False
             if ok:

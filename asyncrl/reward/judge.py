@@ -72,8 +72,9 @@ class Judge:
     max_concurrency: int = 8  # requests in flight at once from one process
 
     def prompt(self, question: str, response: str, reference: Any) -> str:
-        return self.template.format(question=question, response=response,
-                                    reference="" if reference is None else reference)
+        return self.template.format(
+            question=question, response=response, reference="" if reference is None else reference
+        )
 
     def ask(self, prompt: str) -> str:
         """The judge's answer to ``prompt`` (cached per process)."""
@@ -91,8 +92,11 @@ class Judge:
         return answer
 
     def _post(self, prompt: str) -> str:
-        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": self.max_tokens,
-                "temperature": self.temperature}
+        body = {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+        }
         if self.model:
             body["model"] = self.model
         headers = {"Content-Type": "application/json"}
@@ -126,8 +130,9 @@ class Judge:
             clauses = [re.findall(r"[a-z_]+", c) for c in re.split(r"[.;:!?,\n]", answer.lower())]
             found = [(c, i) for c, words in enumerate(clauses) for i, w in enumerate(words) if w in self.verdicts]
             if not found:
-                raise JudgeError(f"the judge's answer names none of the verdicts {sorted(self.verdicts)}: "
-                                 f"{answer[:200]!r}")
+                raise JudgeError(
+                    f"the judge's answer names none of the verdicts {sorted(self.verdicts)}: {answer[:200]!r}"
+                )
             c, i = found[-1]
             before, verdict = clauses[c][:i], clauses[c][i]
             if NEGATIONS & set(before) or NEAR_NEGATIONS & set(before[-3:]):  # "not (at all) correct" is no pass
@@ -135,16 +140,18 @@ class Judge:
             return float(self.verdicts[verdict])
         low, high = parse_range(self.score)
         labelled = re.findall(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
-        fractions = list(re.finditer(r"(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?)", answer,
-                                     flags=re.IGNORECASE))
-        after = answer[fractions[-1].end():] if fractions else ""
+        fractions = list(
+            re.finditer(r"(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
+        )
+        after = answer[fractions[-1].end() :] if fractions else ""
         if re.search(r"(?:^|[.:;!?\n])\s*-?\d+(?:\.\d+)?\W*$", after):  # "1/2 of the steps right. 9": 9
             fractions = []  # a bare score closing the answer is the score; "7/10 - it misses step 3" is 7/10
         if not labelled and fractions:  # "7/10", "3 out of 10": the numerator, if it is out of the range's top
             numerator, denominator = fractions[-1].groups()
             if float(denominator) != high:
-                raise JudgeError(f"the judge's score {numerator}/{denominator} is not out of {high:g}: "
-                                 f"{answer[:200]!r}")
+                raise JudgeError(
+                    f"the judge's score {numerator}/{denominator} is not out of {high:g}: {answer[:200]!r}"
+                )
             labelled = [numerator]
         numbers = labelled or re.findall(r"-?\d+(?:\.\d+)?", answer)
         if not numbers:
@@ -181,8 +188,9 @@ class JudgedReward:
         verified = self.verifier(prompt, completion, **fields)
         if self.combine == "abstain":
             return self.judge(prompt, completion, fields.get("answer")) if verified is None else as_reward(verified)
-        return (1 - self.weight) * as_reward(verified) + self.weight * self.judge(prompt, completion,
-                                                                                    fields.get("answer"))
+        return (1 - self.weight) * as_reward(verified) + self.weight * self.judge(
+            prompt, completion, fields.get("answer")
+        )
 
     def describe(self, **_) -> dict:
         return facts(self.verifier)

@@ -41,7 +41,7 @@ def last_boxed(text: str) -> str | None:
     boxed, fbox = text.rfind("\\boxed"), text.rfind("\\fbox")
     if max(boxed, fbox) < 0:
         return None
-    rest = text[boxed + len("\\boxed"):] if boxed > fbox else text[fbox + len("\\fbox"):]
+    rest = text[boxed + len("\\boxed") :] if boxed > fbox else text[fbox + len("\\fbox") :]
     if not rest.lstrip().startswith("{"):
         token = rest.split()
         return token[0].rstrip(".$") if rest[:1].isspace() and token else None
@@ -68,7 +68,7 @@ def final_answer(text: str) -> str | None:
         return _trim_sentence(found[-1])
     # "Final Answer: The final answer is $42$." -> the last marker; "The answer is 42. I am sure my answer is
     # right." -> the one before a last marker that only vouches for it
-    found = [_trim_sentence(text[m.end():].split("\n", 1)[0]) for m in ANSWER_IS_RE.finditer(text)]
+    found = [_trim_sentence(text[m.end() :].split("\n", 1)[0]) for m in ANSWER_IS_RE.finditer(text)]
     found = [f for f in found if f]
     while len(found) > 1 and _vouches(found[-1]):
         found.pop()
@@ -129,8 +129,9 @@ def as_number(answer: str) -> Fraction | None:
 
 def numbers_equal(a: Fraction, b: Fraction) -> bool:
     """Equal, or equal to 6 decimals and within a relative 1e-5 (0.333333 is 1/3; 2e-7 is not 3e-7, nor 4e-7 0)."""
-    return a == b or (round(a, ROUND_DIGITS) == round(b, ROUND_DIGITS)
-                      and abs(a - b) <= Fraction(1, 100_000) * max(abs(a), abs(b)))
+    return a == b or (
+        round(a, ROUND_DIGITS) == round(b, ROUND_DIGITS) and abs(a - b) <= Fraction(1, 100_000) * max(abs(a), abs(b))
+    )
 
 
 def _verify_symbolic(gold: str, pred: str | None, pred_text: str, timeout_s: int) -> bool:
@@ -161,8 +162,9 @@ def gold_answer(answer: str) -> str:
     return clean(marked if marked is not None else text)
 
 
-def math_reward(prompt: str, completion: str, answer: str | int | float | None = None, *,
-                timeout_s: int = 5, **_) -> float:
+def math_reward(
+    prompt: str, completion: str, answer: str | int | float | None = None, *, timeout_s: int = 5, **_
+) -> float:
     """1.0 if the completion's final answer equals ``answer`` (numerically or symbolically), else 0.0."""
     if answer is None or str(answer).strip() == "":
         raise ValueError("math_reward needs a non-empty 'answer' field on the item")

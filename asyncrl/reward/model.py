@@ -44,16 +44,20 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
     except (OSError, ValueError, KeyError):
         classes = []  # said below, when the model itself does not load
     if trained and classes and not any(c.endswith("ForSequenceClassification") for c in classes):
-        raise ConfigError(f"{key}: '{path}' is not a reward model (its config.json names {classes}, not a "
-                          "*ForSequenceClassification): its score head would be new and random; train one with "
-                          "asyncrl rm")
+        raise ConfigError(
+            f"{key}: '{path}' is not a reward model (its config.json names {classes}, not a "
+            "*ForSequenceClassification): its score head would be new and random; train one with "
+            "asyncrl rm"
+        )
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     except (OSError, ValueError, KeyError) as e:
-        raise ConfigError(f"{key}: cannot load a sequence-classification model from '{path}': "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        raise ConfigError(
+            f"{key}: cannot load a sequence-classification model from '{path}': "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from e
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -65,10 +69,14 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
 def scores(model, tokenizer, texts: list[str], max_length: int = 1024) -> torch.Tensor:
     """The model's score of each text, (len(texts),) float32 (with the gradient when enabled)."""
     device = next(model.parameters()).device
-    enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length,
-                    add_special_tokens=False)
-    return model(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device)
-                 ).logits[:, 0].float()
+    enc = tokenizer(
+        texts, return_tensors="pt", padding=True, truncation=True, max_length=max_length, add_special_tokens=False
+    )
+    return (
+        model(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device))
+        .logits[:, 0]
+        .float()
+    )
 
 
 class RewardModel:

@@ -93,11 +93,15 @@ class Sandbox:
     @property
     def description(self) -> str:
         """Short tag for metrics, e.g. ``bwrap+setuid+rlimits``."""
-        return "+".join([self.mechanism] + (["setuid"] if self.drop_uid else []) + (
-            ["rlimits"] if self.mechanism != "rlimits" else []))
+        return "+".join(
+            [self.mechanism]
+            + (["setuid"] if self.drop_uid else [])
+            + (["rlimits"] if self.mechanism != "rlimits" else [])
+        )
 
-    def run(self, program: str, *, stdin: str = "", call: tuple[str, list] | None = None,
-            limits: Limits = Limits()) -> RunResult:
+    def run(
+        self, program: str, *, stdin: str = "", call: tuple[str, list] | None = None, limits: Limits = Limits()
+    ) -> RunResult:
         """Run ``program`` (Python source) reading ``stdin``; with ``call=(fn_name, args)``, call that function
         of the program instead and return its JSON-encoded result in ``RunResult.returned``."""
         uid_lease = UidLease.acquire() if self.drop_uid else None
@@ -119,8 +123,13 @@ class Sandbox:
 
     def _command(self, layout: "_Layout", limits: Limits, uid: int | None, tag: str):
         """(argv, environment of the front process, its working directory) for this mechanism."""
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": layout.cwd, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-               TAG_VAR: tag}
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": layout.cwd,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            TAG_VAR: tag,
+        }
         inner = [self.python, "-I", "-S", layout.prologue, layout.spec]
         return COMMANDS[self.mechanism](layout, limits, uid, env, inner, self.python)
 
@@ -139,10 +148,35 @@ def _bwrap_command(layout, limits, uid, env, inner, python):
 
 def _unshare_command(layout, limits, uid, env, inner, python):
     """Runs as root: unshare makes the namespaces, UNSHARE_SCRIPT builds the root and drops to ``uid``."""
-    script_args = [str(layout.host_dir), str(limits.scratch_mb), _prefix_to_bind(python), str(uid or 0),
-                   *[f"{k}={v}" for k, v in env.items()], "--", *inner]
-    argv = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--mount", "--net", "--pid", "--ipc", "--uts",
-            "--fork", "--kill-child", "--", "/bin/sh", "-c", UNSHARE_SCRIPT, "sh", *script_args]
+    script_args = [
+        str(layout.host_dir),
+        str(limits.scratch_mb),
+        _prefix_to_bind(python),
+        str(uid or 0),
+        *[f"{k}={v}" for k, v in env.items()],
+        "--",
+        *inner,
+    ]
+    argv = [
+        "setpriv",
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "unshare",
+        "--mount",
+        "--net",
+        "--pid",
+        "--ipc",
+        "--uts",
+        "--fork",
+        "--kill-child",
+        "--",
+        "/bin/sh",
+        "-c",
+        UNSHARE_SCRIPT,
+        "sh",
+        *script_args,
+    ]
     return argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, str(layout.host_dir)
 
 
@@ -169,8 +203,9 @@ class _Layout:
     nonce: str
 
 
-def _prepare(host_dir: Path, program: str, stdin: str, call, limits: Limits, mechanism: str,
-             uid: int | None) -> _Layout:
+def _prepare(
+    host_dir: Path, program: str, stdin: str, call, limits: Limits, mechanism: str, uid: int | None
+) -> _Layout:
     """Write the program, the prologue and the run spec under ``host_dir/app`` (read-only to the program)."""
     app = host_dir / "app"
     app.mkdir()
@@ -195,13 +230,33 @@ def _prepare(host_dir: Path, program: str, stdin: str, call, limits: Limits, mec
     if uid is not None:  # only root and the run's private uid may enter the run directory
         os.chown(host_dir, 0, uid)
     host_dir.chmod(0o755 if uid is None else 0o750)
-    return _Layout(host_dir, f"{inside_app}/_run.py", f"{inside_app}/spec.json", cwd, host_dir / "stdin",
-                   host_dir / "stdout", host_dir / "stderr", nonce)
+    return _Layout(
+        host_dir,
+        f"{inside_app}/_run.py",
+        f"{inside_app}/spec.json",
+        cwd,
+        host_dir / "stdin",
+        host_dir / "stdout",
+        host_dir / "stderr",
+        nonce,
+    )
 
 
 def _bwrap_args(host_dir: Path, python: str, limits: Limits, env: dict) -> list[str]:
-    args = ["bwrap", "--unshare-all", "--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    args = [
+        "bwrap",
+        "--unshare-all",
+        "--as-pid-1",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for name in ROOT_LINKS:
         p = Path("/") / name
         if p.is_symlink():
@@ -212,9 +267,28 @@ def _bwrap_args(host_dir: Path, python: str, limits: Limits, env: dict) -> list[
     if prefix:
         args += ["--ro-bind", prefix, prefix]
     # /dev and /dev/shm are RAM-backed (memory RLIMIT_AS does not count): /dev read-only, /dev/shm as small as /tmp
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.scratch_mb * MB), "--tmpfs", "/dev/shm",
-             "--remount-ro", "/dev", "--ro-bind", str(host_dir / "app"), "/app",
-             "--size", str(limits.scratch_mb * MB), "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv"]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(limits.scratch_mb * MB),
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
+        "/dev",
+        "--ro-bind",
+        str(host_dir / "app"),
+        "/app",
+        "--size",
+        str(limits.scratch_mb * MB),
+        "--tmpfs",
+        "/tmp",
+        "--chdir",
+        "/tmp",
+        "--clearenv",
+    ]
     for k, v in env.items():
         args += ["--setenv", k, v]
     return args
@@ -261,10 +335,14 @@ chroot "$R" /usr/bin/env -i $ENV "$@" && exit 0 || exit $?
 # ---- running and cleaning up ---------------------------------------------------------------------------
 def _execute(argv, env, cwd, layout: _Layout, limits: Limits, new_session: bool) -> RunResult:
     t0 = time.monotonic()
-    with open(layout.stdin_path, "rb") as fin, open(layout.stdout_path, "wb") as fout, \
-            open(layout.stderr_path, "wb") as ferr:
-        proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=ferr, env=env, cwd=cwd, close_fds=True,
-                                start_new_session=new_session)
+    with (
+        open(layout.stdin_path, "rb") as fin,
+        open(layout.stdout_path, "wb") as fout,
+        open(layout.stderr_path, "wb") as ferr,
+    ):
+        proc = subprocess.Popen(
+            argv, stdin=fin, stdout=fout, stderr=ferr, env=env, cwd=cwd, close_fds=True, start_new_session=new_session
+        )
         wall_exceeded = not _wait_exit(proc, limits.wall_s)
         if wall_exceeded:
             _kill_front(proc, new_session)
@@ -275,7 +353,7 @@ def _execute(argv, env, cwd, layout: _Layout, limits: Limits, new_session: bool)
     returned = None
     for line in reversed(stdout.splitlines()):
         if line.startswith(layout.nonce):
-            returned = line[len(layout.nonce):]
+            returned = line[len(layout.nonce) :]
             stdout = stdout[: stdout.rfind(layout.nonce)].removesuffix("\n")
             break
     return RunResult(stdout, stderr, proc.returncode, timed_out, wall, returned)
@@ -338,6 +416,7 @@ def _read_capped(path: Path, cap: int) -> str:
 
 def _remove_tree(path: Path) -> None:
     """Delete a run directory even if the program made parts of it unreadable."""
+
     def fix(_fn, p, _exc):
         try:
             os.chmod(p, 0o700)
@@ -389,12 +468,15 @@ def get_sandbox(mechanism: str = "auto", python: str | None = None) -> Sandbox:
     key = (mechanism, python)
     with _detect_lock:
         if key not in _detected:
-            for name in (MECHANISMS if mechanism == "auto" else (mechanism,)):
+            for name in MECHANISMS if mechanism == "auto" else (mechanism,):
                 box = probe(name, python)
                 if box:
                     if name == "rlimits" and mechanism == "auto":
-                        log.warning("sandbox: no namespaces available (install bubblewrap); untrusted code "
-                                    "runs with rlimits%s only", " and a private uid" if box.drop_uid else "")
+                        log.warning(
+                            "sandbox: no namespaces available (install bubblewrap); untrusted code "
+                            "runs with rlimits%s only",
+                            " and a private uid" if box.drop_uid else "",
+                        )
                     _detected[key] = box
                     break
             else:

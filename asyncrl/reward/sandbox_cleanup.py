@@ -39,6 +39,7 @@ def kill_leftovers(uid: int | None, tag: str, grace_s: float = 0.05, rounds: int
     when its init exits, a moment after the front process returns, so first wait ``grace_s``; then kill:
     all processes of the private uid (``kill(-1)`` as that uid, which no fork bomb can outrun), or, without a
     private uid, every process that carries the run's tag."""
+
     def alive():
         return processes_of_uid(uid) if uid is not None else leftover_processes(tag)
 
@@ -52,8 +53,14 @@ def kill_leftovers(uid: int | None, tag: str, grace_s: float = 0.05, rounds: int
             return
         rounds -= 1
         if uid is not None:
-            subprocess.run([default_python(), "-I", "-S", "-c", "import os; os.kill(-1, 9)"], user=uid, group=uid,
-                           extra_groups=[], env={}, check=False)
+            subprocess.run(
+                [default_python(), "-I", "-S", "-c", "import os; os.kill(-1, 9)"],
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                env={},
+                check=False,
+            )
         else:
             for pid in leftover_processes(tag):
                 try:
@@ -160,8 +167,10 @@ def _check_lock_dir() -> None:
     UID_LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(UID_LOCK_DIR)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"{UID_LOCK_DIR} must be a directory owned by uid {os.geteuid()} and writable only "
-                           "by it (remove it and retry)")
+        raise RuntimeError(
+            f"{UID_LOCK_DIR} must be a directory owned by uid {os.geteuid()} and writable only "
+            "by it (remove it and retry)"
+        )
 
 
 def sweep_abandoned() -> int:

@@ -28,8 +28,8 @@ from queue import LifoQueue
 from typing import Callable
 
 from asyncrl.reward.base import call_reward, facts
-from asyncrl.reward.sandbox_cleanup import sweep_abandoned
 from asyncrl.reward.isolation import isolation, kill_descendants
+from asyncrl.reward.sandbox_cleanup import sweep_abandoned
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,13 @@ class _Worker:
         up_r, up_w = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # import what we can
         self.isolation, prefix = isolation()
-        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "asyncrl.reward.worker", str(down_r), str(up_w)],
-                                     pass_fds=(down_r, up_w), stdin=subprocess.DEVNULL, process_group=0, env=env)
+        self.proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "asyncrl.reward.worker", str(down_r), str(up_w)],
+            pass_fds=(down_r, up_w),
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            env=env,
+        )
         os.close(down_r)
         os.close(up_w)
         self._lock, self._killed = threading.Lock(), False
@@ -136,8 +141,15 @@ class RewardService:
     """Scores completions with a reward function; a failure costs one sample (the default reward), is
     counted, and is logged once. ``score`` is thread-safe; ``ascore`` awaits it from the rollout loop."""
 
-    def __init__(self, fn: Callable[..., float], default: float = 0.0, *, timeout_s: float = 30.0,
-                 workers: int = 0, threads: int = 1):
+    def __init__(
+        self,
+        fn: Callable[..., float],
+        default: float = 0.0,
+        *,
+        timeout_s: float = 30.0,
+        workers: int = 0,
+        threads: int = 1,
+    ):
         self.fn, self.default, self.timeout_s = fn, default, timeout_s
         self.held_out_fn: Callable[..., float] | None = None  # held-out answers' scorer, when not fn (a verifier)
         self.errors = self.timeouts = self.calls = self.restarts = 0
@@ -150,8 +162,11 @@ class RewardService:
         self.closing: list[Callable[[], None]] = []
         self._payload = _payload(fn) if workers > 0 else None
         if workers > 0 and self._payload is None:
-            log.warning("reward function %r cannot be pickled for worker processes; scoring in-process "
-                        "without a timeout (define it at module level to get workers)", fn)
+            log.warning(
+                "reward function %r cannot be pickled for worker processes; scoring in-process "
+                "without a timeout (define it at module level to get workers)",
+                fn,
+            )
             workers = 0
         self.workers = workers
         self._idle: LifoQueue[_Worker | None] = LifoQueue()
@@ -183,8 +198,9 @@ class RewardService:
         return self.default
 
     async def ascore(self, item: dict, completion: str) -> float:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.score, item, completion,
-                                                                time.perf_counter())
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self.score, item, completion, time.perf_counter()
+        )
 
     def eval_fn(self, prompt: str, completion: str, **fields) -> float:
         """A plain reward function that scores through the service (workers, timeout) for held-out
@@ -256,8 +272,13 @@ class RewardService:
         if first:
             what = f"timed out after {self.timeout_s}s" if kind == "timeout" else f"failed ({detail})"
             self.first_failure = self.first_failure or f"reward function {what} on item {item_label(item)}"
-            log.warning("reward function %s on item %s; using %s (counted in reward_%ss, logged once)",
-                        what, item_label(item), self.default, kind)
+            log.warning(
+                "reward function %s on item %s; using %s (counted in reward_%ss, logged once)",
+                what,
+                item_label(item),
+                self.default,
+                kind,
+            )
 
     # ---- reporting and shutdown ----------------------------------------------------------------------
     def _waited_in_calls(self) -> float:
@@ -267,9 +288,15 @@ class RewardService:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"reward_errors": self.errors, "reward_timeouts": self.timeouts, "reward_calls": self.calls,
-                    "reward_worker_restarts": self.restarts, "reward_queue_s": self.queue_s,
-                    "reward_run_s": self.run_s, **self._facts}
+            return {
+                "reward_errors": self.errors,
+                "reward_timeouts": self.timeouts,
+                "reward_calls": self.calls,
+                "reward_worker_restarts": self.restarts,
+                "reward_queue_s": self.queue_s,
+                "reward_run_s": self.run_s,
+                **self._facts,
+            }
 
     def close(self) -> None:
         """Stop every worker and the sandboxes they started; a call in flight returns the default, uncounted.

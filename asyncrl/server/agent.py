@@ -23,8 +23,9 @@ MAX_BODY_BYTES = 4 << 20
 MAX_CONTAINERS = 1 << 16
 
 
-def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = False,
-              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def build_app(
+    proxy: AgentProxy, admin_key: str | None = None, sessions: bool = False, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
     app = FastAPI(title="asyncrl agent proxy")
 
     @app.exception_handler(ProxyError)
@@ -59,6 +60,7 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
         return _json(await proxy.complete(key, await body_of(request)))
 
     if sessions:
+
         def admin(request: Request) -> None:
             if not admin_key or not secrets.compare_digest(_bearer(request) or "", admin_key):
                 raise ProxyError(401, "session routes need the admin key")
@@ -74,13 +76,26 @@ def build_app(proxy: AgentProxy, admin_key: str | None = None, sessions: bool = 
             if key not in proxy.episodes:
                 raise ProxyError(404, "no live session has this key")
             episode = proxy.close(key)
-            return {"calls": [{"id": c.id, "choice": c.choice, "parent": c.parent, "prompt_ids": c.prompt_ids,
-                               "output_ids": c.output_ids, "logprobs": c.logprobs, "versions": c.versions,
-                               "finish_reason": c.finish_reason} for c in episode.calls]}
+            return {
+                "calls": [
+                    {
+                        "id": c.id,
+                        "choice": c.choice,
+                        "parent": c.parent,
+                        "prompt_ids": c.prompt_ids,
+                        "output_ids": c.output_ids,
+                        "logprobs": c.logprobs,
+                        "versions": c.versions,
+                        "finish_reason": c.finish_reason,
+                    }
+                    for c in episode.calls
+                ]
+            }
 
     # an episode whose client went away (agent.timeout_s) stops generating: its samples free the engine's slots
-    return BodyLimit(CancelOnDisconnect(app, ("/v1/chat/completions", "/v1/completions")), max_body_bytes,
-                     MAX_CONTAINERS)
+    return BodyLimit(
+        CancelOnDisconnect(app, ("/v1/chat/completions", "/v1/completions")), max_body_bytes, MAX_CONTAINERS
+    )
 
 
 def _json(body: dict) -> Response:
@@ -99,7 +114,9 @@ def _retried(request: Request) -> bool:
     return count.isdigit() and int(count) > 0
 
 
-def serve_proxy(proxy: AgentProxy, host: str = "127.0.0.1", port: int = 0, admin_key: str | None = None) -> ServerThread:
+def serve_proxy(
+    proxy: AgentProxy, host: str = "127.0.0.1", port: int = 0, admin_key: str | None = None
+) -> ServerThread:
     """``proxy`` over HTTP on a thread of this process (``.url``, ``.close()``): how a training run's agent
     workflow gives its episodes a real OpenAI endpoint. ValueError for a non-loopback ``host`` without
     ``admin_key``."""

@@ -23,12 +23,22 @@ from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from asyncrl.server import render
-from asyncrl.server.net import bind
 from asyncrl.server.limits import HEADER_TIMEOUT_S, MAX_JSON_CONTAINERS, SHUTDOWN_GRACE_S
 from asyncrl.server.middleware import BodyLimit, CancelOnDisconnect, InternalErrors
-from asyncrl.server.schemas import (BadRequest, ChatRequest, CompletionRequest, DestroyGroup, GenerateRequest,
-                                    InitGroup, PauseRequest, UpdateFromDisk, UpdateFromDistributed, sampling_params,
-                                    stop_list)
+from asyncrl.server.net import bind
+from asyncrl.server.schemas import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    DestroyGroup,
+    GenerateRequest,
+    InitGroup,
+    PauseRequest,
+    UpdateFromDisk,
+    UpdateFromDistributed,
+    sampling_params,
+    stop_list,
+)
 from asyncrl.server.state import Conflict, ServerState, Unavailable, in_daemon_thread, version_arg
 
 log = logging.getLogger(__name__)
@@ -59,8 +69,11 @@ def _error_answers(app: FastAPI, state: ServerState) -> None:
 
     app.add_middleware(InternalErrors, on_error=count_error)
     app.add_middleware(CancelOnDisconnect, paths=GENERATING_PATHS, on_cancel=count_cancel)
-    app.add_middleware(BodyLimit, max_bytes=state.max_request_bytes,  # added last: runs first
-                       max_containers=MAX_JSON_CONTAINERS)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=state.max_request_bytes,  # added last: runs first
+        max_containers=MAX_JSON_CONTAINERS,
+    )
 
     async def known(request: Request, exc: Exception):
         status, kind = next(answer for error, answer in STATUS.items() if isinstance(exc, error))
@@ -72,8 +85,10 @@ def _error_answers(app: FastAPI, state: ServerState) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         # FastAPI's own answer quotes the input, which may hold a NaN that JSON cannot carry (a 500 instead)
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-                  for e in exc.errors()[:20]]
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            for e in exc.errors()[:20]
+        ]
         message = "; ".join(_describe(e) for e in exc.errors()[:5])
         return JSONResponse({**render.error_body(message), "detail": errors}, status_code=422)
 
@@ -105,17 +120,30 @@ def _native_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/get_model_info")
     async def model_info():
         e = state.engine
-        return {"model_path": state.model_path, "tokenizer_path": state.model_path, "is_generation": True,
-                "weight_version": str(e.version), "max_len": e.max_len, "max_slots": e.max_slots,
-                "vocab_size": e.vocab_size, "max_request_bytes": state.max_request_bytes}
+        return {
+            "model_path": state.model_path,
+            "tokenizer_path": state.model_path,
+            "is_generation": True,
+            "weight_version": str(e.version),
+            "max_len": e.max_len,
+            "max_slots": e.max_slots,
+            "vocab_size": e.vocab_size,
+            "max_request_bytes": state.max_request_bytes,
+        }
 
     @app.get("/get_server_info")
     async def server_info():
         e = state.engine
-        return {**dataclasses.asdict(e.stats()), "weight_version": str(e.version), "paused": e.paused,
-                "running": e.n_running, "requests_completed": state.requests_completed,
-                "requests_cancelled": state.requests_cancelled, "internal_errors": state.internal_errors,
-                "interrupt_mode": e.interrupt_mode}
+        return {
+            **dataclasses.asdict(e.stats()),
+            "weight_version": str(e.version),
+            "paused": e.paused,
+            "running": e.n_running,
+            "requests_completed": state.requests_completed,
+            "requests_cancelled": state.requests_cancelled,
+            "internal_errors": state.internal_errors,
+            "interrupt_mode": e.interrupt_mode,
+        }
 
     @app.post("/generate")
     async def generate(req: GenerateRequest):
@@ -123,9 +151,18 @@ def _native_routes(app: FastAPI, state: ServerState) -> None:
         if (req.input_ids is None) == (req.text is None):
             raise BadRequest("give exactly one of input_ids and text")
         stops = stop_list(sp.stop)
-        params = sampling_params(n=sp.n, max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
-                                 top_p=sp.top_p, top_k=sp.top_k, stop_token_ids=sp.stop_token_ids,
-                                 ignore_eos=sp.ignore_eos, eos=state.eos, stop=stops, seed=sp.sampling_seed)
+        params = sampling_params(
+            n=sp.n,
+            max_new_tokens=sp.max_new_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            stop_token_ids=sp.stop_token_ids,
+            ignore_eos=sp.ignore_eos,
+            eos=state.eos,
+            stop=stops,
+            seed=sp.sampling_seed,
+        )
         if req.text is not None:
             prompts = await state.encode([req.text] if isinstance(req.text, str) else req.text, "text")
             single = isinstance(req.text, str)
@@ -162,8 +199,11 @@ def _weight_routes(app: FastAPI, state: ServerState) -> None:
         version = version_arg(req.weight_version)
         t0 = time.perf_counter()
         applied = await in_daemon_thread(state.update_from_disk, req.model_path, version)
-        return {"success": True, "message": f"loaded {req.model_path} as version {applied} "
-                f"in {time.perf_counter() - t0:.3f}s", "weight_version": str(applied)}
+        return {
+            "success": True,
+            "message": f"loaded {req.model_path} as version {applied} in {time.perf_counter() - t0:.3f}s",
+            "weight_version": str(applied),
+        }
 
     @app.post("/init_weights_update_group")
     async def init_group(req: InitGroup):
@@ -172,8 +212,16 @@ def _weight_routes(app: FastAPI, state: ServerState) -> None:
         if req.backend != "gloo":
             raise BadRequest(f"backend: this server receives weights over gloo (CPU), not '{req.backend[:40]}'")
         timeout = state.group_timeout_s
-        join = in_daemon_thread(state.receiver.init_group, req.master_address, req.master_port, req.rank_offset,
-                                req.world_size, req.group_name, req.backend, timeout)
+        join = in_daemon_thread(
+            state.receiver.init_group,
+            req.master_address,
+            req.master_port,
+            req.rank_offset,
+            req.world_size,
+            req.group_name,
+            req.backend,
+            timeout,
+        )
         try:
             await asyncio.wait_for(join, timeout)
         except asyncio.TimeoutError as e:
@@ -187,8 +235,9 @@ def _weight_routes(app: FastAPI, state: ServerState) -> None:
     async def update_from_distributed(req: UpdateFromDistributed):
         version = version_arg(req.weight_version)
         try:
-            applied = await in_daemon_thread(state.receiver.receive, req.names, req.dtypes, req.shapes,
-                                             req.group_name, version)
+            applied = await in_daemon_thread(
+                state.receiver.receive, req.names, req.dtypes, req.shapes, req.group_name, version
+            )
         except (KeyError, ValueError) as e:
             if isinstance(e, (BadRequest, Conflict)):
                 raise
@@ -203,8 +252,10 @@ def _weight_routes(app: FastAPI, state: ServerState) -> None:
 
 
 def _join_failed(req: InitGroup, cause: str) -> str:
-    return (f"could not join weight update group '{req.group_name}' at {req.master_address}:{req.master_port}: "
-            f"{cause}; check master_address and master_port, and that the trainer is listening")
+    return (
+        f"could not join weight update group '{req.group_name}' at {req.master_address}:{req.master_port}: "
+        f"{cause}; check master_address and master_port, and that the trainer is listening"
+    )
 
 
 # ---- OpenAI-compatible API --------------------------------------------------------------------------------
@@ -223,8 +274,16 @@ def _openai_routes(app: FastAPI, state: ServerState) -> None:
         else:
             prompts = [prompt] if not prompt or isinstance(prompt[0], int) else prompt
         stops = stop_list(req.stop)
-        params = sampling_params(n=req.n, max_new_tokens=req.max_tokens, temperature=req.temperature,
-                                 top_p=req.top_p, top_k=req.top_k, eos=state.eos, stop=stops, seed=req.seed)
+        params = sampling_params(
+            n=req.n,
+            max_new_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            eos=state.eos,
+            stop=stops,
+            seed=req.seed,
+        )
         groups = await state.generate(prompts, params)
         return await _json(render.completions, state, groups, stops, req.logprobs)
 
@@ -235,9 +294,16 @@ def _openai_routes(app: FastAPI, state: ServerState) -> None:
         prompt = await state.chat_prompt([m.model_dump() for m in req.messages])
         stops = stop_list(req.stop)
         room = max(1, state.engine.max_len - len(prompt))  # no max_tokens: what the context has left, as OpenAI
-        params = sampling_params(n=req.n, max_new_tokens=req.max_completion_tokens or req.max_tokens or room,
-                                 temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, eos=state.eos,
-                                 stop=stops, seed=req.seed)
+        params = sampling_params(
+            n=req.n,
+            max_new_tokens=req.max_completion_tokens or req.max_tokens or room,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            eos=state.eos,
+            stop=stops,
+            seed=req.seed,
+        )
         (group,) = await state.generate([prompt], params)
         return await _json(render.chat, state, group, stops, req.logprobs)
 
@@ -246,8 +312,9 @@ def _openai_routes(app: FastAPI, state: ServerState) -> None:
 def uvicorn_config(app, log_level: str = "warning") -> uvicorn.Config:
     """How every ``asyncrl serve`` runs: requests still running at shutdown get ``SHUTDOWN_GRACE_S``; a request
     whose headers take longer than ``HEADER_TIMEOUT_S`` loses its connection (``HeaderTimeout``)."""
-    return uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-                          http=HeaderTimeout)
+    return uvicorn.Config(
+        app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=SHUTDOWN_GRACE_S, http=HeaderTimeout
+    )
 
 
 class HeaderTimeout(H11Protocol):
@@ -307,8 +374,9 @@ class ServerThread:
         self.sock = bind(host, port)
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn_config(app))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
-                                       name="asyncrl-http")
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True, name="asyncrl-http"
+        )
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:

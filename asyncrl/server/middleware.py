@@ -39,8 +39,9 @@ class AdminOnly:
         given = bearer(dict(scope.get("headers", ())).get(b"authorization", b"").decode("latin-1")) or ""
         if secrets.compare_digest(given.encode(), self.key.encode()):
             return await self.app(scope, receive, send)
-        response = JSONResponse(error_body("this server has an admin key: send it as Authorization: Bearer KEY"),
-                                status_code=401)
+        response = JSONResponse(
+            error_body("this server has an admin key: send it as Authorization: Bearer KEY"), status_code=401
+        )
         await response(scope, receive, send)
 
 
@@ -65,8 +66,11 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), timeout=self.stall_s)
             except asyncio.TimeoutError:
-                response = JSONResponse(error_body(f"the request body sent nothing for {self.stall_s:g} s"),
-                                        status_code=408, headers={"connection": "close"})
+                response = JSONResponse(
+                    error_body(f"the request body sent nothing for {self.stall_s:g} s"),
+                    status_code=408,
+                    headers={"connection": "close"},
+                )
                 return await response(scope, receive, send)
             if message["type"] != "http.request":  # the client went away mid-body
                 return
@@ -79,8 +83,10 @@ class BodyLimit:
         body = b"".join(chunks)
         containers = body.count(b"[") + body.count(b"{")
         if containers > self.max_containers:
-            message = (f"request body holds {containers} JSON arrays and objects (counting brackets in strings), "
-                       f"more than the {self.max_containers} this server parses")
+            message = (
+                f"request body holds {containers} JSON arrays and objects (counting brackets in strings), "
+                f"more than the {self.max_containers} this server parses"
+            )
             return await _answer(scope, receive, send, 413, message)
         delivered = False
 
@@ -94,8 +100,14 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, scope, receive, send, size: str) -> None:
-        await _answer(scope, receive, send, 413, f"request body of {size} exceeds this server's limit of "
-                      f"{self.max_bytes} bytes (asyncrl serve --max-request-bytes)")
+        await _answer(
+            scope,
+            receive,
+            send,
+            413,
+            f"request body of {size} exceeds this server's limit of "
+            f"{self.max_bytes} bytes (asyncrl serve --max-request-bytes)",
+        )
 
 
 async def _answer(scope, receive, send, status: int, message: str) -> None:
@@ -162,7 +174,7 @@ class CancelOnDisconnect:
 def _route_path(scope) -> str:
     """The request's path within this app (an app mounted at ``/agent`` sees ``/v1/...``)."""
     path, root = scope["path"], scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 class InternalErrors:

@@ -38,10 +38,15 @@ def _native_result(state, c: Completion, stops: tuple[str, ...], return_logprob:
         reason = {"type": "length", "length": len(c.output_ids)}
     else:
         reason = {"type": "abort", "message": "aborted by pause_generation or a weight update"}
-    meta = {"id": uuid.uuid4().hex, "finish_reason": reason, "prompt_tokens": len(c.prompt_ids),
-            "completion_tokens": len(c.output_ids), "cached_tokens": 0,
-            "weight_version": str(c.versions[-1] if c.versions else state.engine.version),
-            "output_token_versions": c.versions}
+    meta = {
+        "id": uuid.uuid4().hex,
+        "finish_reason": reason,
+        "prompt_tokens": len(c.prompt_ids),
+        "completion_tokens": len(c.output_ids),
+        "cached_tokens": 0,
+        "weight_version": str(c.versions[-1] if c.versions else state.engine.version),
+        "output_token_versions": c.versions,
+    }
     if return_logprob:
         meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(c.logprobs, c.output_ids)]
     return {"text": text, "output_ids": c.output_ids, "meta_info": meta}
@@ -52,17 +57,31 @@ def completions(state, groups: list[list[Completion]], stops: tuple[str, ...], l
     choices = []
     for c in (c for g in groups for c in g):
         text, _ = trim_at_stop(state.decode(c.output_ids), stops)
-        choice = {"index": len(choices), "text": text, "finish_reason": _openai_reason(c), "logprobs": None,
-                  "token_ids": c.output_ids}
+        choice = {
+            "index": len(choices),
+            "text": text,
+            "finish_reason": _openai_reason(c),
+            "logprobs": None,
+            "token_ids": c.output_ids,
+        }
         if logprobs is not None:
             tokens = [state.decode([t]) for t in c.output_ids]
             offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0))[: len(tokens)]
-            choice["logprobs"] = {"tokens": tokens, "token_logprobs": c.logprobs,
-                                  "top_logprobs": [{t: lp} for t, lp in zip(tokens, c.logprobs)],
-                                  "text_offset": offsets}
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": c.logprobs,
+                "top_logprobs": [{t: lp} for t, lp in zip(tokens, c.logprobs)],
+                "text_offset": offsets,
+            }
         choices.append(choice)
-    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": state.model_name, "choices": choices, "usage": _usage(groups)}
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": choices,
+        "usage": _usage(groups),
+    }
 
 
 def chat(state, group: list[Completion], stops: tuple[str, ...], logprobs: bool) -> dict:
@@ -72,12 +91,28 @@ def chat(state, group: list[Completion], stops: tuple[str, ...], logprobs: bool)
         content, _ = trim_at_stop(state.decode(c.output_ids), stops)
         lps = None
         if logprobs:
-            lps = {"content": [{"token": state.decode([t]), "logprob": lp, "top_logprobs": []}
-                               for t, lp in zip(c.output_ids, c.logprobs)]}
-        choices.append({"index": i, "message": {"role": "assistant", "content": content},
-                        "finish_reason": _openai_reason(c), "logprobs": lps})
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": state.model_name, "choices": choices, "usage": _usage([group])}
+            lps = {
+                "content": [
+                    {"token": state.decode([t]), "logprob": lp, "top_logprobs": []}
+                    for t, lp in zip(c.output_ids, c.logprobs)
+                ]
+            }
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": _openai_reason(c),
+                "logprobs": lps,
+            }
+        )
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "choices": choices,
+        "usage": _usage([group]),
+    }
 
 
 def _openai_reason(c: Completion) -> str:

@@ -14,8 +14,15 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator
 
 from asyncrl.engine.requests import NO_STOP_TOKENS
-from asyncrl.server.limits import (MAX_BUCKET_TENSORS, MAX_MESSAGES, MAX_PROMPTS, MAX_STOP_CHARS,
-                                   MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, MAX_TENSOR_DIMS)
+from asyncrl.server.limits import (
+    MAX_BUCKET_TENSORS,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TENSOR_DIMS,
+)
 from asyncrl.types import SamplingParams
 
 INT32_MAX = 2**31 - 1
@@ -30,8 +37,9 @@ def _well_formed(s: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"contains a lone surrogate ({s[e.start]!r} at character {e.start}); send valid "
-                         "Unicode text") from None
+        raise ValueError(
+            f"contains a lone surrogate ({s[e.start]!r} at character {e.start}); send valid Unicode text"
+        ) from None
     return s
 
 
@@ -157,7 +165,8 @@ class UpdateFromDistributed(_Lenient):
     names: list[Text] = Field(max_length=MAX_BUCKET_TENSORS)
     dtypes: list[Text] = Field(max_length=MAX_BUCKET_TENSORS)
     shapes: list[Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_TENSOR_DIMS)]] = Field(
-        max_length=MAX_BUCKET_TENSORS)
+        max_length=MAX_BUCKET_TENSORS
+    )
     group_name: Text | None = None
     weight_version: Version | None = None
 
@@ -208,15 +217,33 @@ def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
     return stops
 
 
-def sampling_params(*, n: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-                    stop_token_ids: list[int] | None = None, ignore_eos: bool = False,
-                    eos: tuple[int, ...] = (), stop: tuple[str, ...] = (), seed: int | None = None) -> SamplingParams:
+def sampling_params(
+    *,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    stop_token_ids: list[int] | None = None,
+    ignore_eos: bool = False,
+    eos: tuple[int, ...] = (),
+    stop: tuple[str, ...] = (),
+    seed: int | None = None,
+) -> SamplingParams:
     """Engine sampling parameters from an API's fields: temperature 0 means greedy, top_k -1 or 0 means off,
     the model's end-of-sequence tokens stop a sample unless ``ignore_eos``."""
     stops = tuple(t for t in stop_token_ids or () if t >= 0) + (() if ignore_eos else eos)
     try:
-        return SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature or 1.0,
-                              top_p=top_p, top_k=max(top_k, 0), greedy=temperature == 0,
-                              stop_token_ids=stops or NO_STOP_TOKENS, stop=stop, seed=seed)
+        return SamplingParams(
+            n=n,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature or 1.0,
+            top_p=top_p,
+            top_k=max(top_k, 0),
+            greedy=temperature == 0,
+            stop_token_ids=stops or NO_STOP_TOKENS,
+            stop=stop,
+            seed=seed,
+        )
     except ValueError as e:
         raise BadRequest(str(e)) from e

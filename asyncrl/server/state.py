@@ -17,8 +17,14 @@ from typing import Any, Callable
 
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.requests import VersionConflict
-from asyncrl.server.limits import (CHARS_PER_TOKEN, GROUP_TIMEOUT_S, KV_MEMORY_FRACTION, MAX_REQUEST_BYTES,
-                                   MAX_VERSION, UPDATE_TIMEOUT_S)
+from asyncrl.server.limits import (
+    CHARS_PER_TOKEN,
+    GROUP_TIMEOUT_S,
+    KV_MEMORY_FRACTION,
+    MAX_REQUEST_BYTES,
+    MAX_VERSION,
+    UPDATE_TIMEOUT_S,
+)
 from asyncrl.server.schemas import BadRequest
 from asyncrl.types import Completion, SamplingParams, WeightUpdate
 
@@ -80,8 +86,9 @@ class ServerState:
         from asyncrl.weights.receive import DistReceiver
 
         self.eos = tuple(self.engine.default_stop)
-        self.receiver = DistReceiver(self._apply_state_dict, timeout_s=self.update_timeout_s,
-                                     shapes=self.engine.weight_shapes)
+        self.receiver = DistReceiver(
+            self._apply_state_dict, timeout_s=self.update_timeout_s, shapes=self.engine.weight_shapes
+        )
         self.update_lock = threading.Lock()
 
     @property
@@ -92,9 +99,11 @@ class ServerState:
     # ---- text -------------------------------------------------------------------------------------------
     def check_chars(self, field_name: str, n_chars: int) -> None:
         if n_chars > self.max_chars:
-            raise BadRequest(f"{field_name} has {n_chars} characters, more than this server's max_len "
-                             f"{self.engine.max_len} tokens can hold (at most {CHARS_PER_TOKEN} characters per "
-                             f"token: {self.max_chars})")
+            raise BadRequest(
+                f"{field_name} has {n_chars} characters, more than this server's max_len "
+                f"{self.engine.max_len} tokens can hold (at most {CHARS_PER_TOKEN} characters per "
+                f"token: {self.max_chars})"
+            )
 
     async def encode(self, texts: list[str], field_name: str) -> list[list[int]]:
         """Token ids of each text, tokenised off the event loop once every length is known to be plausible."""
@@ -191,11 +200,23 @@ def version_arg(value: str | int | None) -> int | None:
 
 
 # ---- start-up ---------------------------------------------------------------------------------------------
-def load_state(model: str, *, max_slots: int = 64, max_len: int | None = None, dtype: str = "float32",
-               threads: int = 1, interrupt_mode: str = "recompute", seed: int = 0, name: str | None = None,
-               version: int = 0, native_kernels: bool = True, update_timeout_s: float = UPDATE_TIMEOUT_S,
-               group_timeout_s: float = GROUP_TIMEOUT_S, max_request_bytes: int = MAX_REQUEST_BYTES,
-               device: str = "cpu") -> ServerState:
+def load_state(
+    model: str,
+    *,
+    max_slots: int = 64,
+    max_len: int | None = None,
+    dtype: str = "float32",
+    threads: int = 1,
+    interrupt_mode: str = "recompute",
+    seed: int = 0,
+    name: str | None = None,
+    version: int = 0,
+    native_kernels: bool = True,
+    update_timeout_s: float = UPDATE_TIMEOUT_S,
+    group_timeout_s: float = GROUP_TIMEOUT_S,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+    device: str = "cpu",
+) -> ServerState:
     """Load a checkpoint into a started ``LocalEngine`` and wrap it for serving. Raises ``StartupError`` (one
     line naming what to fix) for a bad path or checkpoint, or a KV cache this machine cannot hold, before
     allocating anything large."""
@@ -214,16 +235,32 @@ def load_state(model: str, *, max_slots: int = 64, max_len: int | None = None, d
     try:
         hf = load_model(path)
         tokenizer = _load_tokenizer_if_any(path)
-        engine = LocalEngine(hf, max_slots=max_slots, max_len=max_len, dtype=DTYPES[dtype], seed=seed,
-                             interrupt_mode=interrupt_mode, stop_token_ids=_eos_ids(hf, tokenizer), threads=threads,
-                             tokenizer=tokenizer, version=version, native_kernels=native_kernels,
-                             device=device)
+        engine = LocalEngine(
+            hf,
+            max_slots=max_slots,
+            max_len=max_len,
+            dtype=DTYPES[dtype],
+            seed=seed,
+            interrupt_mode=interrupt_mode,
+            stop_token_ids=_eos_ids(hf, tokenizer),
+            threads=threads,
+            tokenizer=tokenizer,
+            version=version,
+            native_kernels=native_kernels,
+            device=device,
+        )
     except Exception as e:  # noqa: BLE001 - any failure to load is a refusal to start, said in one line
         raise StartupError(f"cannot load the checkpoint in '{path}': {type(e).__name__}: {e}") from e
     del hf
-    return ServerState(engine.start(), tokenizer, name or os.path.basename(path.rstrip("/")), path,
-                       update_timeout_s=update_timeout_s, group_timeout_s=group_timeout_s,
-                       max_request_bytes=max_request_bytes)
+    return ServerState(
+        engine.start(),
+        tokenizer,
+        name or os.path.basename(path.rstrip("/")),
+        path,
+        update_timeout_s=update_timeout_s,
+        group_timeout_s=group_timeout_s,
+        max_request_bytes=max_request_bytes,
+    )
 
 
 def _model_shape(path: str):
@@ -235,8 +272,10 @@ def _model_shape(path: str):
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - transformers raises several types for an unreadable config
-        raise StartupError(f"'{path}' has no readable model config (config.json): {e}; give a Hugging Face "
-                           "checkpoint directory or builtin:NAME") from e
+        raise StartupError(
+            f"'{path}' has no readable model config (config.json): {e}; give a Hugging Face "
+            "checkpoint directory or builtin:NAME"
+        ) from e
     try:
         return DecoderShape.from_hf_config(config), getattr(config, "max_position_embeddings", 2048)
     except (AttributeError, ValueError) as e:
@@ -255,9 +294,11 @@ def _check_kv_cache(shape, slots: int, max_len: int, dtype) -> None:
     need = kv_cache_bytes(shape, slots, max_len, dtype)
     memory = physical_memory()
     if memory and need > KV_MEMORY_FRACTION * memory:
-        raise StartupError(f"--max-slots {slots} x --max-len {max_len} needs a {need / 2**30:.1f} GiB KV cache, "
-                           f"more than {KV_MEMORY_FRACTION:.0%} of this machine's {memory / 2**30:.1f} GiB of "
-                           "memory: lower --max-len or --max-slots")
+        raise StartupError(
+            f"--max-slots {slots} x --max-len {max_len} needs a {need / 2**30:.1f} GiB KV cache, "
+            f"more than {KV_MEMORY_FRACTION:.0%} of this machine's {memory / 2**30:.1f} GiB of "
+            "memory: lower --max-len or --max-slots"
+        )
 
 
 def physical_memory() -> int | None:

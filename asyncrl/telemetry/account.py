@@ -18,8 +18,8 @@ this one, ``step_time_s``) spent in each phase, under ``<side>_<phase>_s``:
 - rewards (``REWARD``; call-seconds): ``queue`` (waiting for a worker) and ``run``.
 
 The trainer's phases are each measured and their sum stays within 2% of ``step_time_s`` over a run (what is
-left is time between the trainer's spans); the generator's ``other`` is what its counters did not claim. This module reads records only: ``asyncrl.telemetry.verdict``
-reasons on its accounts.
+left is time between the trainer's spans); the generator's ``other`` is what its counters did not claim. This module
+reads records only: ``asyncrl.telemetry.verdict`` reasons on its accounts.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ class Account:
 
     wall_s: float = 0.0
     steps: int = 0
-    seconds: dict[str, dict[str, float]] = field(default_factory=lambda: {s: dict.fromkeys(p, 0.0)
-                                                                           for s, p in SIDES.items()})
+    seconds: dict[str, dict[str, float]] = field(
+        default_factory=lambda: {s: dict.fromkeys(p, 0.0) for s, p in SIDES.items()}
+    )
 
     def add(self, record: dict) -> None:
         self.wall_s += _num(record.get("step_time_s"))
@@ -66,9 +67,11 @@ class Account:
         return any(v > 0 for v in self.seconds[side].values())
 
     def to_dict(self) -> dict:
-        return {"wall_s": self.wall_s, "steps": self.steps,
-                **{side: {"seconds": dict(self.seconds[side]), "fractions": self.fractions(side)}
-                   for side in SIDES}}
+        return {
+            "wall_s": self.wall_s,
+            "steps": self.steps,
+            **{side: {"seconds": dict(self.seconds[side]), "fractions": self.fractions(side)} for side in SIDES},
+        }
 
 
 def account(records: list[dict]) -> Account:

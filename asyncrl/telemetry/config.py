@@ -52,5 +52,7 @@ class WatchdogConfig:
             if getattr(self, key) < 0:
                 raise ConfigError(f"watchdog.{key} must be >= 0, got {getattr(self, key)}")
         if self.reward_failure_action not in REWARD_FAILURE_ACTIONS:
-            raise ConfigError(f"watchdog.reward_failure_action must be one of {list(REWARD_FAILURE_ACTIONS)}, "
-                              f"got '{self.reward_failure_action}'")
+            raise ConfigError(
+                f"watchdog.reward_failure_action must be one of {list(REWARD_FAILURE_ACTIONS)}, "
+                f"got '{self.reward_failure_action}'"
+            )

@@ -17,23 +17,30 @@ from typing import Callable, Protocol
 
 import torch
 
-from asyncrl.telemetry.record import merge_evaluations, read_jsonl
 from asyncrl.telemetry.account import SIDES, key
+from asyncrl.telemetry.record import merge_evaluations, read_jsonl
 from asyncrl.types import Batch
 
 log = logging.getLogger(__name__)
 
 CONSOLE_KEYS = [
-    ("step", "{:d}"), ("reward_mean", "reward {:.3f}"), ("eval_accuracy", "eval_acc {:.3f}"),
-    ("staleness_max", "stale max {:d}"), ("staleness_mean", "mean {:.2f}"),
-    ("gen_tokens_per_s", "gen {:.0f} tok/s"), ("train_tokens_per_s", "train {:.0f} tok/s"),
-    ("step_time_s", "step {:.2f}s"), ("truncated_frac", "cut {:.0%}"),
+    ("step", "{:d}"),
+    ("reward_mean", "reward {:.3f}"),
+    ("eval_accuracy", "eval_acc {:.3f}"),
+    ("staleness_max", "stale max {:d}"),
+    ("staleness_mean", "mean {:.2f}"),
+    ("gen_tokens_per_s", "gen {:.0f} tok/s"),
+    ("train_tokens_per_s", "train {:.0f} tok/s"),
+    ("step_time_s", "step {:.2f}s"),
+    ("truncated_frac", "cut {:.0%}"),
 ]
-CONSOLE_LEGEND = ("each step prints: step | reward = mean reward of the batch | eval_acc = held-out accuracy (when "
-                  "evaluated) | stale max, mean = versions between the weights that generated the trained tokens and "
-                  "the weights trained | gen, train tok/s = tokens generated, trained per second | step = wall time "
-                  "of the step | cut = samples stopped by gconfig.max_new_tokens or the context limit, when any "
-                  "(metrics.jsonl has every key)")
+CONSOLE_LEGEND = (
+    "each step prints: step | reward = mean reward of the batch | eval_acc = held-out accuracy (when "
+    "evaluated) | stale max, mean = versions between the weights that generated the trained tokens and "
+    "the weights trained | gen, train tok/s = tokens generated, trained per second | step = wall time "
+    "of the step | cut = samples stopped by gconfig.max_new_tokens or the context limit, when any "
+    "(metrics.jsonl has every key)"
+)
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
@@ -89,8 +96,14 @@ class StepMeter:
     training mixture's), the record has the batch's ``samples/NAME`` and ``reward_mean/NAME`` too
     (:func:`source_stats`)."""
 
-    def __init__(self, account: Callable[[], dict], counters: list[Callable[[], dict]], sources: Sources | None = None,
-                 decode: Callable[[list[int]], str] | None = None, samples_per_step: int = 4):
+    def __init__(
+        self,
+        account: Callable[[], dict],
+        counters: list[Callable[[], dict]],
+        sources: Sources | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+        samples_per_step: int = 4,
+    ):
         """``decode`` (token ids -> text) turns on the record's ``samples``: ``samples_per_step`` of the batch's
         prompts and completions (:func:`sample_rows`), which the logger writes to samples.jsonl."""
         self.account, self.counters, self.sources = account, counters, sources
@@ -118,11 +131,18 @@ class StepMeter:
             return acc.get(key, 0) - self.last_account.get(key, 0)
 
         record = {
-            "step": version, "version": version, **batch_stats(batch, version - 1),
-            "gen_tokens_per_s": delta("generated_tokens") / dt, "gen_busy_frac": delta("busy_s") / dt,
+            "step": version,
+            "version": version,
+            **batch_stats(batch, version - 1),
+            "gen_tokens_per_s": delta("generated_tokens") / dt,
+            "gen_busy_frac": delta("busy_s") / dt,
             "train_tokens_per_s": train["train_tokens"] / max(train["train_time_s"], 1e-9),
-            "trainer_wait_s": wait_s, "weight_sync_s": sync_s, "step_time_s": dt, "elapsed_s": now - self.t_start,
-            "interruptions": acc.get("interruptions", 0), "gate_closed_s": delta("gate_closed_s"),
+            "trainer_wait_s": wait_s,
+            "weight_sync_s": sync_s,
+            "step_time_s": dt,
+            "elapsed_s": now - self.t_start,
+            "interruptions": acc.get("interruptions", 0),
+            "gate_closed_s": delta("gate_closed_s"),
         }
         record.update(time_account(dt, delta, train))
         if self.sources is not None:
@@ -152,14 +172,25 @@ def time_account(dt: float, delta: Callable[[str], float], train: dict) -> dict:
     waiting for a core or the GIL); the generator's is what its counters did not claim (next to nothing:
     engines count the phase they are in up to the moment they are read)."""
     measured = {k: train.get(f"train_{k}_s", 0.0) for k in ("recompute", "fwd_bwd", "optim")}
-    trainer = {"wait": delta("span_wait_s"), **measured, "sync": delta("span_sync_s"), "eval": delta("span_eval_s"),
-               "save": delta("span_save_s"),  # other: the rest of the train span (advantages, collation) and logs
-               "other": max(0.0, delta("span_train_s") - sum(measured.values())) + delta("span_log_s")}
+    trainer = {
+        "wait": delta("span_wait_s"),
+        **measured,
+        "sync": delta("span_sync_s"),
+        "eval": delta("span_eval_s"),
+        "save": delta("span_save_s"),  # other: the rest of the train span (advantages, collation) and logs
+        "other": max(0.0, delta("span_train_s") - sum(measured.values())) + delta("span_log_s"),
+    }
     trainer["other"] += max(0.0, dt - sum(trainer.values()))  # between the spans
     idle = delta("idle_s")
     gate = min(max(0.0, delta("idle_gate_s")), max(0.0, idle))
-    gen = {"decode": delta("decode_s"), "prefill": delta("prefill_s"), "reprefill": delta("reprefill_s"),
-           "paused": delta("paused_s"), "idle_gate": gate, "idle_nowork": max(0.0, idle - gate)}
+    gen = {
+        "decode": delta("decode_s"),
+        "prefill": delta("prefill_s"),
+        "reprefill": delta("reprefill_s"),
+        "paused": delta("paused_s"),
+        "idle_gate": gate,
+        "idle_nowork": max(0.0, idle - gate),
+    }
     gen["other"] = max(0.0, dt - sum(gen.values()))
     return {**{key("trainer", k): v for k, v in trainer.items()}, **{key("gen", k): v for k, v in gen.items()}}
 
@@ -175,9 +206,18 @@ def sample_rows(groups: list, trained_version: int, decode: Callable[[list[int]]
             if len(rows) == k:
                 return rows
             versions = [v for v in t.versions if v >= 0] or [trained_version]
-            rows.append({"item": g.item_id, "prompt": decode(t.prompt_ids),
-                         "completion": t.text or decode(t.output_ids), "reward": t.reward,
-                         "finish_reason": t.finish_reason, "version_min": min(versions), "version_max": max(versions), "staleness": trained_version - min(versions)})
+            rows.append(
+                {
+                    "item": g.item_id,
+                    "prompt": decode(t.prompt_ids),
+                    "completion": t.text or decode(t.output_ids),
+                    "reward": t.reward,
+                    "finish_reason": t.finish_reason,
+                    "version_min": min(versions),
+                    "version_max": max(versions),
+                    "staleness": trained_version - min(versions),
+                }
+            )
     return rows
 
 
@@ -212,8 +252,16 @@ class Console:
 class MetricsLogger:
     """Writes each step's record to every configured sink."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = False, wandb_project: str | None = None,
-                 run_name: str = "", config: dict | None = None, console: Console | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = False,
+        wandb_project: str | None = None,
+        run_name: str = "",
+        config: dict | None = None,
+        console: Console | None = None,
+    ):
         """Writes ``run_dir/metrics.jsonl`` and ``ledger.jsonl``; also TensorBoard event files if
         ``tensorboard``, and a W&B run in ``wandb_project`` (named ``run_name``, with ``config``) if given."""
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -234,8 +282,9 @@ class MetricsLogger:
                 import wandb
             except ImportError as e:
                 raise RuntimeError("stats_logger.wandb=true needs `pip install wandb`") from e
-            self._wandb = wandb.init(project=wandb_project, name=run_name or None, dir=str(run_dir),
-                                     config=config or {})
+            self._wandb = wandb.init(
+                project=wandb_project, name=run_name or None, dir=str(run_dir), config=config or {}
+            )
 
     def log(self, record: dict) -> None:
         """One step's record to every sink; its ``trained_items`` (the prompt id of every trained sample) go to
@@ -243,13 +292,15 @@ class MetricsLogger:
         record = dict(record)
         samples = record.pop("samples", None)
         if samples:
-            self._samples.write("".join(json.dumps({"step": record["step"], **row}, ensure_ascii=False) + "\n"
-                                        for row in samples))
+            self._samples.write(
+                "".join(json.dumps({"step": record["step"], **row}, ensure_ascii=False) + "\n" for row in samples)
+            )
             self._samples.flush()
         items = record.pop("trained_items", None)
         if items is not None:
-            self._ledger.write(json.dumps({"step": record["step"], "version": record["version"] - 1,
-                                           "items": items}) + "\n")
+            self._ledger.write(
+                json.dumps({"step": record["step"], "version": record["version"] - 1, "items": items}) + "\n"
+            )
             self._ledger.flush()
         self._file.write(json.dumps({k: _encode(v) for k, v in record.items()}) + "\n")
         self._file.flush()
@@ -294,13 +345,16 @@ def decode_record(record: dict) -> dict:
 
 def summary_line(record: dict) -> str:
     parts = []
-    for key, fmt in CONSOLE_KEYS:
-        value = record.get(key)
-        if value is None or (key == "truncated_frac" and not value):
+    for name, fmt in CONSOLE_KEYS:
+        value = record.get(name)
+        if value is None or (name == "truncated_frac" and not value):
             continue
         if "{:d}" in fmt:
-            parts.append(fmt.format(int(value)) if isinstance(value, int) or math.isfinite(value)
-                         else fmt.replace("{:d}", "{}").format(value))
+            parts.append(
+                fmt.format(int(value))
+                if isinstance(value, int) or math.isfinite(value)
+                else fmt.replace("{:d}", "{}").format(value)
+            )
         else:
             parts.append(fmt.format(value))
     return " | ".join(parts)

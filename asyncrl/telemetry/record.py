@@ -89,8 +89,10 @@ def load_run(run_dir: str | Path) -> Run:
     if not path.is_dir():
         raise ReportError(f"{path}: no such directory")
     if not (path / "metrics.jsonl").is_file():
-        raise ReportError(f"{path} is not a run directory: it has no metrics.jsonl "
-                          "(asyncrl train writes outputs/<experiment_name>/<trial_name>/metrics.jsonl)")
+        raise ReportError(
+            f"{path} is not a run directory: it has no metrics.jsonl "
+            "(asyncrl train writes outputs/<experiment_name>/<trial_name>/metrics.jsonl)"
+        )
     records = merge_evaluations([_decode(r) for r in read_jsonl(path / "metrics.jsonl")])
     if not records:
         raise ReportError(f"{path / 'metrics.jsonl'} holds no records")

@@ -34,8 +34,14 @@ class _Span:
 
 
 class Timeline:
-    def __init__(self, path: str | Path, engine_stats: Callable[[], "EngineStats"], period_s: float = 0.25,
-                 start_s: float = 0.0, gate_closed_s: Callable[[], float] = lambda: 0.0):
+    def __init__(
+        self,
+        path: str | Path,
+        engine_stats: Callable[[], "EngineStats"],
+        period_s: float = 0.25,
+        start_s: float = 0.0,
+        gate_closed_s: Callable[[], float] = lambda: 0.0,
+    ):
         self._file = Path(path).open("a")
         self._lock = threading.Lock()
         self._engine_stats, self._gate_closed_s = engine_stats, gate_closed_s
@@ -85,8 +91,13 @@ class Timeline:
     def _sample(self) -> None:
         while not self._stop.wait(self._period):
             gen = self._take_sample()
-            self._write({"type": "gen", "t": round(self.now(), 4),
-                         **{k: round(v, 4) if isinstance(v, float) else v for k, v in gen.items()}})
+            self._write(
+                {
+                    "type": "gen",
+                    "t": round(self.now(), 4),
+                    **{k: round(v, 4) if isinstance(v, float) else v for k, v in gen.items()},
+                }
+            )
 
     def _take_sample(self) -> dict:
         """The engine's and the gate's counters now, with the idle time spent behind the closed gate added up

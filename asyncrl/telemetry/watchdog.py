@@ -20,6 +20,7 @@ from asyncrl.telemetry.verdict import WINDOW, diagnose
 
 log = logging.getLogger(__name__)
 
+
 class TrainingHalted(RuntimeError):
     """The watchdog stopped the run; ``version`` is the last version trained."""
 
@@ -49,9 +50,9 @@ class LiveVerdict:
     def check(self, record: dict) -> None:
         self.records = self.records + [dict(record)]  # a copy: an evaluation is merged into it
         if len(self.records) > WINDOW + 1:  # the rules read WINDOW steps after the oldest record they are given
-            left = [r for r in self.records[:-WINDOW - 1] if "eval_accuracy" in r]
+            left = [r for r in self.records[: -WINDOW - 1] if "eval_accuracy" in r]
             self.evals = sorted(self.evals + left, key=lambda r: r.get("step", 0))
-            self.records = self.records[-WINDOW - 1:]
+            self.records = self.records[-WINDOW - 1 :]
         if not self.every or record.get("step", 0) % self.every:
             return
         records = merge_evaluations(self.evals + self.records)
@@ -66,9 +67,15 @@ class LiveVerdict:
 
 
 class Watchdog:
-    def __init__(self, no_signal_steps: int = 10, reward_failure_steps: int = 5, stop_on_reward_failures: bool = True,
-                 max_nonfinite_steps: int = 3, live: LiveVerdict | None = None,
-                 first_reward_failure: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        no_signal_steps: int = 10,
+        reward_failure_steps: int = 5,
+        stop_on_reward_failures: bool = True,
+        max_nonfinite_steps: int = 3,
+        live: LiveVerdict | None = None,
+        first_reward_failure: Callable[[], str] | None = None,
+    ):
         self.no_signal_steps, self.reward_failure_steps = no_signal_steps, reward_failure_steps
         self.stop_on_reward_failures, self.max_nonfinite_steps = stop_on_reward_failures, max_nonfinite_steps
         self.no_signal = self.reward_failing = self.nonfinite = 0  # steps in a row
@@ -83,18 +90,24 @@ class Watchdog:
         self.no_signal = self.no_signal + 1 if record.get("adv_abs_mean", 1.0) == 0.0 else 0
         if self.no_signal_steps and self.no_signal >= self.no_signal_steps and not self._warned_no_signal:
             self._warned_no_signal = True
-            log.warning("no learning signal: for %d steps every advantage was 0 (every sample of a group got the "
-                        "same reward; batch reward mean %.3g), so nothing is learned. If the "
-                        "policy never succeeds, fine-tune it first (asyncrl sft) or use an easier task; check "
-                        "that the reward function can return different values; raise gconfig.temperature or "
-                        "gconfig.n_samples for more varied samples", self.no_signal, record.get("reward_mean", 0))
+            log.warning(
+                "no learning signal: for %d steps every advantage was 0 (every sample of a group got the "
+                "same reward; batch reward mean %.3g), so nothing is learned. If the "
+                "policy never succeeds, fine-tune it first (asyncrl sft) or use an easier task; check "
+                "that the reward function can return different values; raise gconfig.temperature or "
+                "gconfig.n_samples for more varied samples",
+                self.no_signal,
+                record.get("reward_mean", 0),
+            )
         self._check_rewards(record, version)
         self.nonfinite = self.nonfinite + 1 if record.get("nonfinite_skipped", 0) else 0
         if self.max_nonfinite_steps and self.nonfinite >= self.max_nonfinite_steps:
-            raise TrainingHalted(f"{self.nonfinite} steps in a row had a non-finite loss or gradient "
-                                 "(watchdog.max_nonfinite_steps); each was stopped at that update, so no NaN reached "
-                                 "the weights. Lower actor.lr, check the rewards and actor.behav_imp_weight_cap",
-                                 version)
+            raise TrainingHalted(
+                f"{self.nonfinite} steps in a row had a non-finite loss or gradient "
+                "(watchdog.max_nonfinite_steps); each was stopped at that update, so no NaN reached "
+                "the weights. Lower actor.lr, check the rewards and actor.behav_imp_weight_cap",
+                version,
+            )
         if self.live is not None:
             self.live.check(record)
 
@@ -117,12 +130,17 @@ class Watchdog:
         if not self.reward_failure_steps or self.reward_failing < needed:
             return
         first = self.first_reward_failure() if self.first_reward_failure else ""
-        what = f"every reward call of the run failed ({calls} calls)" if never_scored else (
-            f"every reward call failed in the last {self.reward_failing} steps")
-        message = (f"{what} (reward_errors {record.get('reward_errors', 0)}, reward_timeouts "
-                   f"{record.get('reward_timeouts', 0)}): the run trains on reward.default alone. "
-                   + (f"The first failure: {first}. " if first else "The first failure is logged above. ")
-                   + "Check reward.fn and reward.timeout_s")
+        what = (
+            f"every reward call of the run failed ({calls} calls)"
+            if never_scored
+            else (f"every reward call failed in the last {self.reward_failing} steps")
+        )
+        message = (
+            f"{what} (reward_errors {record.get('reward_errors', 0)}, reward_timeouts "
+            f"{record.get('reward_timeouts', 0)}): the run trains on reward.default alone. "
+            + (f"The first failure: {first}. " if first else "The first failure is logged above. ")
+            + "Check reward.fn and reward.timeout_s"
+        )
         if self.stop_on_reward_failures:
             raise TrainingHalted(message + " (watchdog.reward_failure_action=warn keeps going)", version)
         log.warning(message)

@@ -22,9 +22,21 @@ from asyncrl.trainer.policy import PolicyTrainer
 __all__ = ["PolicyTrainer", "build_trainer"]
 
 
-def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_dtype: torch.dtype | None,
-                  max_new_tokens: int | None = None, top_p: float = 1.0, top_k: int = 0, dp=None,
-                  device: str = "cpu", init_path: str | None = None, threads=None) -> PolicyTrainer:
+def build_trainer(
+    cfg,
+    model,
+    *,
+    model_path: str,
+    temperature: float,
+    autocast_dtype: torch.dtype | None,
+    max_new_tokens: int | None = None,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    dp=None,
+    device: str = "cpu",
+    init_path: str | None = None,
+    threads=None,
+) -> PolicyTrainer:
     """The trainer for an ``ActorConfig``. ``model`` is the policy (a peft model: its LoRA adapters train); a
     separate critic (``actor.critic=separate``) loads from ``model_path``, a frozen reference model
     (``actor.ref_model``) from ``init_path`` (the run's starting checkpoint; default ``model_path``; with LoRA:
@@ -38,21 +50,38 @@ def build_trainer(cfg, model, *, model_path: str, temperature: float, autocast_d
     elif cfg.ref_model != "none":
         ref_model = load_model((init_path or model_path) if cfg.ref_model == "init" else cfg.ref_model)
     if cfg.critic_path and not os.path.isfile(os.path.join(cfg.critic_path, VALUE_HEAD_FILE)):
-        raise FileNotFoundError(f"actor.critic_path: {os.path.join(cfg.critic_path, VALUE_HEAD_FILE)} not found "
-                                f"(a checkpoint's {CRITIC_DIR}/ directory holds it)")
+        raise FileNotFoundError(
+            f"actor.critic_path: {os.path.join(cfg.critic_path, VALUE_HEAD_FILE)} not found "
+            f"(a checkpoint's {CRITIC_DIR}/ directory holds it)"
+        )
     critic_model = None
     if cfg.critic == "separate":
         from transformers import AutoModel
 
         critic_model = AutoModel.from_pretrained(cfg.critic_path or model_path)
     trainer = PolicyTrainer(
-        model, build_algorithm(cfg, max_new_tokens), ref_model=ref_model, critic=cfg.critic,
-        critic_model=critic_model, critic_lr=cfg.critic_lr,
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
-        max_grad_norm=cfg.max_grad_norm, mb_max_tokens=cfg.mb_max_tokens, ppo_n_minibatches=cfg.ppo_n_minibatches,
+        model,
+        build_algorithm(cfg, max_new_tokens),
+        ref_model=ref_model,
+        critic=cfg.critic,
+        critic_model=critic_model,
+        critic_lr=cfg.critic_lr,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        max_grad_norm=cfg.max_grad_norm,
+        mb_max_tokens=cfg.mb_max_tokens,
+        ppo_n_minibatches=cfg.ppo_n_minibatches,
         ppo_epochs=cfg.ppo_epochs,
-        pack_sequences=cfg.pack_sequences, temperature=temperature, top_p=top_p, top_k=top_k,
-        autocast_dtype=autocast_dtype, dp=dp, device=device, threads=threads,
+        pack_sequences=cfg.pack_sequences,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        autocast_dtype=autocast_dtype,
+        dp=dp,
+        device=device,
+        threads=threads,
     )
     if cfg.critic_path and trainer.value_head is not None:
         load_value_head(cfg.critic_path, trainer.value_head)

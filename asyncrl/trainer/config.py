@@ -182,12 +182,19 @@ class ActorConfig:
         for key in ("lr", "ppo_n_minibatches", "ppo_epochs", "threads", "mb_max_tokens"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"actor.{key} must be > 0, got {getattr(self, key)!r}")
-        for key in ("max_grad_norm", "warmup_steps", "kl_ctl", "reward_clip", "overlong_tokens",
-                    "overlong_penalty_factor", "loss_norm_tokens", "value_loss_coef"):
+        for key in (
+            "max_grad_norm",
+            "warmup_steps",
+            "kl_ctl",
+            "reward_clip",
+            "overlong_tokens",
+            "overlong_penalty_factor",
+            "loss_norm_tokens",
+            "value_loss_coef",
+        ):
             if getattr(self, key) < 0:
                 raise ConfigError(f"actor.{key} must be >= 0, got {getattr(self, key)!r}")
-        for key in ("eps_clip_higher", "behav_imp_weight_cap", "behav_imp_weight_floor", "value_eps_clip",
-                    "critic_lr"):
+        for key in ("eps_clip_higher", "behav_imp_weight_cap", "behav_imp_weight_floor", "value_eps_clip", "critic_lr"):
             if getattr(self, key) is not None and getattr(self, key) < 0:
                 raise ConfigError(f"actor.{key} must be >= 0 or null, got {getattr(self, key)!r}")
         for key in ("discount", "gae_lambda"):
@@ -206,84 +213,138 @@ class ActorConfig:
         except PlacementError as e:
             raise ConfigError(str(e)) from None
         if self.world_size > 1 and self.critic != "none":
-            raise ConfigError(f"actor.backend={self.backend} trains the policy only; actor.critic={self.critic} "
-                              "needs one rank (actor.backend=ddp:d1) or GRPO-family advantages without a critic")
-        choices = [("adv_estimator", ADVANTAGES), ("policy_loss", POLICY_LOSSES), ("loss_agg_mode", AGGREGATIONS),
-                   ("kl_estimator", KL_ESTIMATORS), ("importance_sampling_level", IS_LEVELS),
-                   ("behav_imp_weight_mode", MODES), ("behav_imp_weight_level", LEVELS),
-                   ("behav_imp_weight_metric", METRICS), ("behav_imp_weight_agg", AGGS), ("critic", CRITICS),
-                   ("prox_logp_method", PROX_LOGP_METHODS)]
+            raise ConfigError(
+                f"actor.backend={self.backend} trains the policy only; actor.critic={self.critic} "
+                "needs one rank (actor.backend=ddp:d1) or GRPO-family advantages without a critic"
+            )
+        choices = [
+            ("adv_estimator", ADVANTAGES),
+            ("policy_loss", POLICY_LOSSES),
+            ("loss_agg_mode", AGGREGATIONS),
+            ("kl_estimator", KL_ESTIMATORS),
+            ("importance_sampling_level", IS_LEVELS),
+            ("behav_imp_weight_mode", MODES),
+            ("behav_imp_weight_level", LEVELS),
+            ("behav_imp_weight_metric", METRICS),
+            ("behav_imp_weight_agg", AGGS),
+            ("critic", CRITICS),
+            ("prox_logp_method", PROX_LOGP_METHODS),
+        ]
         for key, allowed in choices:
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"actor.{key} '{getattr(self, key)}' is not one of {sorted(allowed)}")
         if self.behav_imp_weight_metric != "ratio" and self.behav_imp_weight_mode != "mask":
-            raise ConfigError(f"actor.behav_imp_weight_metric='{self.behav_imp_weight_metric}' bounds a KL "
-                              "estimate, which has no weight to clamp; set actor.behav_imp_weight_mode=mask")
-        if (self.behav_imp_weight_level == "sequence" and self.behav_imp_weight_agg != "mean"
-                and self.behav_imp_weight_mode == "clamp"):
-            raise ConfigError(f"actor.behav_imp_weight_agg='{self.behav_imp_weight_agg}' bounds a sum or maximum, "
-                              "but a sequence's weight is the geometric mean of its ratios: clamping it changes "
-                              "nothing; set actor.behav_imp_weight_mode=mask (or behav_imp_weight_agg=mean)")
+            raise ConfigError(
+                f"actor.behav_imp_weight_metric='{self.behav_imp_weight_metric}' bounds a KL "
+                "estimate, which has no weight to clamp; set actor.behav_imp_weight_mode=mask"
+            )
+        if (
+            self.behav_imp_weight_level == "sequence"
+            and self.behav_imp_weight_agg != "mean"
+            and self.behav_imp_weight_mode == "clamp"
+        ):
+            raise ConfigError(
+                f"actor.behav_imp_weight_agg='{self.behav_imp_weight_agg}' bounds a sum or maximum, "
+                "but a sequence's weight is the geometric mean of its ratios: clamping it changes "
+                "nothing; set actor.behav_imp_weight_mode=mask (or behav_imp_weight_agg=mean)"
+            )
         if self.behav_imp_weight_metric == "ratio":
             cap = self.behav_imp_weight_cap
             if cap is not None and not cap > 1:
-                effect = ("zeroes all learning" if cap <= 0 else "drops every on-policy token"
-                          if self.behav_imp_weight_mode == "mask" else "shrinks the weight of every on-policy token")
-                raise ConfigError(f"actor.behav_imp_weight_cap={cap} must be > 1: an on-policy token has weight "
-                                  f"π_prox/π_behav = 1, so this cap {effect} (usual values 2-5; null = unbounded)")
+                effect = (
+                    "zeroes all learning"
+                    if cap <= 0
+                    else "drops every on-policy token"
+                    if self.behav_imp_weight_mode == "mask"
+                    else "shrinks the weight of every on-policy token"
+                )
+                raise ConfigError(
+                    f"actor.behav_imp_weight_cap={cap} must be > 1: an on-policy token has weight "
+                    f"π_prox/π_behav = 1, so this cap {effect} (usual values 2-5; null = unbounded)"
+                )
             if self.behav_imp_weight_floor is not None and not self.behav_imp_weight_floor < 1:
-                raise ConfigError(f"actor.behav_imp_weight_floor={self.behav_imp_weight_floor} must be < 1: an "
-                                  "on-policy token has weight 1, so a floor at or above 1 bounds every on-policy "
-                                  "token (null = no floor)")
+                raise ConfigError(
+                    f"actor.behav_imp_weight_floor={self.behav_imp_weight_floor} must be < 1: an "
+                    "on-policy token has weight 1, so a floor at or above 1 bounds every on-policy "
+                    "token (null = no floor)"
+                )
         if self.lr > 1 and not self.allow_unsafe:
-            raise ConfigError(f"actor.lr={self.lr} is above 1, which diverges with AdamW (RL usually runs at "
-                              "1e-6..1e-4); set actor.allow_unsafe=true to run it anyway")
-        if (self.behav_imp_weight_cap is not None and self.behav_imp_weight_floor is not None
-                and self.behav_imp_weight_floor > self.behav_imp_weight_cap):
+            raise ConfigError(
+                f"actor.lr={self.lr} is above 1, which diverges with AdamW (RL usually runs at "
+                "1e-6..1e-4); set actor.allow_unsafe=true to run it anyway"
+            )
+        if (
+            self.behav_imp_weight_cap is not None
+            and self.behav_imp_weight_floor is not None
+            and self.behav_imp_weight_floor > self.behav_imp_weight_cap
+        ):
             raise ConfigError("actor.behav_imp_weight_floor exceeds actor.behav_imp_weight_cap")
         if self.overlong_reward_penalty:
             if self.overlong_tokens <= 0:
-                raise ConfigError("actor.overlong_reward_penalty=true needs actor.overlong_tokens > 0 (the "
-                                  "length of the penalised zone before gconfig.max_new_tokens)")
+                raise ConfigError(
+                    "actor.overlong_reward_penalty=true needs actor.overlong_tokens > 0 (the "
+                    "length of the penalised zone before gconfig.max_new_tokens)"
+                )
             if max_new_tokens is not None and self.overlong_tokens > max_new_tokens:
-                raise ConfigError(f"actor.overlong_tokens={self.overlong_tokens} exceeds gconfig.max_new_tokens="
-                                  f"{max_new_tokens}")
+                raise ConfigError(
+                    f"actor.overlong_tokens={self.overlong_tokens} exceeds gconfig.max_new_tokens={max_new_tokens}"
+                )
         if self.ref_model not in ("none", "init"):
             from pathlib import Path
 
             if not Path(self.ref_model).exists():
-                raise ConfigError(f"actor.ref_model '{self.ref_model}' is not 'none', 'init' or an existing "
-                                  "checkpoint directory")
+                raise ConfigError(
+                    f"actor.ref_model '{self.ref_model}' is not 'none', 'init' or an existing checkpoint directory"
+                )
 
         problems = []
         if n_samples == 1 and self.dynamic_sampling:
-            raise ConfigError("actor.dynamic_sampling=true keeps only groups whose rewards differ, and a group of "
-                              "gconfig.n_samples=1 never differs: every group would be dropped; set n_samples >= 2 "
-                              "or dynamic_sampling=false")
+            raise ConfigError(
+                "actor.dynamic_sampling=true keeps only groups whose rewards differ, and a group of "
+                "gconfig.n_samples=1 never differs: every group would be dropped; set n_samples >= 2 "
+                "or dynamic_sampling=false"
+            )
         if n_samples == 1 and self.adv_estimator in GROUP_BASELINES:
-            problems.append(f"actor.adv_estimator={self.adv_estimator} with gconfig.n_samples=1 gives every sample "
-                            "advantage 0 (its baseline is its own group); set gconfig.n_samples >= 2 or use "
-                            "reinforce_pp")
+            problems.append(
+                f"actor.adv_estimator={self.adv_estimator} with gconfig.n_samples=1 gives every sample "
+                "advantage 0 (its baseline is its own group); set gconfig.n_samples >= 2 or use "
+                "reinforce_pp"
+            )
         if max_staleness > 0 and self.policy_loss in OFF_POLICY_CORRECTED and self.behav_imp_weight_cap is None:
-            problems.append("η > 0 with an unbounded behaviour importance weight lets one stale token dominate "
-                            "the gradient; set actor.behav_imp_weight_cap (e.g. 5.0)")
+            problems.append(
+                "η > 0 with an unbounded behaviour importance weight lets one stale token dominate "
+                "the gradient; set actor.behav_imp_weight_cap (e.g. 5.0)"
+            )
         if max_staleness > 0 and self.policy_loss not in OFF_POLICY_CORRECTED:
-            problems.append(f"rollout.max_head_offpolicyness={max_staleness} trains on stale samples, but "
-                            f"actor.policy_loss='{self.policy_loss}' has no off-policy correction; use one of "
-                            f"{sorted(OFF_POLICY_CORRECTED)} or set rollout.max_head_offpolicyness=0")
+            problems.append(
+                f"rollout.max_head_offpolicyness={max_staleness} trains on stale samples, but "
+                f"actor.policy_loss='{self.policy_loss}' has no off-policy correction; use one of "
+                f"{sorted(OFF_POLICY_CORRECTED)} or set rollout.max_head_offpolicyness=0"
+            )
         if self.kl_ctl > 0 and self.ref_model == "none":
-            problems.append(f"actor.kl_ctl={self.kl_ctl} asks for a KL penalty, but there is no reference model to "
-                            "measure it against; set actor.ref_model=init (a frozen copy of model.path) or a "
-                            "checkpoint directory, or actor.kl_ctl=0")
+            problems.append(
+                f"actor.kl_ctl={self.kl_ctl} asks for a KL penalty, but there is no reference model to "
+                "measure it against; set actor.ref_model=init (a frozen copy of model.path) or a "
+                "checkpoint directory, or actor.kl_ctl=0"
+            )
         if self.critic_path and self.critic == "none":
-            raise ConfigError("actor.critic_path is set but actor.critic is 'none': set actor.critic to the kind "
-                              "that was saved (value_head or separate)")
+            raise ConfigError(
+                "actor.critic_path is set but actor.critic is 'none': set actor.critic to the kind "
+                "that was saved (value_head or separate)"
+            )
         if self.adv_estimator in CRITIC_ESTIMATORS and self.critic == "none":
-            problems.append(f"actor.adv_estimator={self.adv_estimator} without a critic uses V = 0: the advantages "
-                            "are raw returns with no baseline; set actor.critic=value_head or separate")
+            problems.append(
+                f"actor.adv_estimator={self.adv_estimator} without a critic uses V = 0: the advantages "
+                "are raw returns with no baseline; set actor.critic=value_head or separate"
+            )
         if self.critic != "none" and self.adv_estimator not in CRITIC_ESTIMATORS:
-            problems.append(f"actor.critic={self.critic} trains a critic that actor.adv_estimator="
-                            f"{self.adv_estimator} never uses; set actor.adv_estimator=gae or actor.critic=none")
+            problems.append(
+                f"actor.critic={self.critic} trains a critic that actor.adv_estimator="
+                f"{self.adv_estimator} never uses; set actor.adv_estimator=gae or actor.critic=none"
+            )
         if problems and not self.allow_unsafe:
-            raise ConfigError("unsafe configuration:\n  - " + "\n  - ".join(problems)
-                              + "\n(set actor.allow_unsafe=true to run it anyway)")
+            raise ConfigError(
+                "unsafe configuration:\n  - "
+                + "\n  - ".join(problems)
+                + "\n(set actor.allow_unsafe=true to run it anyway)"
+            )

@@ -28,8 +28,12 @@ CRITIC_DIR = "critic"
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
-def save_critic(path: str, value_head: dict[str, torch.Tensor], critic_model=None,
-                critic_weights: dict[str, torch.Tensor] | None = None) -> None:
+def save_critic(
+    path: str,
+    value_head: dict[str, torch.Tensor],
+    critic_model=None,
+    critic_weights: dict[str, torch.Tensor] | None = None,
+) -> None:
     """``path/value_head.safetensors`` (the value head's ``state_dict``) and, for a separate critic, its trunk in
     HF format beside it (``critic_weights``, else the model's own)."""
     from safetensors.torch import save_file
@@ -59,14 +63,20 @@ def critic_step(trainer, batch, plan, values, returns, value_weights, totals) ->
         L = out.target_len
         d = trainer.forward.dev
         mask = d(batch.loss_mask[ids, :L])
-        vloss, vstats = clipped_value_loss(trainer.value_head(out.hidden), d(values[ids, :L]), d(returns[ids, :L]),
-                                           mask, value_eps_clip=trainer.algo.value_eps_clip)
+        vloss, vstats = clipped_value_loss(
+            trainer.value_head(out.hidden),
+            d(values[ids, :L]),
+            d(returns[ids, :L]),
+            mask,
+            value_eps_clip=trainer.algo.value_eps_clip,
+        )
         vloss = (vloss * d(value_weights[mb, :L])).sum()
         vloss.backward()
         total += float(vloss.detach())
         clip_frac += vstats["value_clip_frac"] * float(mask.sum())
     params = [p for g in trainer.critic_optimizer.param_groups for p in g["params"]]
     totals["_per_mb_critic_grad_norm"] = totals.get("_per_mb_critic_grad_norm", 0.0) + trainer._clip_and_step(
-        trainer.critic_optimizer, params, loss_finite=math.isfinite(total))
+        trainer.critic_optimizer, params, loss_finite=math.isfinite(total)
+    )
     totals["_per_mb_value_loss"] = totals.get("_per_mb_value_loss", 0.0) + total
     totals["value_clip_frac"] = totals.get("value_clip_frac", 0.0) + clip_frac

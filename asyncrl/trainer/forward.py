@@ -112,8 +112,17 @@ class Forward:
             plan.append((flat, torch.tensor([rows[i] for i in flat]), local))
         return plan + [None] * ((self.dp.max(len(plan)) if self.dp else len(plan)) - len(plan))
 
-    def run(self, model, batch: Batch, ids: torch.Tensor, rows: list[list[int]] | None = None, *,
-            logprobs: bool = True, entropy: bool = False, hidden: bool = False) -> Outputs:
+    def run(
+        self,
+        model,
+        batch: Batch,
+        ids: torch.Tensor,
+        rows: list[list[int]] | None = None,
+        *,
+        logprobs: bool = True,
+        entropy: bool = False,
+        hidden: bool = False,
+    ) -> Outputs:
         """One micro-batch (samples ``ids`` of ``batch``, packed as ``rows`` of indices into ``ids`` when
         packing) through ``model``, outputs in the padded layout (len(ids), T_mb - 1). A micro-batch whose
         rows hold one sample each runs padded: the same layout, with a cheaper attention mask."""
@@ -130,8 +139,12 @@ class Forward:
                 def to_padded(x):  # (R, W-1, ...) packed targets -> (rows, T-1, ...)
                     return unpack(x, packed)
             else:
-                out = model(input_ids=input_ids, attention_mask=self.dev(batch.attention_mask[ids, :T]),
-                            use_cache=False, **kwargs)
+                out = model(
+                    input_ids=input_ids,
+                    attention_mask=self.dev(batch.attention_mask[ids, :T]),
+                    use_cache=False,
+                    **kwargs,
+                )
                 targets, slots = input_ids[:, 1:], input_ids.numel()
                 valid = self.dev(batch.attention_mask[ids, 1:T]).bool()  # targets that exist (not padding)
 
@@ -141,8 +154,9 @@ class Forward:
 
             logp = ent = h = None
             if logprobs:
-                logp, ent = logprobs_from_logits(out.logits[:, :-1], targets, self.temperature, entropy,
-                                                 self.top_p, self.top_k)
+                logp, ent = logprobs_from_logits(
+                    out.logits[:, :-1], targets, self.temperature, entropy, self.top_p, self.top_k
+                )
                 logp = to_padded(logp)
                 ent = None if ent is None else to_padded(ent)
             if hidden:
@@ -150,8 +164,9 @@ class Forward:
         return Outputs(logp, ent, h, T - 1, slots)
 
     @torch.no_grad()
-    def gather(self, batch: Batch, fn: Callable[[torch.Tensor, list[list[int]]], torch.Tensor], model,
-               *others) -> torch.Tensor:
+    def gather(
+        self, batch: Batch, fn: Callable[[torch.Tensor, list[list[int]]], torch.Tensor], model, *others
+    ) -> torch.Tensor:
         """``fn(ids, rows) -> (len(ids), T_mb - 1)`` over every micro-batch of ``batch``, as (N, T-1), with
         ``model`` (and ``others``) in eval mode: without (LoRA) dropout, as the engine sampled, so that the
         proximal log-probs are the weights' own."""

@@ -9,9 +9,14 @@ import torch
 from asyncrl.engine.sampling import filter_logits
 
 
-def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                         with_entropy: bool = False, top_p: float = 1.0, top_k: int = 0,
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of ``targets`` (..., L) under ``logits`` (..., L, V) at ``temperature``, and the
     (detached) entropy of each distribution when asked.
 

@@ -96,8 +96,9 @@ class PackedRows:
         return self.input_ids.numel()
 
 
-def pack(input_ids: torch.Tensor, lengths: Sequence[int], rows: list[list[int]] | None = None,
-         pad_id: int = 0) -> PackedRows:
+def pack(
+    input_ids: torch.Tensor, lengths: Sequence[int], rows: list[list[int]] | None = None, pad_id: int = 0
+) -> PackedRows:
     """Lay the first ``lengths[i]`` tokens of each row of ``input_ids`` (n, T) out in packed ``rows`` (lists of
     sample indices; default: first-fit-decreasing into rows as wide as the longest sample). Rows are as wide
     as the fullest one; trailing padding continues the position ids from 0 as a dummy sample of its own, so it
@@ -143,8 +144,9 @@ def unpack(packed_values: torch.Tensor, packed: PackedRows, fill: float = 0.0) -
 def packed_forward(model, packed: PackedRows, **kwargs):
     """The model's forward pass on packed rows: position ids restart per sample and no 2D attention mask is
     passed, so transformers keeps attention within each sample (no KV cache, which would disable that)."""
-    return model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                 use_cache=False, **kwargs)
+    return model(
+        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False, **kwargs
+    )
 
 
 @torch.no_grad()
@@ -163,7 +165,8 @@ def check_packing(model, atol: float = 1e-4) -> None:
         raise RuntimeError(
             f"{type(model).__name__} with attention '{getattr(model.config, '_attn_implementation', '?')}' does "
             "not keep packed samples apart (transformers 5 with eager, sdpa or flash attention does); set "
-            "actor.pack_sequences=false")
+            "actor.pack_sequences=false"
+        )
 
 
 def micro_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:

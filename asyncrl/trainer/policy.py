@@ -9,7 +9,8 @@ One step (``PolicyTrainer.step``), as in AReaL's trainer:
    with ``prox_logp_method=recompute``), the reference model's log-probs (KL), the critic's values;
 2. shaped rewards -> per-token rewards (minus β·KL when the KL is in the reward) -> advantages (+ returns
    for the critic);
-3. ``ppo_epochs`` x ``ppo_n_minibatches`` optimizer steps, each accumulating ``Σ weight · per-token loss`` (+ β·KL in the
+3. ``ppo_epochs`` x ``ppo_n_minibatches`` optimizer steps, each accumulating ``Σ weight · per-token loss`` (+ β·KL in
+the
    loss, + the value loss of a value head) over micro-batches; a separate critic takes its own step.
 """
 
@@ -29,12 +30,12 @@ from asyncrl.algo.algorithm import Algorithm
 from asyncrl.algo.losses import LossInputs, clipped_value_loss
 from asyncrl.algo.offpolicy import loglinear_prox_logprobs
 from asyncrl.algo.shaping import place_at_last_token, shape_rewards
-from asyncrl.models.lora import is_lora, merged_state_dict
-from asyncrl.trainer.forward import Forward, Outputs
-from asyncrl.trainer.packing import check_packing
 from asyncrl.cluster.parallel import DataParallel
+from asyncrl.models.lora import is_lora, merged_state_dict
 from asyncrl.trainer import state
 from asyncrl.trainer.critic import ValueHead, critic_step
+from asyncrl.trainer.forward import Forward, Outputs
+from asyncrl.trainer.packing import check_packing
 from asyncrl.types import Batch
 
 
@@ -54,7 +55,13 @@ class PolicyTrainer:
     on a ``Batch`` with the functions of an ``Algorithm``."""
 
     def __init__(
-        self, model, algo: Algorithm | None = None, *, ref_model=None, critic: str = "none", critic_model=None,
+        self,
+        model,
+        algo: Algorithm | None = None,
+        *,
+        ref_model=None,
+        critic: str = "none",
+        critic_model=None,
         critic_lr: float | None = None,
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
@@ -74,8 +81,10 @@ class PolicyTrainer:
         threads: Callable[[], int] | None = None,
     ):
         if dp is not None and critic != "none":
-            raise ValueError("several trainer ranks train the policy only: use actor.critic=none (GRPO-family "
-                             "advantages) or one rank")
+            raise ValueError(
+                "several trainer ranks train the policy only: use actor.critic=none (GRPO-family "
+                "advantages) or one rank"
+            )
         if dp is not None and dp.fsdp and is_lora(model):
             raise ValueError("LoRA trains with DDP or one rank, not FSDP")
         self.device, self.dp = torch.device(device), dp
@@ -99,8 +108,11 @@ class PolicyTrainer:
             self.critic_model = critic_model.to(self.device).train()
             self.value_head = ValueHead(critic_model.config.hidden_size).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(
-                list(critic_model.parameters()) + list(self.value_head.parameters()), lr=critic_lr or lr,
-                betas=betas, weight_decay=weight_decay)
+                list(critic_model.parameters()) + list(self.value_head.parameters()),
+                lr=critic_lr or lr,
+                betas=betas,
+                weight_decay=weight_decay,
+            )
         elif critic != "none":
             raise ValueError(f"critic must be none, value_head or separate, got '{critic}'")
         self.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
@@ -108,8 +120,9 @@ class PolicyTrainer:
         self.max_grad_norm = max_grad_norm
         self.n_minibatches, self.ppo_epochs = ppo_n_minibatches, ppo_epochs
         # micro-batches, their layout, and the log-probs at the engine's sampling distribution
-        self.forward = Forward(self.device, mb_max_tokens, pack_sequences, temperature, top_p, top_k, autocast_dtype,
-                               dp, threads)
+        self.forward = Forward(
+            self.device, mb_max_tokens, pack_sequences, temperature, top_p, top_k, autocast_dtype, dp, threads
+        )
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step
         self.optim_s = 0.0  # time in the optimizer during the current step
@@ -125,14 +138,20 @@ class PolicyTrainer:
         """Log-probabilities (N, T-1) of every token under ``model`` (default: the policy's current weights,
         i.e. the proximal policy at the start of a step)."""
         model = self.model if model is None else model
-        return self.forward.gather(batch, lambda ids, rows: self.forward.run(model, batch, ids, rows).logprobs,
-                                   *self._modules)
+        return self.forward.gather(
+            batch, lambda ids, rows: self.forward.run(model, batch, ids, rows).logprobs, *self._modules
+        )
 
     def values(self, batch: Batch) -> torch.Tensor:
         """The critic's values (N, T-1): position t values the state before target token t."""
         trunk = self.critic_model if self.critic_model is not None else self.model
-        return self.forward.gather(batch, lambda ids, rows: self.value_head(
-            self.forward.run(trunk, batch, ids, rows, logprobs=trunk is self.model, hidden=True).hidden), *self._modules)
+        return self.forward.gather(
+            batch,
+            lambda ids, rows: self.value_head(
+                self.forward.run(trunk, batch, ids, rows, logprobs=trunk is self.model, hidden=True).hidden
+            ),
+            *self._modules,
+        )
 
     @property
     def _modules(self) -> tuple:
@@ -169,7 +188,7 @@ class PolicyTrainer:
         self.steps_done += 1
         tok = max(totals.pop("_tokens", 0.0), 1.0)
         for key in [k for k in totals if k.startswith("_per_mb_")]:
-            stats[key[len("_per_mb_"):]] = totals.pop(key) / max(done, 1)
+            stats[key[len("_per_mb_") :]] = totals.pop(key) / max(done, 1)
         for key in [k for k in totals if k.endswith("_max")]:
             stats[key] = totals.pop(key)
         slots, real = totals.pop("_slots", 0.0), totals.pop("_real", 0.0)
@@ -216,8 +235,9 @@ class PolicyTrainer:
             if algo.kl_ctl > 0 and not algo.kl_in_loss:
                 token_rewards = token_rewards - algo.kl_ctl * kl
                 scores = scores - algo.kl_ctl * kl.sum(-1)
-        advantages = algo.adv_fn(scores, batch.group_ids, mask, token_rewards=token_rewards, values=values,
-                                 gamma=algo.gamma, lam=algo.lam)
+        advantages = algo.adv_fn(
+            scores, batch.group_ids, mask, token_rewards=token_rewards, values=values, gamma=algo.gamma, lam=algo.lam
+        )
         returns = None if values is None else (advantages + values) * mask
         if algo.adv_norm:
             advantages = masked_whiten(advantages, mask)
@@ -228,8 +248,19 @@ class PolicyTrainer:
             return base
         return base * min(1.0, (self.steps_done + 1) / self.warmup_steps)
 
-    def _minibatch_step(self, batch: Batch, rows: list[int], index: int, version: int, advantages, returns,
-                        values, prox, ref, totals: dict) -> None:
+    def _minibatch_step(
+        self,
+        batch: Batch,
+        rows: list[int],
+        index: int,
+        version: int,
+        advantages,
+        returns,
+        values,
+        prox,
+        ref,
+        totals: dict,
+    ) -> None:
         """One optimizer step on the samples ``rows`` (the ``index``-th minibatch of the step)."""
         lr = self._lr(self.base_lr)
         for group in self.optimizer.param_groups:
@@ -245,23 +276,24 @@ class PolicyTrainer:
                 if item is None:
                     self.forward.empty_loss(self.model).backward()
                     continue
-                mb_loss += self._micro_batch_step(batch, item, index, version, weights, value_weights, advantages,
-                                                  returns, values, prox, ref, totals)
+                mb_loss += self._micro_batch_step(
+                    batch, item, index, version, weights, value_weights, advantages, returns, values, prox, ref, totals
+                )
         self._finish_minibatch(batch, plan, values, returns, value_weights, totals, mb_loss)
 
     def _accumulating(self, last: bool):
         return contextlib.nullcontext() if self.dp is None else self.dp.accumulate(self.model, last)
 
-    def _micro_batch_step(self, batch, item, index, version, weights, value_weights, advantages, returns, values,
-                          prox, ref, totals) -> float:
+    def _micro_batch_step(
+        self, batch, item, index, version, weights, value_weights, advantages, returns, values, prox, ref, totals
+    ) -> float:
         """Forward and backward of one micro-batch, its statistics added to ``totals``; returns its loss."""
         mb, ids, packed_rows = item
         self.forward.set_threads()
         out = self.forward.run(self.model, batch, ids, packed_rows, entropy=True, hidden=self.shared_value_head)
         L, d = out.target_len, self.forward.dev
         inputs = _MicroBatch(ids, L, d(batch.loss_mask[ids, :L]), d(weights[mb, :L]), d(value_weights[mb, :L]))
-        loss, stats = self._micro_batch_loss(batch, inputs, out, index, version, advantages, returns, values, prox,
-                                             ref)
+        loss, stats = self._micro_batch_loss(batch, inputs, out, index, version, advantages, returns, values, prox, ref)
         (loss * self._loss_scale).backward()
         mb_tok = float(inputs.mask.sum())
         if "value_loss" in stats:  # already this micro-batch's share of the minibatch's value loss
@@ -282,13 +314,26 @@ class PolicyTrainer:
         """Clip and apply the minibatch's gradients (then the separate critic's step)."""
         totals["_per_mb_loss"] = totals.get("_per_mb_loss", 0.0) + mb_loss
         totals["_per_mb_grad_norm"] = totals.get("_per_mb_grad_norm", 0.0) + self._clip_and_step(
-            self.optimizer, [p for g in self.optimizer.param_groups for p in g["params"]],
-            loss_finite=math.isfinite(mb_loss))
+            self.optimizer,
+            [p for g in self.optimizer.param_groups for p in g["params"]],
+            loss_finite=math.isfinite(mb_loss),
+        )
         if self.critic_model is not None and not self.skipped_updates:
             critic_step(self, batch, [p for p in plan if p is not None], values, returns, value_weights, totals)
 
-    def _micro_batch_loss(self, batch: Batch, mb: "_MicroBatch", out: Outputs, index: int, version: int,
-                          advantages, returns, values, prox, ref) -> tuple[torch.Tensor, dict]:
+    def _micro_batch_loss(
+        self,
+        batch: Batch,
+        mb: "_MicroBatch",
+        out: Outputs,
+        index: int,
+        version: int,
+        advantages,
+        returns,
+        values,
+        prox,
+        ref,
+    ) -> tuple[torch.Tensor, dict]:
         """The micro-batch's share of the minibatch loss: Σ w·L (+ β·KL in the loss, + the value head's loss)."""
         algo, ids, L, mask, d = self.algo, mb.ids, mb.target_len, mb.mask, self.forward.dev
         logp, behav = out.logprobs, d(batch.behav_logprobs[ids, :L])
@@ -302,16 +347,22 @@ class PolicyTrainer:
             current = (d(batch.versions[ids, :L]) == version) & mask.bool()
             self._mismatch[0] += float((behav - prox_mb.detach()).abs()[current].sum())
             self._mismatch[1] += int(current.sum())
-        per_token, stats = algo.loss_fn(LossInputs(logp, prox_mb, behav, d(advantages[ids, :L]), mask),
-                                        **algo.loss_options)
+        per_token, stats = algo.loss_fn(
+            LossInputs(logp, prox_mb, behav, d(advantages[ids, :L]), mask), **algo.loss_options
+        )
         loss = (per_token * mb.weights).sum()
         if ref is not None and algo.kl_in_loss and algo.kl_ctl > 0:
             kl = algo.kl_fn(logp, d(ref[ids, :L])) * mask
             loss = loss + algo.kl_ctl * (kl * mb.weights).sum()
             stats["kl_loss"] = float(kl.detach().sum() / mask.sum().clamp(min=1))
         if self.shared_value_head:
-            vloss, vstats = clipped_value_loss(self.value_head(out.hidden), d(values[ids, :L]), d(returns[ids, :L]), mask,
-                                               value_eps_clip=algo.value_eps_clip)
+            vloss, vstats = clipped_value_loss(
+                self.value_head(out.hidden),
+                d(values[ids, :L]),
+                d(returns[ids, :L]),
+                mask,
+                value_eps_clip=algo.value_eps_clip,
+            )
             vloss = (vloss * mb.value_weights).sum()
             loss = loss + algo.value_loss_coef * vloss
             stats.update(vstats, value_loss=float(vloss.detach()))

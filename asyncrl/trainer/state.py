@@ -15,6 +15,7 @@ from asyncrl.api.trainer import NonFiniteWeights
 from asyncrl.models.lora import is_lora, save_lora
 from asyncrl.trainer.critic import CRITIC_DIR, save_critic
 
+
 def finite(t: torch.Tensor) -> bool:
     """Whether every element of ``t`` is finite. A finite sum proves it (NaN and inf propagate through a sum);
     only a sum that overflowed or met one needs the element-wise check. A sum reads the tensor once without
@@ -36,17 +37,23 @@ def training_state(trainer, directory: str | None = None) -> dict:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         if directory is not None:
-            dcp.save({"optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)},
-                     checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
+            dcp.save(
+                {"optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)},
+                checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS),
+            )
             optim = OPTIMIZER_SHARDS
         else:
-            optim = get_optimizer_state_dict(trainer.model, trainer.optimizer,
-                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            optim = get_optimizer_state_dict(
+                trainer.model, trainer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
     else:
         optim = trainer.optimizer.state_dict()
-    return {"optimizer": optim, "steps_done": trainer.steps_done,
-            "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict(),
-            "value_head": None if trainer.value_head is None else trainer.value_head.state_dict()}
+    return {
+        "optimizer": optim,
+        "steps_done": trainer.steps_done,
+        "critic_optimizer": None if trainer.critic_optimizer is None else trainer.critic_optimizer.state_dict(),
+        "value_head": None if trainer.value_head is None else trainer.value_head.state_dict(),
+    }
 
 
 def load_training_state(trainer, state: dict, directory: str | None = None) -> None:
@@ -54,16 +61,23 @@ def load_training_state(trainer, state: dict, directory: str | None = None) -> N
     it needs, whatever the number of ranks that wrote them)."""
     if trainer.dp is not None and trainer.dp.fsdp:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
 
         if state["optimizer"] == OPTIMIZER_SHARDS:
             optim = {"optimizer": get_optimizer_state_dict(trainer.model, trainer.optimizer)}
             dcp.load(optim, checkpoint_id=str(Path(directory) / OPTIMIZER_SHARDS))
             set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_state_dict=optim["optimizer"])
         else:
-            set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_state_dict=state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+            set_optimizer_state_dict(
+                trainer.model,
+                trainer.optimizer,
+                optim_state_dict=state["optimizer"],
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
     else:
         trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.steps_done = state["steps_done"]
@@ -104,8 +118,12 @@ class WeightsCopy:
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
         if self.value_head is not None:
-            save_critic(os.path.join(path, CRITIC_DIR), self.value_head, self.critic_model,
-                        None if self.critic is None else dict(self.critic))
+            save_critic(
+                os.path.join(path, CRITIC_DIR),
+                self.value_head,
+                self.critic_model,
+                None if self.critic is None else dict(self.critic),
+            )
 
 
 def snapshot(trainer) -> WeightsCopy | None:
@@ -115,9 +133,13 @@ def snapshot(trainer) -> WeightsCopy | None:
         return None
     trainer.check_finite()
     critic = trainer.critic_model
-    return WeightsCopy(trainer.module, cpu_copy(trainer.state_dict()),
-                       None if trainer.value_head is None else cpu_copy(trainer.value_head.state_dict()),
-                       critic, None if critic is None else cpu_copy(critic.state_dict()))
+    return WeightsCopy(
+        trainer.module,
+        cpu_copy(trainer.state_dict()),
+        None if trainer.value_head is None else cpu_copy(trainer.value_head.state_dict()),
+        critic,
+        None if critic is None else cpu_copy(critic.state_dict()),
+    )
 
 
 def cpu_copy(obj, memo: dict | None = None):
@@ -140,8 +162,11 @@ def cpu_copy(obj, memo: dict | None = None):
 def check_finite(trainer) -> None:
     """Raise ``NonFiniteWeights`` naming the first weight of ``trainer`` (policy, value head, critic) that holds
     NaN or inf."""
-    parts = [("policy", trainer.state_dict().items()), ("value head", trainer.value_head),
-             ("critic", trainer.critic_model)]
+    parts = [
+        ("policy", trainer.state_dict().items()),
+        ("value head", trainer.value_head),
+        ("critic", trainer.critic_model),
+    ]
     for what, tensors in parts:
         items = tensors.named_parameters() if isinstance(tensors, torch.nn.Module) else tensors or ()
         for name, p in items:

@@ -36,6 +36,7 @@ from asyncrl.weights.wire import broadcast, buckets, dtype_name, new_group, writ
 
 log = logging.getLogger(__name__)
 
+
 class InProcessPublisher:
     """Engines in this process convert the tensors at call time and swap them in at a token boundary."""
 
@@ -105,7 +106,7 @@ def sweep_stale_weight_dirs() -> list[Path]:
     removed = []
     for base in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
         for d in base.glob(f"{TEMP_PREFIX}*") if base.is_dir() else ():
-            pid = d.name[len(TEMP_PREFIX):].split("-", 1)[0]
+            pid = d.name[len(TEMP_PREFIX) :].split("-", 1)[0]
             if pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d)
@@ -140,8 +141,15 @@ class DistPublisher:
     The group is built for the servers that take a version, again when they change (one retired or back from a
     cool-down); a failure closes it (the next publish builds a new one) and raises ``WeightSyncError``."""
 
-    def __init__(self, engines: list[ServerFleet], backend: str = "gloo", bucket_mb: int = 64, timeout_s: float = 60.0,
-                 master_address: str = "127.0.0.1", group_name: str = "asyncrl-weights"):
+    def __init__(
+        self,
+        engines: list[ServerFleet],
+        backend: str = "gloo",
+        bucket_mb: int = 64,
+        timeout_s: float = 60.0,
+        master_address: str = "127.0.0.1",
+        group_name: str = "asyncrl-weights",
+    ):
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"weight broadcast backend must be 'gloo' or 'nccl', got '{backend}'")
         self.engines, self.backend, self.timeout_s = engines, backend, timeout_s
@@ -161,8 +169,11 @@ class DistPublisher:
                 tensors = {k: v.detach().to(device).contiguous() for k, v in state_dict.items()}
                 with contextlib.ExitStack() as updating:
                     # pause (if they abort in-flight requests) and learn which servers take this version
-                    servers = [(e, a) for e in self.engines
-                               for a in updating.enter_context(e.updating(version, self.timeout_s))]
+                    servers = [
+                        (e, a)
+                        for e in self.engines
+                        for a in updating.enter_context(e.updating(version, self.timeout_s))
+                    ]
                     if self._group is None or servers != self._servers:
                         self._close_group()
                         self._connect(servers, version)
@@ -171,8 +182,9 @@ class DistPublisher:
                 self._drop_group()
                 if isinstance(e, WeightSyncError):
                     raise
-                raise WeightSyncError(f"broadcasting weights of version {version} failed: "
-                                      f"{type(e).__name__}: {e}") from e
+                raise WeightSyncError(
+                    f"broadcasting weights of version {version} failed: {type(e).__name__}: {e}"
+                ) from e
         return time.perf_counter() - t0
 
     def _connect(self, servers: list[tuple[ServerFleet, str]], version: int) -> None:
@@ -182,16 +194,36 @@ class DistPublisher:
         if not self._servers:
             raise WeightSyncError(f"no live server to send weights of version {version} to")
         world = len(self._servers) + 1
-        self._store = dist.TCPStore(self.master_address, 0, world, is_master=True,
-                                    timeout=timedelta(seconds=self.timeout_s), wait_for_workers=False)
+        self._store = dist.TCPStore(
+            self.master_address,
+            0,
+            world,
+            is_master=True,
+            timeout=timedelta(seconds=self.timeout_s),
+            wait_for_workers=False,
+        )
         port = self._store.port
         name = f"{self.group_name}-{os.getpid()}-{time.monotonic_ns()}"
-        posts = [self._pool.submit(e.post, a, "/init_weights_update_group", {
-            "master_address": self.master_address, "master_port": port, "rank_offset": rank, "world_size": world,
-            "group_name": name, "backend": self.backend}, self.timeout_s)
-            for rank, (e, a) in enumerate(self._servers, start=1)]
-        self._group = new_group(self.backend, self.master_address, port, 0, world, name, self.timeout_s,
-                                store=self._store)
+        posts = [
+            self._pool.submit(
+                e.post,
+                a,
+                "/init_weights_update_group",
+                {
+                    "master_address": self.master_address,
+                    "master_port": port,
+                    "rank_offset": rank,
+                    "world_size": world,
+                    "group_name": name,
+                    "backend": self.backend,
+                },
+                self.timeout_s,
+            )
+            for rank, (e, a) in enumerate(self._servers, start=1)
+        ]
+        self._group = new_group(
+            self.backend, self.master_address, port, 0, world, name, self.timeout_s, store=self._store
+        )
         for f in posts:
             f.result(timeout=self.timeout_s)
         self._group_name = name
@@ -199,12 +231,18 @@ class DistPublisher:
     def _send(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         groups = buckets(tensors, self.bucket_bytes)
         for i, names in enumerate(groups):
-            body = {"names": names, "dtypes": [dtype_name(tensors[n].dtype) for n in names],
-                    "shapes": [list(tensors[n].shape) for n in names], "group_name": self._group_name}
+            body = {
+                "names": names,
+                "dtypes": [dtype_name(tensors[n].dtype) for n in names],
+                "shapes": [list(tensors[n].shape) for n in names],
+                "group_name": self._group_name,
+            }
             if i == len(groups) - 1:
                 body["weight_version"] = str(version)
-            posts = [self._pool.submit(e.post, a, "/update_weights_from_distributed", body, self.timeout_s)
-                     for e, a in self._servers]
+            posts = [
+                self._pool.submit(e.post, a, "/update_weights_from_distributed", body, self.timeout_s)
+                for e, a in self._servers
+            ]
             for n in names:
                 broadcast(self._group, tensors[n], self.timeout_s)
             for f in posts:
@@ -231,8 +269,16 @@ class DistPublisher:
 TRANSPORTS = ("inprocess", "disk", "dist")
 
 
-def build_publisher(transport: str, engines: list, *, timeout_s: float = 60.0, weight_dir: str | None = None,
-                    dist_backend: str = "gloo", bucket_mb: int = 64, master_address: str = "127.0.0.1") -> Publisher:
+def build_publisher(
+    transport: str,
+    engines: list,
+    *,
+    timeout_s: float = 60.0,
+    weight_dir: str | None = None,
+    dist_backend: str = "gloo",
+    bucket_mb: int = 64,
+    master_address: str = "127.0.0.1",
+) -> Publisher:
     """The publisher of ``transport`` (one of ``TRANSPORTS``) that reaches ``engines``; call ``close()`` at the
     end. ``weight_dir`` is the disk transport's (None: a temporary one), the ``dist_*`` arguments are the
     broadcast's."""
@@ -241,6 +287,7 @@ def build_publisher(transport: str, engines: list, *, timeout_s: float = 60.0, w
     if transport == "disk":
         return DiskPublisher(engines, weight_dir, timeout_s=timeout_s)
     if transport == "dist":
-        return DistPublisher(engines, backend=dist_backend, bucket_mb=bucket_mb, timeout_s=timeout_s,
-                             master_address=master_address)
+        return DistPublisher(
+            engines, backend=dist_backend, bucket_mb=bucket_mb, timeout_s=timeout_s, master_address=master_address
+        )
     raise ValueError(f"unknown weight transport '{transport}' (one of {list(TRANSPORTS)})")

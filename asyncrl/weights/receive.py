@@ -36,8 +36,16 @@ class DistReceiver:
         self._staged_epoch = 0
         self._buffers: dict[str, torch.Tensor] = {}  # receive buffers, reused by every update (``apply`` copies)
 
-    def init_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                   group_name: str, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    def init_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str = "gloo",
+        timeout_s: float = 60.0,
+    ) -> None:
         """Join the group (blocks until every rank has joined, or about ``timeout_s``), replacing any group
         joined before. Raises ValueError if a ``destroy`` or another join came meanwhile."""
         if backend != "gloo":
@@ -54,12 +62,20 @@ class DistReceiver:
             raise
         with self._lock:
             if epoch != self._epoch:
-                raise ValueError(f"joining weight update group '{group_name}' was abandoned (destroyed or "
-                                 "replaced while it waited for the other ranks)")
+                raise ValueError(
+                    f"joining weight update group '{group_name}' was abandoned (destroyed or "
+                    "replaced while it waited for the other ranks)"
+                )
             self._group, self._name, self._joining = group, group_name, None
 
-    def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str | None,
-                weight_version: int | str | None) -> int | None:
+    def receive(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str | None,
+        weight_version: int | str | None,
+    ) -> int | None:
         """Receive one bucket; returns the version applied, if this bucket completed one."""
         if not (len(names) == len(dtypes) == len(shapes)):
             raise ValueError("names, dtypes and shapes must have the same length")
@@ -100,8 +116,9 @@ class DistReceiver:
         if m.name not in self.shapes:
             raise ValueError(f"tensor '{m.name[:100]}' is not a weight of the served model")
         if m.shape != self.shapes[m.name]:
-            raise ValueError(f"tensor '{m.name}' has shape {list(m.shape)[:8]}, the served model's has "
-                             f"{list(self.shapes[m.name])}")
+            raise ValueError(
+                f"tensor '{m.name}' has shape {list(m.shape)[:8]}, the served model's has {list(self.shapes[m.name])}"
+            )
 
     def _current(self, group_name: str | None):
         """The joined group and the epoch it belongs to; ValueError if there is none, or another one."""

@@ -100,8 +100,16 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
-def new_group(backend: str, master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-              timeout_s: float, store=None):
+def new_group(
+    backend: str,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    timeout_s: float,
+    store=None,
+):
     """A process group of its own (not the default group): every rank calls this; rank 0 passes the
     ``store`` it created as master. Blocks until all ``world_size`` ranks have joined or ``timeout_s``."""
     import torch.distributed as dist

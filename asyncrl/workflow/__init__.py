@@ -25,8 +25,9 @@ def resolve_workflow(name: str) -> Any:
     """The class, factory or object that ``name`` (registered or ``package.module:Name``) stands for."""
     spec = WORKFLOWS.get(name, name)
     if ":" not in spec:
-        raise ValueError(f"'{name}' is neither a registered workflow {sorted(WORKFLOWS)} nor an import path "
-                         "package.module:Name")
+        raise ValueError(
+            f"'{name}' is neither a registered workflow {sorted(WORKFLOWS)} nor an import path package.module:Name"
+        )
     return load_object(spec)
 
 

@@ -6,8 +6,8 @@ import asyncio
 import dataclasses
 
 from asyncrl.api.engine import Engine
-from asyncrl.engine.sampling import derive_seed
 from asyncrl.data.formats import item_prompt_ids
+from asyncrl.engine.sampling import derive_seed
 from asyncrl.types import SamplingParams, Trajectory, TrajectoryGroup
 
 
@@ -31,5 +31,10 @@ class RLVRWorkflow:
         completions = await engine.generate(prompt_ids, self._params(item))
         texts = [self.tokenizer.decode(c.output_ids, skip_special_tokens=True) for c in completions]
         rewards = await asyncio.gather(*(self.reward.ascore(item, text) for text in texts))  # scored side by side
-        return TrajectoryGroup([Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason, t)
-                                for c, t, r in zip(completions, texts, rewards)], item_id=item.get("id"))
+        return TrajectoryGroup(
+            [
+                Trajectory(c.prompt_ids, c.output_ids, c.logprobs, c.versions, r, c.finish_reason, t)
+                for c, t, r in zip(completions, texts, rewards)
+            ],
+            item_id=item.get("id"),
+        )

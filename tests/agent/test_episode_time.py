@@ -9,6 +9,7 @@ import time
 import pytest
 
 from asyncrl.agent.workflow import AgentWorkflow
+
 from engines_for_tests import ScriptedEngine, agent_context
 from timing_agents_for_tests import TOOL_S
 
@@ -30,8 +31,10 @@ def _run(tokenizer, episode: str, client: str, items: int = 8) -> dict:
     from asyncrl.server.agent import serve_proxy
 
     engine = SlowScriptedEngine(tokenizer, [CALL, CALL, "The answer is 42."] * items * 2)
-    workflow = AgentWorkflow(agent_context(tokenizer, n=1), episode=f"timing_agents_for_tests:{episode}", client=client,
-                             serve=serve_proxy)
+    workflow = AgentWorkflow(
+        agent_context(tokenizer, n=1), episode=f"timing_agents_for_tests:{episode}", client=client, serve=serve_proxy
+    )
+
     async def all_items():  # one event loop, as the rollout thread has
         for i in range(items):
             await workflow.run({"id": i, "question": "What is 6 x 7?"}, engine)

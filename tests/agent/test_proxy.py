@@ -8,22 +8,33 @@ import pytest
 
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.proxy import AgentProxy
+
 from engines_for_tests import ScriptedEngine, agent_context
 
-TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
-    "key": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}},
+    }
+]
 
 
 def test_history_edit_starts_a_new_chain(tokenizer):
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=ScriptedEngine(tokenizer, ["one", "two", "three"]))
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id),
+        agent_context(tokenizer).params,
+        512,
+        engine=ScriptedEngine(tokenizer, ["one", "two", "three"]),
+    )
     key = proxy.open()
 
     async def main():
         a = await proxy.chat(key, {"messages": [{"role": "user", "content": "q"}]})
         msg = a["choices"][0]["message"]
         await proxy.chat(key, {"messages": [{"role": "user", "content": "q"}, msg, {"role": "user", "content": "go"}]})
-        await proxy.chat(key, {"messages": [{"role": "user", "content": "summary of q"}, {"role": "user", "content": "go"}]})
+        await proxy.chat(
+            key, {"messages": [{"role": "user", "content": "summary of q"}, {"role": "user", "content": "go"}]}
+        )
 
     asyncio.run(main())
     episode = proxy.close(key)
@@ -33,8 +44,9 @@ def test_history_edit_starts_a_new_chain(tokenizer):
 
 def test_a_retried_request_makes_one_sample(tokenizer):
     engine = ScriptedEngine(tokenizer, ["first", "second"])
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=engine)
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512, engine=engine
+    )
     key = proxy.open()
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8}
 
@@ -52,8 +64,9 @@ def test_the_same_request_asked_again_is_a_new_sample(tokenizer):
     """An agent that asks the same thing twice (try again, vote over samples) gets two samples, as from the
     OpenAI API; a retry of the second is answered with the second."""
     engine = ScriptedEngine(tokenizer, ["first", "second"])
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=engine)
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512, engine=engine
+    )
     key = proxy.open()
     body = {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8}
     first = asyncio.run(proxy.chat(key, body))
@@ -68,8 +81,9 @@ def test_each_choice_of_a_completion_with_n_choices_takes_its_own_reward(tokeniz
     """A chat request with n = 2 and a completion (no chat template): the reply's id names the completion, a
     list of rewards gives each choice its own; a single number for two choices is refused with the reason."""
     engine = ScriptedEngine(tokenizer, ["a", "b", "c"])
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=engine)
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512, engine=engine
+    )
     key = proxy.open()
     chat = asyncio.run(proxy.chat(key, {"messages": [{"role": "user", "content": "q"}], "n": 2, "max_tokens": 8}))
     text = asyncio.run(proxy.complete(key, {"prompt": "2+2=", "max_tokens": 8}))
@@ -90,8 +104,9 @@ def test_each_choice_of_a_completion_with_n_choices_takes_its_own_reward(tokeniz
 def test_a_malformed_tool_call_is_counted_and_harmless(tokenizer):
     bad = '<tool_call>{"name": "lookup", "arguments": {"key": }</tool_call>'
     engine = ScriptedEngine(tokenizer, [bad])
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=engine)
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512, engine=engine
+    )
     key = proxy.open()
     reply = asyncio.run(proxy.chat(key, {"messages": [{"role": "user", "content": "q"}], "tools": TOOLS}))
     message = reply["choices"][0]["message"]

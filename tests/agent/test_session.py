@@ -22,10 +22,12 @@ def test_the_choices_of_a_completion_are_alternatives_not_steps():
     from asyncrl.agent.session import Call
 
     episode = Episode("k", None)
-    episode.calls = [Call("a", [], "[]", [1], None, 0, [2], [0.0], [0], "stop", choice=0),
-                     Call("a", [], "[]", [1], None, 0, [3], [0.0], [0], "stop", choice=1),
-                     Call("b", [], "[]", [1], None, 0, [4], [0.0], [0], "stop", choice=0),
-                     Call("b", [], "[]", [1], None, 0, [5], [0.0], [0], "stop", choice=1)]
+    episode.calls = [
+        Call("a", [], "[]", [1], None, 0, [2], [0.0], [0], "stop", choice=0),
+        Call("a", [], "[]", [1], None, 0, [3], [0.0], [0], "stop", choice=1),
+        Call("b", [], "[]", [1], None, 0, [4], [0.0], [0], "stop", choice=0),
+        Call("b", [], "[]", [1], None, 0, [5], [0.0], [0], "stop", choice=1),
+    ]
     assert episode.returns(1.0, gamma=0.5) == pytest.approx([0.5, 0.5, 1.0, 1.0])
     assert episode.returns({"a": [1.0, 0.0], "b": [0.0, 2.0]}, gamma=0.5) == pytest.approx([1.5, 0.5, 0.0, 2.0])
 

@@ -33,8 +33,11 @@ def test_hermes_one_call():
 
 
 def test_hermes_several_calls_get_distinct_ids():
-    text = (_block({"name": "lookup", "arguments": {"key": "a"}}) + "\n"
-            + _block({"name": "add", "arguments": {"x": 1, "y": [2, 3]}}, newlines=False))
+    text = (
+        _block({"name": "lookup", "arguments": {"key": "a"}})
+        + "\n"
+        + _block({"name": "add", "arguments": {"x": 1, "y": [2, 3]}}, newlines=False)
+    )
     reply = parse_hermes(text)
     assert _calls(reply) == [("lookup", {"key": "a"}), ("add", {"x": 1, "y": [2, 3]})]
     assert reply.content == "" and reply.malformed == 0
@@ -42,8 +45,11 @@ def test_hermes_several_calls_get_distinct_ids():
 
 
 def test_hermes_keeps_the_content_around_calls():
-    text = ("<think>\nI need a.\n</think>\n\nLet me check.\n" + _block({"name": "lookup", "arguments": {"key": "a"}})
-            + "\nThen I add.")
+    text = (
+        "<think>\nI need a.\n</think>\n\nLet me check.\n"
+        + _block({"name": "lookup", "arguments": {"key": "a"}})
+        + "\nThen I add."
+    )
     reply = parse_hermes(text)
     assert _calls(reply) == [("lookup", {"key": "a"})]
     assert reply.content == "<think>\nI need a.\n</think>\n\nLet me check.\n\nThen I add."
@@ -55,24 +61,30 @@ def test_hermes_without_calls_leaves_the_text_as_it_is():
 
 
 def test_hermes_arguments_as_a_json_string_and_missing_arguments():
-    text = (_block({"name": "lookup", "arguments": json.dumps({"key": "a"})})
-            + _block({"name": "now"}) + _block({"name": "lookup", "parameters": {"key": "b"}}))
+    text = (
+        _block({"name": "lookup", "arguments": json.dumps({"key": "a"})})
+        + _block({"name": "now"})
+        + _block({"name": "lookup", "parameters": {"key": "b"}})
+    )
     reply = parse_hermes(text)
     assert _calls(reply) == [("lookup", {"key": "a"}), ("now", {}), ("lookup", {"key": "b"})]
     assert reply.malformed == 0
 
 
-@pytest.mark.parametrize("body", [
-    '{"name": "lookup", "arguments": {"key": }',  # not JSON
-    '{"arguments": {"key": "a"}}',  # no name
-    '{"name": "", "arguments": {}}',  # empty name
-    '{"name": 3, "arguments": {}}',  # name not a string
-    '{"name": "lookup", "arguments": [1, 2]}',  # arguments not an object
-    '{"name": "lookup", "arguments": "not json"}',  # arguments a string that is not JSON
-    '{"name": "lookup", "arguments": "[1]"}',  # arguments a JSON string of a non-object
-    '{"name": "lookup", "arguments": null}',
-    '["lookup", {"key": "a"}]',  # not an object
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "lookup", "arguments": {"key": }',  # not JSON
+        '{"arguments": {"key": "a"}}',  # no name
+        '{"name": "", "arguments": {}}',  # empty name
+        '{"name": 3, "arguments": {}}',  # name not a string
+        '{"name": "lookup", "arguments": [1, 2]}',  # arguments not an object
+        '{"name": "lookup", "arguments": "not json"}',  # arguments a string that is not JSON
+        '{"name": "lookup", "arguments": "[1]"}',  # arguments a JSON string of a non-object
+        '{"name": "lookup", "arguments": null}',
+        '["lookup", {"key": "a"}]',  # not an object
+    ],
+)
 def test_hermes_malformed_calls_are_counted_and_stay_in_the_content(body):
     good = _block({"name": "lookup", "arguments": {"key": "a"}})
     bad = _block(body)
@@ -105,18 +117,21 @@ def test_llama3_json_arguments_key_as_a_json_string_and_missing():
 
 
 def test_llama3_json_plain_text_is_content():
-    for text in ["The answer is 42.", "Use {\"name\": ...} to call.", ""]:
+    for text in ["The answer is 42.", 'Use {"name": ...} to call.', ""]:
         reply = parse_llama3_json(text)
         assert (reply.content, reply.tool_calls, reply.malformed) == (text, [], 0)
 
 
-@pytest.mark.parametrize("text", [
-    '{"name": "lookup", "parameters": {"key": }',  # not JSON
-    '<|python_tag|>{"parameters": {"key": "a"}}',  # no name
-    '{"name": "lookup", "parameters": [1]}',  # arguments not an object
-    '{"name": "lookup", "parameters": {"key": "a"}} and some text',  # not one JSON object
-    '{"name": "lookup", "parameters": {"key": "a"}',  # cut at the length limit
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "lookup", "parameters": {"key": }',  # not JSON
+        '<|python_tag|>{"parameters": {"key": "a"}}',  # no name
+        '{"name": "lookup", "parameters": [1]}',  # arguments not an object
+        '{"name": "lookup", "parameters": {"key": "a"}} and some text',  # not one JSON object
+        '{"name": "lookup", "parameters": {"key": "a"}',  # cut at the length limit
+    ],
+)
 def test_llama3_json_malformed_is_counted_and_kept(text):
     reply = parse_llama3_json(text)
     assert (reply.content, reply.tool_calls, reply.malformed) == (text, [], 1)
@@ -129,8 +144,12 @@ def test_none_parser_and_registry():
 
 
 # ---- parsing changes only the message: the recorded ids are the engine's -----------------------------------
-TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
-    "key": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}},
+    }
+]
 
 
 class Engine:
@@ -180,9 +199,14 @@ def test_hermes_arguments_with_nan_or_infinity_are_malformed():
     """Python's json reads NaN and Infinity; a strict client (JS, Go, pydantic) cannot, so the call is counted.
     So are 1e400 (inf once read, written back as Infinity) and an integer too long to read (it raised out of the
     proxy: the agent's request failed instead of counting a malformed call)."""
-    for bad in ('{"name": "f", "arguments": {"x": NaN}}', '{"name": "f", "arguments": "{\\"x\\": Infinity}"}',
-                '{"name": "f", "arguments": {"x": 1e400}}', '{"name": "f", "arguments": {"x": -1e400}}',
-                '{"name": "f", "arguments": {"x": %s}}' % ("9" * 5000), "[" * 100_000 + "]" * 100_000):
+    for bad in (
+        '{"name": "f", "arguments": {"x": NaN}}',
+        '{"name": "f", "arguments": "{\\"x\\": Infinity}"}',
+        '{"name": "f", "arguments": {"x": 1e400}}',
+        '{"name": "f", "arguments": {"x": -1e400}}',
+        '{"name": "f", "arguments": {"x": %s}}' % ("9" * 5000),
+        "[" * 100_000 + "]" * 100_000,
+    ):
         reply = parse_hermes(f"<tool_call>{bad}</tool_call>")
         assert reply.tool_calls == [] and reply.malformed == 1
         assert parse_llama3_json(bad).malformed == (1 if bad.startswith("{") else 0)

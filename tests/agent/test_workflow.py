@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from asyncrl.agent.workflow import AgentWorkflow
+
 from engines_for_tests import ScriptedEngine, agent_context
 
 
@@ -27,8 +28,9 @@ def test_three_turns_with_tool_calls_train_the_exact_engine_tokens(tokenizer, cl
     serve = None
     if client == "openai":
         from asyncrl.server.agent import serve_proxy as serve
-    workflow = AgentWorkflow(agent_context(tokenizer), episode="agents_for_tests:tool_episode", client=client,
-                             export=export, serve=serve)
+    workflow = AgentWorkflow(
+        agent_context(tokenizer), episode="agents_for_tests:tool_episode", client=client, export=export, serve=serve
+    )
     try:
         group = asyncio.run(workflow.run({"id": 7, "question": "What is 6 x 7?"}, engine))
     finally:
@@ -56,16 +58,28 @@ def test_a_non_loopback_proxy_needs_an_admin_key():
     from asyncrl.configlib import ConfigError
 
     with pytest.raises(ConfigError, match="not loopback"):
-        configlib.load(TrainConfig, None, ["workflow.name=agent", "agent.episode=agents_for_tests:tool_episode",
-                                           "agent.proxy_host=0.0.0.0"])
-    configlib.load(TrainConfig, None, ["workflow.name=agent", "agent.episode=agents_for_tests:tool_episode",
-                                       "agent.proxy_host=0.0.0.0", "agent.admin_key=s3cret"])
+        configlib.load(
+            TrainConfig,
+            None,
+            ["workflow.name=agent", "agent.episode=agents_for_tests:tool_episode", "agent.proxy_host=0.0.0.0"],
+        )
+    configlib.load(
+        TrainConfig,
+        None,
+        [
+            "workflow.name=agent",
+            "agent.episode=agents_for_tests:tool_episode",
+            "agent.proxy_host=0.0.0.0",
+            "agent.admin_key=s3cret",
+        ],
+    )
 
 
 def test_a_non_finite_reward_costs_only_its_episode(tokenizer):
     """A NaN outcome failed the whole group later (the group's check): it is that episode's failure now."""
-    workflow = AgentWorkflow(agent_context(tokenizer, n=3), episode="agents_for_tests:sometimes_nan",
-                             client="inprocess")
+    workflow = AgentWorkflow(
+        agent_context(tokenizer, n=3), episode="agents_for_tests:sometimes_nan", client="inprocess"
+    )
     group = asyncio.run(workflow.run({"id": 1, "question": "q"}, ScriptedEngine(tokenizer, SCRIPT * 2)))
     assert workflow.stats()["agent_episode_failures"] == 1 and len(group.trajectories) == 2
 
@@ -85,14 +99,18 @@ def test_an_episode_timeout_must_fit_in_the_groups(tmp_path):
 
 def test_a_failing_episode_costs_only_itself(tokenizer):
     engine = ScriptedEngine(tokenizer, SCRIPT * 2)
-    workflow = AgentWorkflow(agent_context(tokenizer, n=3), episode="agents_for_tests:sometimes_fails",
-                             client="inprocess")
+    workflow = AgentWorkflow(
+        agent_context(tokenizer, n=3), episode="agents_for_tests:sometimes_fails", client="inprocess"
+    )
     group = asyncio.run(workflow.run({"id": 1, "question": "q"}, engine))
     stats = workflow.stats()
     assert stats["agent_episodes"] == 3 and stats["agent_episode_failures"] == 1 and len(group.trajectories) == 2
     with pytest.raises(RuntimeError, match="every episode"):
-        asyncio.run(AgentWorkflow(agent_context(tokenizer), episode="agents_for_tests:always_fails", client="inprocess")
-                    .run({"id": 2}, engine))
+        asyncio.run(
+            AgentWorkflow(agent_context(tokenizer), episode="agents_for_tests:always_fails", client="inprocess").run(
+                {"id": 2}, engine
+            )
+        )
 
 
 def test_held_out_evaluation_uses_the_training_client_over_http(tokenizer):
@@ -105,8 +123,9 @@ def test_held_out_evaluation_uses_the_training_client_over_http(tokenizer):
     context = agent_context(tokenizer)
     workflow = AgentWorkflow(context, episode="agents_for_tests:needs_base_url", client="openai", serve=serve_proxy)
     try:
-        record = workflow.evaluate(ScriptedEngine(tokenizer, ["yes"] * 8), [{"question": "q"}] * 3, tokenizer,
-                                   context.params)
+        record = workflow.evaluate(
+            ScriptedEngine(tokenizer, ["yes"] * 8), [{"question": "q"}] * 3, tokenizer, context.params
+        )
     finally:
         workflow.close()
     assert record["eval_episode_failures"] == 0 and record["eval_accuracy"] == 1.0
@@ -117,11 +136,16 @@ def test_evaluation_reads_per_choice_rewards_drops_tool_latency_and_the_sdks_pla
     every held-out episode; the in-process client sent openai.NOT_GIVEN on to the proxy (a 400)."""
     pytest.importorskip("openai")
     context = agent_context(tokenizer)
-    workflow = AgentWorkflow(context, episode="agents_for_tests:two_choices_no_latency", client="inprocess",
-                             options={"tool_latency_s": 0.5})
+    workflow = AgentWorkflow(
+        context, episode="agents_for_tests:two_choices_no_latency", client="inprocess", options={"tool_latency_s": 0.5}
+    )
     try:
-        record = workflow.evaluate(ScriptedEngine(tokenizer, ["a", "b"] * 3), [{"question": "q", "evaluation": 1}] * 3,
-                                   tokenizer, context.params)
+        record = workflow.evaluate(
+            ScriptedEngine(tokenizer, ["a", "b"] * 3),
+            [{"question": "q", "evaluation": 1}] * 3,
+            tokenizer,
+            context.params,
+        )
     finally:
         workflow.close()
     assert record["eval_episode_failures"] == 0 and record["eval_reward_mean"] == 1.0

@@ -66,8 +66,13 @@ def test_group_of_one_gets_zero_advantage(name):
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_all_masked_batch_gives_zeros_without_nan(name):
     mask = torch.zeros(3, 4)
-    adv = ADVANTAGES[name](torch.tensor([1.0, 0.0, 2.0]), torch.tensor([0, 0, 1]), mask,
-                           token_rewards=torch.zeros(3, 4), values=torch.zeros(3, 4))
+    adv = ADVANTAGES[name](
+        torch.tensor([1.0, 0.0, 2.0]),
+        torch.tensor([0, 0, 1]),
+        mask,
+        token_rewards=torch.zeros(3, 4),
+        values=torch.zeros(3, 4),
+    )
     assert adv.shape == (3, 4) and torch.equal(adv, torch.zeros(3, 4))
 
 
@@ -88,8 +93,9 @@ def test_reinforce_pp_whitens_returns_over_the_batch():
 
 def test_reinforce_pp_takes_per_token_kl_rewards():
     # token rewards carry -β·KL on every token and the reward on the last: returns 0.9, 1.0 with γ = 1
-    adv = reinforce_pp(torch.tensor([0.9]), torch.tensor([0]), torch.ones(1, 2),
-                       token_rewards=torch.tensor([[-0.1, 1.0]]))
+    adv = reinforce_pp(
+        torch.tensor([0.9]), torch.tensor([0]), torch.ones(1, 2), token_rewards=torch.tensor([[-0.1, 1.0]])
+    )
     # whitened: mean 0.95, unbiased std of (0.9, 1.0) = 0.0707
     std = math.sqrt(0.005)
     assert close(adv, [[-0.05 / std, 0.05 / std]], tol=1e-4)
@@ -108,8 +114,9 @@ def test_gae_by_hand():
     token_rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0]])
     values = torch.tensor([[9.0, 0.5, 0.6, 0.7]])
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
-    adv = gae(torch.tensor([1.0]), torch.tensor([0]), mask, token_rewards=token_rewards, values=values, gamma=0.9,
-              lam=0.8)
+    adv = gae(
+        torch.tensor([1.0]), torch.tensor([0]), mask, token_rewards=token_rewards, values=values, gamma=0.9, lam=0.8
+    )
     a3 = 1.0 - 0.7  # δ_3 = r + γ·0 - V_3
     a2 = (0.9 * 0.7 - 0.6) + 0.72 * a3
     a1 = (0.9 * 0.6 - 0.5) + 0.72 * a2
@@ -119,8 +126,15 @@ def test_gae_by_hand():
 def test_gae_bootstraps_across_masked_gaps_and_without_critic_gives_returns():
     mask = torch.tensor([[1.0, 0.0, 1.0]])
     values = torch.tensor([[0.2, 99.0, 0.5]])  # the masked value is never used
-    adv = gae(torch.tensor([1.0]), torch.tensor([0]), mask, token_rewards=torch.tensor([[0.0, 0.0, 1.0]]),
-              values=values, gamma=1.0, lam=1.0)
+    adv = gae(
+        torch.tensor([1.0]),
+        torch.tensor([0]),
+        mask,
+        token_rewards=torch.tensor([[0.0, 0.0, 1.0]]),
+        values=values,
+        gamma=1.0,
+        lam=1.0,
+    )
     assert close(adv, [[1.0 - 0.2, 0.0, 1.0 - 0.5]])
     plain = gae(torch.tensor([2.0]), torch.tensor([0]), torch.ones(1, 3))  # V = 0, γ = λ = 1: the return
     assert close(plain, [[2.0, 2.0, 2.0]])

@@ -81,7 +81,10 @@ def test_minus_inf_logprobs_are_sanitised():
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
 def test_all_masked_batch_gives_zero_loss_and_no_nan(name):
     lp = torch.tensor([[LOG(0.5), LOG(0.2)]], requires_grad=True)
-    loss, stats = POLICY_LOSSES[name](LossInputs(lp, t([LOG(0.4), LOG(0.1)]), t([LOG(0.3), LOG(0.2)]), t([1.0, -1.0]), torch.zeros(1, 2)), importance_sampling_level="sequence")
+    loss, stats = POLICY_LOSSES[name](
+        LossInputs(lp, t([LOG(0.4), LOG(0.1)]), t([LOG(0.3), LOG(0.2)]), t([1.0, -1.0]), torch.zeros(1, 2)),
+        importance_sampling_level="sequence",
+    )
     total = (loss * token_mean(torch.zeros(1, 2))).sum()
     total.backward()
     assert total.item() == 0.0 and torch.equal(lp.grad, torch.zeros(1, 2))
@@ -101,8 +104,15 @@ def test_sequence_level_differs_from_token_level():
 
 def test_sequence_level_averages_the_advantage_over_unmasked_tokens():
     # u = 1 everywhere; A = [1, 3, 100] with the last token masked -> the sequence advantage is 2
-    loss, _ = call(decoupled_ppo, [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 3.0, 100.0],
-                   mask=[1.0, 1.0, 0.0], importance_sampling_level="sequence")
+    loss, _ = call(
+        decoupled_ppo,
+        [0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0],
+        [1.0, 3.0, 100.0],
+        mask=[1.0, 1.0, 0.0],
+        importance_sampling_level="sequence",
+    )
     assert close(loss, [[-2.0, -2.0, 0.0]])
 
 
@@ -117,7 +127,10 @@ def test_gspo_gradient_spreads_the_sequence_ratio_over_its_tokens():
     # at u = 1 the gradient of -A·exp(mean log u) w.r.t. each token's log-prob is -A/|y| per token-position
     # it appears at; summed over the |y| positions it carries, each token gets -A (as at token level)
     lp = torch.tensor([[LOG(0.5), LOG(0.25), 0.0]], requires_grad=True)
-    loss, _ = decoupled_ppo(LossInputs(lp, lp.detach(), lp.detach(), t([2.0, 2.0, 2.0]), t([1.0, 1.0, 0.0])), importance_sampling_level="sequence")
+    loss, _ = decoupled_ppo(
+        LossInputs(lp, lp.detach(), lp.detach(), t([2.0, 2.0, 2.0]), t([1.0, 1.0, 0.0])),
+        importance_sampling_level="sequence",
+    )
     loss.sum().backward()
     assert close(lp.grad, [[-2.0, -2.0, 0.0]])
 
@@ -144,12 +157,16 @@ def test_sapo_gradient_equals_policy_gradient_on_policy():
 def test_cispo_keeps_the_gradient_of_clipped_tokens():
     # u = 0.4/0.2 = 2 is clipped to 1.28 but, unlike PPO, the token still gets gradient -1.28·A
     lp = torch.tensor([[LOG(0.4)]], requires_grad=True)
-    loss, stats = cispo(LossInputs(lp, t([LOG(0.2)]), t([LOG(0.2)]), t([1.0]), t([1.0])), eps_clip=0.2, eps_clip_higher=0.28)
+    loss, stats = cispo(
+        LossInputs(lp, t([LOG(0.2)]), t([LOG(0.2)]), t([1.0]), t([1.0])), eps_clip=0.2, eps_clip_higher=0.28
+    )
     assert loss.item() == approx(-1.28 * LOG(0.4)) and stats["clip_frac"] == 1.0
     loss.sum().backward()
     assert lp.grad.item() == approx(-1.28)
     lp2 = torch.tensor([[LOG(0.4)]], requires_grad=True)
-    ppo_loss, _ = decoupled_ppo(LossInputs(lp2, t([LOG(0.2)]), t([LOG(0.2)]), t([1.0]), t([1.0])), eps_clip=0.2, eps_clip_higher=0.28)
+    ppo_loss, _ = decoupled_ppo(
+        LossInputs(lp2, t([LOG(0.2)]), t([LOG(0.2)]), t([1.0]), t([1.0])), eps_clip=0.2, eps_clip_higher=0.28
+    )
     ppo_loss.sum().backward()
     assert lp2.grad.item() == 0.0  # PPO's clip zeroes it
 
@@ -172,8 +189,9 @@ def test_naive_ppo_is_anchored_on_behaviour_and_has_no_weight():
 def test_clipped_value_loss():
     # V = 1, V_old = 0.5, R = 2: unclipped ½·1² = 0.5; clipped V' = 0.7: ½·1.3² = 0.845 -> 0.845
     # V = 2.5, V_old = 2, R = 2: unclipped 0.125; clipped 2.2: 0.02 -> 0.125
-    loss, stats = clipped_value_loss(t([1.0, 2.5, 7.0]), t([0.5, 2.0, 0.0]), t([2.0, 2.0, 0.0]), t([1.0, 1.0, 0.0]),
-                                     value_eps_clip=0.2)
+    loss, stats = clipped_value_loss(
+        t([1.0, 2.5, 7.0]), t([0.5, 2.0, 0.0]), t([2.0, 2.0, 0.0]), t([1.0, 1.0, 0.0]), value_eps_clip=0.2
+    )
     assert close(loss, [[0.845, 0.125, 0.0]]) and stats["value_clip_frac"] == 0.5
     plain, _ = clipped_value_loss(t([1.0]), t([0.5]), t([2.0]), t([1.0]), value_eps_clip=None)
     assert plain.item() == approx(0.5)
@@ -182,7 +200,17 @@ def test_clipped_value_loss():
 def test_decoupled_loss_hand_computed():
     # one token, A = 1: u = π_θ/π_prox = 1.5 is clipped to 1.2; w = π_prox/π_behav = 2, cap 5
     lp, prox, behav = math.log(0.6), math.log(0.4), math.log(0.2)
-    loss, stats = decoupled_ppo(LossInputs(torch.tensor([[lp]]), torch.tensor([[prox]]), torch.tensor([[behav]]), torch.tensor([[1.0]]), torch.tensor([[1.0]])), eps_clip=0.2, correction=BehaviourCorrection(upper=5.0))
+    loss, stats = decoupled_ppo(
+        LossInputs(
+            torch.tensor([[lp]]),
+            torch.tensor([[prox]]),
+            torch.tensor([[behav]]),
+            torch.tensor([[1.0]]),
+            torch.tensor([[1.0]]),
+        ),
+        eps_clip=0.2,
+        correction=BehaviourCorrection(upper=5.0),
+    )
     # max(-1 * 1.5, -1 * 1.2) = -1.2, times w = 2
     assert loss.item() == pytest_approx(-2.4)
     assert stats["clip_frac"] == 1.0 and stats["behav_weight_mean"] == pytest_approx(2.0)
@@ -190,26 +218,63 @@ def test_decoupled_loss_hand_computed():
 
 def test_decoupled_loss_negative_advantage_and_cap():
     # A = -2, u = 0.5 -> clipped to 0.8: max(1.0, 1.6) = 1.6; w = 10 capped at 3 -> 4.8
-    loss, stats = decoupled_ppo(LossInputs(torch.tensor([[math.log(0.1)]]), torch.tensor([[math.log(0.2)]]), torch.tensor([[math.log(0.02)]]), torch.tensor([[-2.0]]), torch.tensor([[1.0]])), eps_clip=0.2, correction=BehaviourCorrection(upper=3.0))
+    loss, stats = decoupled_ppo(
+        LossInputs(
+            torch.tensor([[math.log(0.1)]]),
+            torch.tensor([[math.log(0.2)]]),
+            torch.tensor([[math.log(0.02)]]),
+            torch.tensor([[-2.0]]),
+            torch.tensor([[1.0]]),
+        ),
+        eps_clip=0.2,
+        correction=BehaviourCorrection(upper=3.0),
+    )
     assert loss.item() == pytest_approx(4.8)
     assert stats["behav_weight_capped_frac"] == 1.0
 
 
 def test_decoupled_loss_gradient_flows_only_through_current_policy():
     lp = torch.tensor([[math.log(0.5), math.log(0.3)]], requires_grad=True)
-    loss, _ = decoupled_ppo(LossInputs(lp, lp.detach(), torch.tensor([[math.log(0.25), math.log(0.3)]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, 0.0]])), correction=BehaviourCorrection(upper=5.0))
+    loss, _ = decoupled_ppo(
+        LossInputs(
+            lp,
+            lp.detach(),
+            torch.tensor([[math.log(0.25), math.log(0.3)]]),
+            torch.tensor([[1.0, 1.0]]),
+            torch.tensor([[1.0, 0.0]]),
+        ),
+        correction=BehaviourCorrection(upper=5.0),
+    )
     loss.sum().backward()
     # d/dlp of -A * w * exp(lp - prox) at lp == prox is -A * w = -2 on the unmasked token, 0 on the masked one
     assert torch.allclose(lp.grad, torch.tensor([[-2.0, 0.0]]))
 
 
 def test_losses_sanitise_inf_logprobs():
-    loss, _ = decoupled_ppo(LossInputs(torch.tensor([[0.0]]), torch.tensor([[float("-inf")]]), torch.tensor([[float("-inf")]]), torch.tensor([[1.0]]), torch.tensor([[1.0]])), correction=BehaviourCorrection(upper=5.0))
+    loss, _ = decoupled_ppo(
+        LossInputs(
+            torch.tensor([[0.0]]),
+            torch.tensor([[float("-inf")]]),
+            torch.tensor([[float("-inf")]]),
+            torch.tensor([[1.0]]),
+            torch.tensor([[1.0]]),
+        ),
+        correction=BehaviourCorrection(upper=5.0),
+    )
     assert torch.isfinite(loss).all()
 
 
 def test_naive_ppo_anchors_on_behaviour():
-    loss, _ = ppo(LossInputs(torch.tensor([[math.log(0.3)]]), torch.tensor([[0.0]]), torch.tensor([[math.log(0.2)]]), torch.tensor([[1.0]]), torch.tensor([[1.0]])), eps_clip=0.2)
+    loss, _ = ppo(
+        LossInputs(
+            torch.tensor([[math.log(0.3)]]),
+            torch.tensor([[0.0]]),
+            torch.tensor([[math.log(0.2)]]),
+            torch.tensor([[1.0]]),
+            torch.tensor([[1.0]]),
+        ),
+        eps_clip=0.2,
+    )
     assert loss.item() == pytest_approx(-1.2)
 
 

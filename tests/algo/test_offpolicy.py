@@ -27,13 +27,15 @@ def close(x: torch.Tensor, expected, tol=1e-5) -> bool:
 def test_mask_mode_drops_tokens_outside_the_bounds():
     # w = [10, 2, 0.1]: cap 5 drops the first, floor 0.5 the last
     c = BehaviourCorrection(upper=5.0, lower=0.5, mode="mask")
-    w, keep, stats = behaviour_weight(t([LOG(0.5), LOG(0.2), LOG(0.01)]), t([LOG(0.05), LOG(0.1), LOG(0.1)]),
-                                      t([1.0, 1.0, 1.0]), c)
+    w, keep, stats = behaviour_weight(
+        t([LOG(0.5), LOG(0.2), LOG(0.01)]), t([LOG(0.05), LOG(0.1), LOG(0.1)]), t([1.0, 1.0, 1.0]), c
+    )
     assert close(w, [[0.0, 2.0, 0.0]]) and keep.tolist() == [[0.0, 1.0, 0.0]]
     assert stats["behav_weight_capped_frac"] == approx(2 / 3)
     clamp = BehaviourCorrection(upper=5.0, lower=0.5, mode="clamp")
-    w, keep, _ = behaviour_weight(t([LOG(0.5), LOG(0.2), LOG(0.01)]), t([LOG(0.05), LOG(0.1), LOG(0.1)]),
-                                  t([1.0, 1.0, 1.0]), clamp)
+    w, keep, _ = behaviour_weight(
+        t([LOG(0.5), LOG(0.2), LOG(0.01)]), t([LOG(0.05), LOG(0.1), LOG(0.1)]), t([1.0, 1.0, 1.0]), clamp
+    )
     assert close(w, [[5.0, 2.0, 0.5]]) and keep.tolist() == [[1.0, 1.0, 1.0]]  # clamp keeps every token
 
 
@@ -59,10 +61,18 @@ def test_sequence_aggregations_sum_is_length_sensitive_and_max_catches_one_bad_t
         c = BehaviourCorrection(upper=5.0, level="sequence", mode="mask", agg=agg)
         kept[agg] = behaviour_weight(prox, behav, mask, c)[1].sum().item()
     assert kept == {"mean": 3.0, "sum": 0.0, "max": 0.0}  # sum: 8 > 5; max: 8 > 5; mean: 2 <= 5
-    two = behaviour_weight(t([LOG(2.0), LOG(2.0)]), t([0.0, 0.0]), t([1.0, 1.0]),
-                           BehaviourCorrection(upper=3.0, level="sequence", mode="mask", agg="sum"))[1]
-    one = behaviour_weight(t([LOG(2.0), 0.0]), t([0.0, 0.0]), t([1.0, 0.0]),
-                           BehaviourCorrection(upper=3.0, level="sequence", mode="mask", agg="sum"))[1]
+    two = behaviour_weight(
+        t([LOG(2.0), LOG(2.0)]),
+        t([0.0, 0.0]),
+        t([1.0, 1.0]),
+        BehaviourCorrection(upper=3.0, level="sequence", mode="mask", agg="sum"),
+    )[1]
+    one = behaviour_weight(
+        t([LOG(2.0), 0.0]),
+        t([0.0, 0.0]),
+        t([1.0, 0.0]),
+        BehaviourCorrection(upper=3.0, level="sequence", mode="mask", agg="sum"),
+    )[1]
     assert two.sum() == 0 and one.sum() == 1  # the same per-token ratio passes only in the shorter sequence
 
 

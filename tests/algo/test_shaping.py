@@ -45,4 +45,7 @@ def test_rewards_go_on_the_last_completion_token():
     mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
     assert last_token_index(mask).tolist() == [2, 3, -1]
     assert place_at_last_token(torch.tensor([2.0, -1.0, 5.0]), mask).tolist() == [
-        [0, 0, 2.0, 0], [0, 0, 0, -1.0], [0, 0, 0, 0]]
+        [0, 0, 2.0, 0],
+        [0, 0, 0, -1.0],
+        [0, 0, 0, 0],
+    ]

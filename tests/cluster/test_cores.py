@@ -1,17 +1,18 @@
-"""cluster.cpu_split=auto (asyncrl/cluster/cores.py): the engine keeps half the cores, the trainer the rest and one of the
-engine's while the engine idles (always at η = 0), the evaluation engine one; the engine and the trainer ask
+"""cluster.cpu_split=auto (asyncrl/cluster/cores.py): the engine keeps half the cores, the trainer the rest and one of
+the engine's while the engine idles (always at η = 0), the evaluation engine one; the engine and the trainer ask
 before each step / micro-batch; the default, and where it applies (elsewhere the fixed threads)."""
 
 import pytest
 import torch
 
 from asyncrl import configlib
+from asyncrl.cluster.cores import CoreShare
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.cluster.cores import CoreShare
 from asyncrl.engine.local import LocalEngine
 from asyncrl.trainer import PolicyTrainer
 from asyncrl.types import SamplingParams
+
 from conftest import make_model
 from trainers_for_tests import make_batch
 
@@ -64,19 +65,24 @@ def test_at_eta_0_the_trainer_takes_its_most_whatever_the_engine_does():
     assert (share.trainer_threads(), share.engine_threads()) == (2, 1)
 
 
-@pytest.mark.parametrize("overrides, applies", [
-    ([], True),
-    (["rollout.backend=asyncrl:d1"], False),  # the engine runs in another process
-    (["actor.backend=ddp:d2"], False),  # several trainer ranks
-    (["cluster.cpu_split=fixed"], False),
-])
+@pytest.mark.parametrize(
+    "overrides, applies",
+    [
+        ([], True),
+        (["rollout.backend=asyncrl:d1"], False),  # the engine runs in another process
+        (["actor.backend=ddp:d2"], False),  # several trainer ranks
+        (["cluster.cpu_split=fixed"], False),
+    ],
+)
 def test_the_cores_are_shared_by_default_where_the_engine_and_one_trainer_share_this_process(overrides, applies):
     from asyncrl.launch.build import _core_share
 
     cfg = configlib.load(TrainConfig, None, ["cluster.device=cpu", *overrides])  # valid: elsewhere auto = fixed
     assert (_core_share(cfg)[0] is not None) == applies
-    for eta in (["rollout.max_head_offpolicyness=0"],  # synchronous: the turns alternate
-                ["rollout.max_head_offpolicyness=auto", "rollout.max_staleness_limit=0"]):  # auto, always 0
+    for eta in (
+        ["rollout.max_head_offpolicyness=0"],  # synchronous: the turns alternate
+        ["rollout.max_head_offpolicyness=auto", "rollout.max_staleness_limit=0"],
+    ):  # auto, always 0
         sync = _core_share(configlib.load(TrainConfig, None, eta))[0]
         assert sync is not None and sync.alternating
     shared = _core_share(configlib.load(TrainConfig, None, ["rollout.max_head_offpolicyness=auto"]))[0]
@@ -99,22 +105,37 @@ def test_an_unknown_split_is_refused():
         configlib.load(TrainConfig, None, ["cluster.cpu_split=sometimes"])
 
 
-@pytest.mark.parametrize("threads, cores, expected, warns", [
-    ((1, 1), 2, 1, False),
-    ((2, 1), 2, 1, False),  # the trainer's pool takes the one spare worker
-    ((2, 2), 2, 1, True),  # the trainer's and the engine's pools alone outnumber the cores
-    ((4, 4), 16, 4, False),
-])
-def test_with_fixed_threads_the_evaluation_engine_takes_what_the_other_two_leave(monkeypatch, caplog, threads, cores,
-                                                                                  expected, warns):
+@pytest.mark.parametrize(
+    "threads, cores, expected, warns",
+    [
+        ((1, 1), 2, 1, False),
+        ((2, 1), 2, 1, False),  # the trainer's pool takes the one spare worker
+        ((2, 2), 2, 1, True),  # the trainer's and the engine's pools alone outnumber the cores
+        ((4, 4), 16, 4, False),
+    ],
+)
+def test_with_fixed_threads_the_evaluation_engine_takes_what_the_other_two_leave(
+    monkeypatch, caplog, threads, cores, expected, warns
+):
     from asyncrl.launch import build
 
     monkeypatch.setattr(build, "process_cores", lambda: cores)
-    cfg = configlib.load(TrainConfig, None, ["cluster.device=cpu", "cluster.cpu_split=fixed",
-                                             f"actor.threads={threads[0]}", f"rollout.threads={threads[1]}"])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            "cluster.device=cpu",
+            "cluster.cpu_split=fixed",
+            f"actor.threads={threads[0]}",
+            f"rollout.threads={threads[1]}",
+        ],
+    )
     with caplog.at_level("WARNING", logger="asyncrl.launch.build"):
         assert build._fixed_eval_threads(cfg) == expected
     assert ("OpenMP workers outnumber the cores" in caplog.text) == warns
-    servers = configlib.load(TrainConfig, None, ["cluster.device=cpu", "cluster.cpu_split=fixed", "actor.threads=2",
-                                                 "rollout.backend=asyncrl:d1"])
+    servers = configlib.load(
+        TrainConfig,
+        None,
+        ["cluster.device=cpu", "cluster.cpu_split=fixed", "actor.threads=2", "rollout.backend=asyncrl:d1"],
+    )
     assert build._fixed_eval_threads(servers) == 2  # the engine in another process: the trainer's threads

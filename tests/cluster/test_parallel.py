@@ -1,12 +1,13 @@
-"""Several trainer ranks give the update of one (asyncrl.cluster.parallel): DDP and FSDP2 over gloo, 2 processes, against one
-process on the whole batch, including a batch that does not split evenly; shards are whole groups balanced by
-tokens."""
+"""Several trainer ranks give the update of one (asyncrl.cluster.parallel): DDP and FSDP2 over gloo, 2 processes,
+against one process on the whole batch, including a batch that does not split evenly; shards are whole groups balanced
+by tokens."""
 
 import pytest
 import torch
 
-from asyncrl.launch.ranks import split
 from asyncrl.cluster.parallel import shard_groups
+from asyncrl.launch.ranks import split
+
 from trainers_for_tests import PARALLEL_CASES, ranked_trainer, varied_batch
 
 
@@ -24,7 +25,11 @@ def test_two_ranks_give_the_update_of_one(mode, case, two_trainer_ranks):
     moved = 0.0
     for name, w in single.state_dict().items():
         got = torch.from_numpy(weights[name])
-        assert torch.allclose(got, w, atol=1e-5, rtol=1e-4), (name, float((got - w).abs().max()), float((w - before[name]).abs().max()))
+        assert torch.allclose(got, w, atol=1e-5, rtol=1e-4), (
+            name,
+            float((got - w).abs().max()),
+            float((w - before[name]).abs().max()),
+        )
         moved = max(moved, float((w - before[name]).abs().max()))
     assert moved > 1e-6  # the update was not empty
     assert parallel_stats["loss"] == pytest.approx(stats["loss"], abs=1e-5)

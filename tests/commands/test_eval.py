@@ -13,15 +13,18 @@ from asyncrl.commands.eval import pass_at_k, summarize
 REWARD = "reward.fn=rewards_for_tests:even_length_reward"
 
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (4, 1, 2, 0.5),          # 1 - C(3,2)/C(4,2) = 1 - 3/6
-    (4, 0, 2, 0.0),
-    (4, 4, 1, 1.0),
-    (10, 3, 1, 0.3),         # pass@1 is the success rate c/n
-    (5, 2, 2, 0.7),          # 1 - C(3,2)/C(5,2) = 1 - 3/10
-    (3, 1, 3, 1.0),          # n - c < k: every draw of k holds the success
-    (8, 2, 4, 1 - 15 / 70),  # 1 - C(6,4)/C(8,4)
-])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+        (4, 0, 2, 0.0),
+        (4, 4, 1, 1.0),
+        (10, 3, 1, 0.3),  # pass@1 is the success rate c/n
+        (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (3, 1, 3, 1.0),  # n - c < k: every draw of k holds the success
+        (8, 2, 4, 1 - 15 / 70),  # 1 - C(6,4)/C(8,4)
+    ],
+)
 def test_pass_at_k_unbiased_estimator(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected)
 
@@ -44,14 +47,29 @@ def test_summary_averages_over_prompts():
 @pytest.fixture
 def questions(tmp_path):
     path = tmp_path / "questions.jsonl"
-    path.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Compute {i} + 2.", "answer": str(i + 2),
-                                        "source": "ab"[i % 2]}) + "\n" for i in range(4)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": f"Compute {i} + 2.", "answer": str(i + 2), "source": "ab"[i % 2]})
+            + "\n"
+            for i in range(4)
+        )
+    )
     return path
 
 
 def _eval(capsys, model, data, *extra) -> tuple[int, dict | None, str]:
-    rc = main(["eval", "--model", model, f"valid_dataset.path={data}", "reward.workers=0", "gconfig.max_new_tokens=8",
-               "threads=1", *extra])
+    rc = main(
+        [
+            "eval",
+            "--model",
+            model,
+            f"valid_dataset.path={data}",
+            "reward.workers=0",
+            "gconfig.max_new_tokens=8",
+            "threads=1",
+            *extra,
+        ]
+    )
     captured = capsys.readouterr()
     lines = captured.out.strip().splitlines()
     return rc, (json.loads(lines[-1]) if rc == 0 else None), captured.err
@@ -63,12 +81,29 @@ def _read(path) -> list[dict]:
 
 def test_eval_samples_n_per_prompt_and_writes_every_item(tmp_path, tiny_model_dir, questions, capsys):
     out = tmp_path / "new" / "dir" / "results.jsonl"  # the parent directory is created
-    rc, record, err = _eval(capsys, tiny_model_dir, questions, REWARD, "gconfig.n_samples=4", "evaluator.greedy=false",
-                            "k=[1,2,4]", "seed=3", f"output={out}")
+    rc, record, err = _eval(
+        capsys,
+        tiny_model_dir,
+        questions,
+        REWARD,
+        "gconfig.n_samples=4",
+        "evaluator.greedy=false",
+        "k=[1,2,4]",
+        "seed=3",
+        f"output={out}",
+    )
     assert rc == 0, err
     assert record["n"] == 4 and record["n_samples"] == 4 and record["output"] == str(out)
-    assert {"pass@1", "pass@2", "pass@4", "mean@4", "eval_accuracy", "eval_reward_mean", "eval_reward_errors",
-            "eval_len_mean"} <= set(record)
+    assert {
+        "pass@1",
+        "pass@2",
+        "pass@4",
+        "mean@4",
+        "eval_accuracy",
+        "eval_reward_mean",
+        "eval_reward_errors",
+        "eval_len_mean",
+    } <= set(record)
     assert record["eval_accuracy"] == record["pass@1"] and record["eval_reward_errors"] == 0
     items = _read(out)
     assert [it["index"] for it in items] == [0, 1, 2, 3]
@@ -94,8 +129,17 @@ def test_eval_samples_n_per_prompt_and_writes_every_item(tmp_path, tiny_model_di
 def test_eval_is_reproducible_with_a_seed(tmp_path, tiny_model_dir, questions, capsys):
     runs = {}
     for name, seed in [("a", 5), ("b", 5), ("c", 6)]:
-        rc, record, err = _eval(capsys, tiny_model_dir, questions, REWARD, "gconfig.n_samples=3", "evaluator.greedy=false",
-                                "k=[1,3]", f"seed={seed}", f"output={tmp_path / name}.jsonl")
+        rc, record, err = _eval(
+            capsys,
+            tiny_model_dir,
+            questions,
+            REWARD,
+            "gconfig.n_samples=3",
+            "evaluator.greedy=false",
+            "k=[1,3]",
+            f"seed={seed}",
+            f"output={tmp_path / name}.jsonl",
+        )
         assert rc == 0, err
         runs[name] = ([it["completions"] for it in _read(tmp_path / f"{name}.jsonl")], record["pass@3"])
     assert runs["a"] == runs["b"]
@@ -107,8 +151,16 @@ def test_eval_is_reproducible_with_a_seed(tmp_path, tiny_model_dir, questions, c
 def test_eval_reads_top_k_and_the_success_threshold(tmp_path, tiny_model_dir, questions, capsys):
     """gconfig.top_k=1 samples the most likely token every time; evaluator.success_threshold counts a reward of
     0.5 as a success (both were accepted and ignored)."""
-    rc, _, err = _eval(capsys, tiny_model_dir, questions, REWARD, "gconfig.n_samples=4", "evaluator.greedy=false",
-                       "gconfig.top_k=1", f"output={tmp_path / 'k1.jsonl'}")
+    rc, _, err = _eval(
+        capsys,
+        tiny_model_dir,
+        questions,
+        REWARD,
+        "gconfig.n_samples=4",
+        "evaluator.greedy=false",
+        "gconfig.top_k=1",
+        f"output={tmp_path / 'k1.jsonl'}",
+    )
     assert rc == 0, err
     assert all(len(set(it["completions"])) == 1 for it in _read(tmp_path / "k1.jsonl"))
     half = ["reward.fn=rewards_for_tests:scale_reward", "reward.kwargs={scale: 0.5}"]
@@ -140,20 +192,35 @@ def test_greedy_single_answer_keeps_the_old_record(tmp_path, tiny_model_dir, que
 def test_training_file_alone_evaluates_its_held_out_split(tmp_path, tiny_model_dir, capsys):
     """valid_dataset.path empty: the rows held out of train_dataset.path (a tenth), as training holds them out."""
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                            for i in range(30)))
-    rc = main(["eval", "--model", tiny_model_dir, f"train_dataset.path={path}", "reward.workers=0",
-               "gconfig.max_new_tokens=4", "threads=1", REWARD, f"output={tmp_path / 'r.jsonl'}"])
+    path.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n" for i in range(30))
+    )
+    rc = main(
+        [
+            "eval",
+            "--model",
+            tiny_model_dir,
+            f"train_dataset.path={path}",
+            "reward.workers=0",
+            "gconfig.max_new_tokens=4",
+            "threads=1",
+            REWARD,
+            f"output={tmp_path / 'r.jsonl'}",
+        ]
+    )
     assert rc == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n"] == 3
     assert len(_read(tmp_path / "r.jsonl")) == 3
 
 
-@pytest.mark.parametrize("extra, named", [
-    (["gconfig.n_samples=4"], ["gconfig.n_samples", "evaluator.greedy"]),                 # greedy is the default
-    (["gconfig.n_samples=2", "evaluator.greedy=false", "k=[1,4]"], ["k", "gconfig.n_samples"]),
-    (["k=[0]"], ["k"]),
-])
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["gconfig.n_samples=4"], ["gconfig.n_samples", "evaluator.greedy"]),  # greedy is the default
+        (["gconfig.n_samples=2", "evaluator.greedy=false", "k=[1,4]"], ["k", "gconfig.n_samples"]),
+        (["k=[0]"], ["k"]),
+    ],
+)
 def test_eval_refuses_impossible_sampling_in_one_line(tmp_path, questions, capsys, extra, named):
     rc, _, err = _eval(capsys, "builtin:tiny-sft", questions, *extra, f"output={tmp_path / 'r.jsonl'}")
     assert rc == 2
@@ -168,8 +235,10 @@ def _adapter(tmp_path, base_dir):
     from asyncrl.models.hf import load_model
 
     torch.manual_seed(0)
-    model = get_peft_model(load_model(base_dir), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                            init_lora_weights=False))
+    model = get_peft_model(
+        load_model(base_dir),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     path = tmp_path / "adapter"
     model.save_pretrained(path)
     return path, model
@@ -222,12 +291,23 @@ def test_eval_command_scores_a_file_with_the_configured_reward(tmp_path, tiny_mo
     from asyncrl.cli import main
 
     path = tmp_path / "test.jsonl"
-    path.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                            for i in range(5)))
+    path.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n" for i in range(5))
+    )
     common = ["eval", "--model", tiny_model_dir, "gconfig.max_new_tokens=4", "threads=1"]
-    assert main(common + [f"valid_dataset.path={path}", "valid_dataset.size=3",
-                          "reward.fn=data_fixtures.reward_fns:raising", "reward.default=0.25",
-                          "reward.workers=0"]) == 0
+    assert (
+        main(
+            common
+            + [
+                f"valid_dataset.path={path}",
+                "valid_dataset.size=3",
+                "reward.fn=data_fixtures.reward_fns:raising",
+                "reward.default=0.25",
+                "reward.workers=0",
+            ]
+        )
+        == 0
+    )
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["n"] == 3 and record["eval_reward_errors"] == 3 and record["eval_reward_mean"] == 0.25
     assert record["eval_accuracy"] == 0.0  # reward.default=0.25 is below evaluator's success threshold of 1.0

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from asyncrl import cli, configlib
+from asyncrl.commands.rm import read_pairs
 from asyncrl.config import RMConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.commands.rm import read_pairs
 
 
 def _pairs(path, n, seed=0):
@@ -22,15 +22,25 @@ def _pairs(path, n, seed=0):
     rows = []
     for _ in range(n):
         a, b = rng.randint(1, 60), rng.randint(1, 60)
-        rows.append({"prompt": f"Compute {a} + {b}.", "chosen": f"{a} + {b} = {a + b}\nThe answer is {a + b}.",
-                     "rejected": rng.choice(["I do not know.", "No.", "I cannot answer that."])})
+        rows.append(
+            {
+                "prompt": f"Compute {a} + {b}.",
+                "chosen": f"{a} + {b} = {a + b}\nThe answer is {a + b}.",
+                "rejected": rng.choice(["I do not know.", "No.", "I cannot answer that."]),
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-@pytest.mark.parametrize("line,said", [("not json", "not a JSON object"),
-                                       ('{"prompt": "p", "chosen": "c"}', "missing or not text: rejected"),
-                                       ('{"question": "p", "chosen": 3, "rejected": "r"}', "chosen")])
+@pytest.mark.parametrize(
+    "line,said",
+    [
+        ("not json", "not a JSON object"),
+        ('{"prompt": "p", "chosen": "c"}', "missing or not text: rejected"),
+        ('{"question": "p", "chosen": 3, "rejected": "r"}', "chosen"),
+    ],
+)
 def test_a_bad_pair_is_refused_naming_the_file_and_line(tmp_path, line, said):
     path = tmp_path / "pairs.jsonl"
     path.write_text('{"prompt": "p", "chosen": "c", "rejected": "r"}\n' + line + "\n")
@@ -54,9 +64,20 @@ def trained_rm(tmp_path_factory, tokenizer):
     tokenizer.save_pretrained(base)
     pairs = _pairs(tmp / "pairs.jsonl", 200)
     out = tmp / "rm-out"
-    code = cli.main(["rm", f"model.path={base}", f"train_dataset.path={pairs}", f"output_dir={out}",
-                     "total_train_steps=40", "train_dataset.batch_size=16", "actor.lr=1e-3", "valid_dataset.size=40",
-                     "evaluator.freq_steps=20", "actor.threads=1"])
+    code = cli.main(
+        [
+            "rm",
+            f"model.path={base}",
+            f"train_dataset.path={pairs}",
+            f"output_dir={out}",
+            "total_train_steps=40",
+            "train_dataset.batch_size=16",
+            "actor.lr=1e-3",
+            "valid_dataset.size=40",
+            "evaluator.freq_steps=20",
+            "actor.threads=1",
+        ]
+    )
     assert code == 0
     return out, [json.loads(line) for line in (out / "rm_metrics.jsonl").read_text().splitlines()]
 
@@ -79,8 +100,9 @@ def test_a_text_longer_than_max_length_loses_its_prompts_start_not_its_answer(tr
     tokenizer, model = load_reward_model(str(trained_rm[0]))
     prompt = "Compute 1 + 1. " * 60
     with torch.no_grad():
-        good, bad = scores(model, tokenizer, [pair_text(prompt, "The answer is 2."), pair_text(prompt, "I refuse.")],
-                           max_length=32).tolist()
+        good, bad = scores(
+            model, tokenizer, [pair_text(prompt, "The answer is 2."), pair_text(prompt, "I refuse.")], max_length=32
+        ).tolist()
     assert good != bad
 
 
@@ -92,8 +114,9 @@ def test_reward_model_scores_answers_above_refusals_in_batches(trained_rm, monke
     out, _ = trained_rm
     from asyncrl.reward.math_reward import math_reward
 
-    service = build_reward_service(configlib.load(RewardConfig, None, [f"model={out}", "model_batch_size=8"]),
-                                   math_reward)  # the data's verifier
+    service = build_reward_service(
+        configlib.load(RewardConfig, None, [f"model={out}", "model_batch_size=8"]), math_reward
+    )  # the data's verifier
     model = service.fn.model
     real_scores, first = model_module.scores, threading.Event()
 
@@ -113,10 +136,11 @@ def test_reward_model_scores_answers_above_refusals_in_batches(trained_rm, monke
         def score(i, item, text):
             got[i] = service.score(item, text)
 
-        threads = [threading.Thread(target=score, args=(2 * k + j, it, text))
-                   for k, it in enumerate(items)
-                   for j, text in enumerate([f"{k} + 3 = {it['answer']}\nThe answer is {it['answer']}.",
-                                             "I do not know."])]
+        threads = [
+            threading.Thread(target=score, args=(2 * k + j, it, text))
+            for k, it in enumerate(items)
+            for j, text in enumerate([f"{k} + 3 = {it['answer']}\nThe answer is {it['answer']}.", "I do not know."])
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -136,15 +160,33 @@ def test_an_rl_run_trains_on_the_reward_models_scores(trained_rm, tmp_path, tiny
     from asyncrl.config import TrainConfig
     from asyncrl.launch.train import train
     from asyncrl.telemetry.metrics import read_metrics
+
     from runs_for_tests import prompt_files
 
     out, _ = trained_rm
     train_file, valid_file = prompt_files(tmp_path, 40)
-    train(configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", f"train_dataset.path={train_file}",
-        f"valid_dataset.path={valid_file}", "train_dataset.type=qa", "total_train_steps=2",
-        "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "rollout.max_slots=8",
-        "evaluator.freq_steps=0", "progress_bar=false", "report=false", f"reward.model={out}"]))
+    train(
+        configlib.load(
+            TrainConfig,
+            None,
+            [
+                f"model.path={tiny_model_dir}",
+                f"output_dir={tmp_path}",
+                f"train_dataset.path={train_file}",
+                f"valid_dataset.path={valid_file}",
+                "train_dataset.type=qa",
+                "total_train_steps=2",
+                "train_dataset.batch_size=2",
+                "gconfig.n_samples=2",
+                "gconfig.max_new_tokens=8",
+                "rollout.max_slots=8",
+                "evaluator.freq_steps=0",
+                "progress_bar=false",
+                "report=false",
+                f"reward.model={out}",
+            ],
+        )
+    )
     records = [r for r in read_metrics(tmp_path / "asyncrl" / "default") if r["step"] > 0]
     assert len(records) == 2 and records[-1]["reward_errors"] == 0
     rewards = {r["reward_mean"] for r in records}

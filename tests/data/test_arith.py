@@ -9,6 +9,7 @@ import pytest
 from asyncrl.configlib import ConfigError
 from asyncrl.data.arith import ArithTask, arith_reward
 from asyncrl.data.config import TaskConfig
+
 from datasets_for_tests import build, take
 
 
@@ -24,8 +25,11 @@ def test_every_allowed_operator_gives_right_labels():
 
 def test_too_few_distinct_problems_is_an_error_not_a_hang():
     tiny = TaskConfig(min_terms=2, max_terms=2, max_operand=2, ops="+")  # 2 + 1 and 2 + 2 only
-    with pytest.raises(ConfigError, match=r"valid_dataset.size=200: task 'arith': its options allow only about 2 "
-                                          "distinct problems, fewer than 200"):
+    with pytest.raises(
+        ConfigError,
+        match=r"valid_dataset.size=200: task 'arith': its options allow only about 2 "
+        "distinct problems, fewer than 200",
+    ):
         build(task=tiny, valid_size=200)
     with pytest.raises(ConfigError, match="problems in a row were held-out ones"):
         build(task=tiny, valid_size=2)  # both held out: nothing left to train on
@@ -42,8 +46,16 @@ def test_builtin_task_is_unchanged_by_default():
     assert take(data.train, 5) == [{**it, "id": i} for i, it in enumerate(expected)]
 
 
-@pytest.mark.parametrize("completion, reward", [("The answer is 6.", 1.0), ("The answer is -6", 0.0),
-                                                 ("The answer is 6.5.", 0.0), ("The answer is 6,5", 0.0),
-                                                 ("The answer is 60.", 0.0), ("answer is 5. The answer is 6", 1.0)])
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("The answer is 6.", 1.0),
+        ("The answer is -6", 0.0),
+        ("The answer is 6.5.", 0.0),
+        ("The answer is 6,5", 0.0),
+        ("The answer is 60.", 0.0),
+        ("answer is 5. The answer is 6", 1.0),
+    ],
+)
 def test_the_answer_is_an_integer(completion, reward):
     assert arith_reward("Compute 3 + 3.", completion, "6") == reward

@@ -10,7 +10,6 @@ import pytest
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.data.datasets import task_dataset
 from asyncrl.data.arith import arith_reward
 from asyncrl.data.config import (
     LookupOptions,
@@ -21,26 +20,33 @@ from asyncrl.data.config import (
     eval_set_from_config,
     prompt_limit,
 )
+from asyncrl.data.datasets import task_dataset
 from asyncrl.reward import call_reward
+
 from datasets_for_tests import ROWS, SAMPLES, build, take, write_jsonl
 
 
 # ---- task options ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("options,match", [
-    (dict(ops="/"), r"task.ops must be made of the operators \+ - \* \(e.g. '\+-'\), got '/'"),
-    (dict(ops=""), "task.ops must be made of the operators"),
-    (dict(ops="+ -"), "task.ops must be made of the operators"),
-    (dict(min_terms=6, max_terms=3), r"task.max_terms \(3\) must be >= min_terms \(6\)"),
-    (dict(min_terms=1, max_terms=1), "task.min_terms must be >= 2"),
-    (dict(max_operand=1), "task.max_operand must be >= 2, got 1"),
-    (dict(direct_frac=1.5), r"task.direct_frac must be in \[0, 1\], got 1.5"),
-    (dict(direct_frac=-0.1), r"task.direct_frac must be in \[0, 1\]"),
-    (dict(lookup=LookupOptions(["apples"])), r"task.lookup.\* are options of the lookup task"),
-    (dict(name="lookup", min_terms=2, lookup=LookupOptions(["apples"])), r"set task.direct_frac > 0"),
-    (dict(name="lookup", min_terms=2, direct_frac=0.5, lookup=LookupOptions(["apples", "pears"])),
-     r"task.lookup.direct_things names no thing of the lookup task: \['pears'\]"),
-    (dict(name="algebra"), r"no built-in task 'algebra': task.name .* one of \['arith', 'lookup'\]"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (dict(ops="/"), r"task.ops must be made of the operators \+ - \* \(e.g. '\+-'\), got '/'"),
+        (dict(ops=""), "task.ops must be made of the operators"),
+        (dict(ops="+ -"), "task.ops must be made of the operators"),
+        (dict(min_terms=6, max_terms=3), r"task.max_terms \(3\) must be >= min_terms \(6\)"),
+        (dict(min_terms=1, max_terms=1), "task.min_terms must be >= 2"),
+        (dict(max_operand=1), "task.max_operand must be >= 2, got 1"),
+        (dict(direct_frac=1.5), r"task.direct_frac must be in \[0, 1\], got 1.5"),
+        (dict(direct_frac=-0.1), r"task.direct_frac must be in \[0, 1\]"),
+        (dict(lookup=LookupOptions(["apples"])), r"task.lookup.\* are options of the lookup task"),
+        (dict(name="lookup", min_terms=2, lookup=LookupOptions(["apples"])), r"set task.direct_frac > 0"),
+        (
+            dict(name="lookup", min_terms=2, direct_frac=0.5, lookup=LookupOptions(["apples", "pears"])),
+            r"task.lookup.direct_things names no thing of the lookup task: \['pears'\]",
+        ),
+        (dict(name="algebra"), r"no built-in task 'algebra': task.name .* one of \['arith', 'lookup'\]"),
+    ],
+)
 def test_bad_task_options_are_refused_up_front(options, match):
     with pytest.raises(ConfigError, match=match):
         TaskConfig(**options).validate()
@@ -71,8 +77,10 @@ def test_prompt_limit_resolution():
 
 def _long_row_file(tmp_path) -> tuple[str, str]:
     long_q = "word " * 4_000
-    return (write_jsonl(tmp_path / "train.jsonl", ROWS),
-            write_jsonl(tmp_path / "valid.jsonl", ROWS[:3] + [{"question": long_q, "answer": "1"}] + ROWS[3:6]))
+    return (
+        write_jsonl(tmp_path / "train.jsonl", ROWS),
+        write_jsonl(tmp_path / "valid.jsonl", ROWS[:3] + [{"question": long_q, "answer": "1"}] + ROWS[3:6]),
+    )
 
 
 def test_default_limit_skips_an_over_long_held_out_row(tmp_path, tokenizer):
@@ -80,8 +88,9 @@ def test_default_limit_skips_an_over_long_held_out_row(tmp_path, tokenizer):
     data = build(train, valid, valid_size=10, tokenizer=tokenizer, default_max_prompt_tokens=200)
     assert len(data.valid) == 6 and max(len(it["prompt_ids"]) for it in data.valid) <= 200
     assert data.stats()["data_skipped_long"] == 1
-    unlimited = build(train, valid, valid_size=10, tokenizer=tokenizer, default_max_prompt_tokens=200,
-                      max_prompt_tokens=0)
+    unlimited = build(
+        train, valid, valid_size=10, tokenizer=tokenizer, default_max_prompt_tokens=200, max_prompt_tokens=0
+    )
     assert len(unlimited.valid) == 7 and unlimited.stats()["data_skipped_long"] == 0
 
 
@@ -95,18 +104,24 @@ def test_default_limit_applies_to_a_held_out_split_of_the_training_file(tmp_path
 
 def test_eval_set_applies_the_limit(tmp_path, tokenizer):
     _, valid = _long_row_file(tmp_path)
-    items, _, _ = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer,
-                                    default_max_prompt_tokens=200)
+    items, _, _ = eval_set_from_config(
+        TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer, default_max_prompt_tokens=200
+    )
     assert len(items) == 6
-    with pytest.raises(ConfigError, match=r"valid_dataset.path: no usable row among the first 10: \d+ longer than 5 "
-                                          r"tokens .*, 0 malformed or refused by the chat template"):
-        eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer,
-                             default_max_prompt_tokens=5)
+    with pytest.raises(
+        ConfigError,
+        match=r"valid_dataset.path: no usable row among the first 10: \d+ longer than 5 "
+        r"tokens .*, 0 malformed or refused by the chat template",
+    ):
+        eval_set_from_config(
+            TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=tokenizer, default_max_prompt_tokens=5
+        )
     plain = copy.deepcopy(tokenizer)
     plain.chat_template = None  # every row refused by the (missing) template: said so, not "longer than"
     with pytest.raises(ConfigError, match=r"first 10: 0 longer than 200 tokens .*, \d+ malformed or refused"):
-        eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=plain,
-                             default_max_prompt_tokens=200)
+        eval_set_from_config(
+            TaskConfig(), ValidDatasetConfig(path=valid, size=10), tokenizer=plain, default_max_prompt_tokens=200
+        )
 
 
 def test_a_limit_nothing_fits_under_is_a_config_error_at_build_time(tokenizer):
@@ -130,12 +145,15 @@ def test_builtin_by_path_and_its_errors():
         build("", f"{SAMPLES}/gsm8k_test.jsonl")
 
 
-@pytest.mark.parametrize("override,match", [
-    (dict(path="/nonexistent/train.jsonl"), "train_dataset.path: '/nonexistent/train.jsonl' does not exist"),
-    (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", type="csv"), "train_dataset.type must be one of"),
-    (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", fields={"prompt": "x"}), "train_dataset.fields"),
-    (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", prompt_template="{nope}"), "prompt_template refers to 'nope'"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        (dict(path="/nonexistent/train.jsonl"), "train_dataset.path: '/nonexistent/train.jsonl' does not exist"),
+        (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", type="csv"), "train_dataset.type must be one of"),
+        (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", fields={"prompt": "x"}), "train_dataset.fields"),
+        (dict(path=f"{SAMPLES}/gsm8k_train.jsonl", prompt_template="{nope}"), "prompt_template refers to 'nope'"),
+    ],
+)
 def test_config_errors_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
         build(skip_bad_rows=False, **override)
@@ -154,8 +172,7 @@ def test_over_long_prompts_are_skipped_and_counted(tmp_path, tokenizer):
 
 def test_eval_set_from_a_file_needs_no_training_source(tmp_path):
     """``asyncrl eval valid_dataset.path=F``: the file alone, in its detected format, with its own verifier."""
-    path = write_jsonl(tmp_path / "test.jsonl", [{"question": f"{i} + 1 = ?", "answer": str(i + 1)}
-                                                 for i in range(8)])
+    path = write_jsonl(tmp_path / "test.jsonl", [{"question": f"{i} + 1 = ?", "answer": str(i + 1)} for i in range(8)])
     items, reward_fn, _ = eval_set_from_config(TaskConfig(), ValidDatasetConfig(path=path, size=5))
     assert [it["answer"] for it in items] == ["1", "2", "3", "4", "5"]
     assert reward_fn.__name__ == "math_reward" and call_reward(reward_fn, items[2], "\\boxed{3}") == 1.0
@@ -177,17 +194,20 @@ def _data(cfg: TrainConfig):
     return dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
 
 
-@pytest.mark.parametrize("entry, key", [
-    ({"path": "builtin:arith", "weight": 0}, "train_dataset.mixture[1].weight"),
-    ({"path": "builtin:arith", "weight": "heavy"}, "train_dataset.mixture[1].weight"),
-    ({"path": "builtin:arith", "wieght": 2}, "train_dataset.mixture[1].wieght: unknown key; did you mean 'weight'"),
-    ({"weight": 2}, "train_dataset.mixture[1].path is required"),
-    ({"path": "builtin:arith", "reward_fn": "no_such_module:fn"}, "train_dataset.mixture[1].reward_fn"),
-    ({"path": "builtin:arith", "type": "csv"}, "train_dataset.mixture[1].type"),
-    ({"path": "builtin:arith", "valid_path": "x.jsonl"}, "train_dataset.mixture[1].valid_path"),
-    ({"path": "gym:arith"}, "train_dataset.mixture[1].name: 'arith' is the name of entry 0"),
-    ({"path": "builtin:arith", "name": "a/b"}, "train_dataset.mixture[1].name"),
-])
+@pytest.mark.parametrize(
+    "entry, key",
+    [
+        ({"path": "builtin:arith", "weight": 0}, "train_dataset.mixture[1].weight"),
+        ({"path": "builtin:arith", "weight": "heavy"}, "train_dataset.mixture[1].weight"),
+        ({"path": "builtin:arith", "wieght": 2}, "train_dataset.mixture[1].wieght: unknown key; did you mean 'weight'"),
+        ({"weight": 2}, "train_dataset.mixture[1].path is required"),
+        ({"path": "builtin:arith", "reward_fn": "no_such_module:fn"}, "train_dataset.mixture[1].reward_fn"),
+        ({"path": "builtin:arith", "type": "csv"}, "train_dataset.mixture[1].type"),
+        ({"path": "builtin:arith", "valid_path": "x.jsonl"}, "train_dataset.mixture[1].valid_path"),
+        ({"path": "gym:arith"}, "train_dataset.mixture[1].name: 'arith' is the name of entry 0"),
+        ({"path": "builtin:arith", "name": "a/b"}, "train_dataset.mixture[1].name"),
+    ],
+)
 def test_a_bad_entry_is_one_line_naming_its_key(entry, key):
     with pytest.raises(ConfigError) as e:
         _mixture([{"path": "builtin:arith"}, entry])

@@ -3,22 +3,28 @@ held-out file is warned about), and the plain-argument API."""
 
 import itertools
 import logging
+
 import pytest
+
 from asyncrl.configlib import ConfigError
-from asyncrl.data.datasets import file_dataset, hold_out, task_dataset
 from asyncrl.data.config import (
     TaskConfig,
     TrainDatasetConfig,
     ValidDatasetConfig,
     eval_set_from_config,
 )
+from asyncrl.data.datasets import file_dataset, hold_out, task_dataset
+
 from datasets_for_tests import ROWS, build, take, write_jsonl
 
 
 def test_a_one_row_file_is_refused(tmp_path):
     one = write_jsonl(tmp_path / "one.jsonl", ROWS[:1])
-    with pytest.raises(ConfigError, match=r"train_dataset.path: '.*one\.jsonl' has a single usable row, and "
-                                          r"held-out rows are never trained on: give valid_dataset.path"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train_dataset.path: '.*one\.jsonl' has a single usable row, and "
+        r"held-out rows are never trained on: give valid_dataset.path",
+    ):
         build(one)
     with pytest.raises(ConfigError, match="single usable row"):
         eval_set_from_config(TaskConfig(), ValidDatasetConfig(), TrainDatasetConfig(path=one))
@@ -39,8 +45,15 @@ def test_held_out_file_overlapping_the_training_file_is_warned_about(tmp_path, c
 
 def test_data_functions_take_plain_arguments(tmp_path):
     path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
-    data = file_dataset(path, row_type="qa", fields={"question": "question"}, template="Q: {question}",
-                        valid_size=2, valid_seed=1, seed=3)
+    data = file_dataset(
+        path,
+        row_type="qa",
+        fields={"question": "question"},
+        template="Q: {question}",
+        valid_size=2,
+        valid_seed=1,
+        seed=3,
+    )
     assert len(data.valid) == 2 and next(data.train)["question"].startswith("Q: Compute")
     assert data.reward_fn.__name__ == "math_reward" and data.stats()["data_bad_rows"] == 0
     task = task_dataset("arith", {"min_terms": 2, "max_terms": 2, "ops": "*"}, valid_size=4, seed=5)
@@ -62,8 +75,11 @@ def test_held_out_rows_are_never_trained_on(tmp_path):
     data = build(path, valid_size=20)
     assert not {it["question"] for it in data.valid} & {it["question"] for it in take(data.train, 400)}
     # a chat prompt twice with two reference replies: one prompt (the replies are not part of what it asks)
-    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": reply}]}
-            for reply in ("first", "second") for i in range(20)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": reply}]}
+        for reply in ("first", "second")
+        for i in range(20)
+    ]
     data = build(write_jsonl(tmp_path / "replies.jsonl", rows), valid_size=4)
     held = {it["messages"][0]["content"] for it in data.valid}
     assert held and not held & {it["messages"][0]["content"] for it in take(data.train, 80)}

@@ -11,17 +11,21 @@ from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
 from asyncrl.data.formats import detect_type, prompt_of, to_item
 from asyncrl.reward import call_reward
+
 from datasets_for_tests import ROWS, SAMPLES, build, take, write_jsonl
 
 
 # ---- prompt templates and field mappings ----------------------------------------------------------------
-@pytest.mark.parametrize("template,match", [
-    ("{question} Put it in \\boxed{}.", r"'\{\}' is a positional field: .* write \{\{\}\} for literal braces"),
-    ("{0}: {question}", r"'\{0\}' is a positional field"),
-    ("Solve it.", r"it names no field such as \{question\}, so every prompt would be the same text"),
-    ("{question", "not a valid format string"),
-    ("{question!x}", r"'\{question!x\}': the conversion must be !r, !s or !a"),
-])
+@pytest.mark.parametrize(
+    "template,match",
+    [
+        ("{question} Put it in \\boxed{}.", r"'\{\}' is a positional field: .* write \{\{\}\} for literal braces"),
+        ("{0}: {question}", r"'\{0\}' is a positional field"),
+        ("Solve it.", r"it names no field such as \{question\}, so every prompt would be the same text"),
+        ("{question", "not a valid format string"),
+        ("{question!x}", r"'\{question!x\}': the conversion must be !r, !s or !a"),
+    ],
+)
 def test_bad_prompt_templates_are_refused_up_front(template, match):
     with pytest.raises(ConfigError, match=r"^train_dataset.prompt_template: " + match):
         TrainDatasetConfig(prompt_template=template).validate()
@@ -70,8 +74,9 @@ def test_code_format_and_reference_solutions_pass():
 
 
 def test_field_mapping_and_prompt_template(tmp_path):
-    path = write_jsonl(tmp_path / "qa.jsonl", [{"id": "r1", "q": f"What is {i} + {i}?", "final": 2 * i}
-                                               for i in range(30)])
+    path = write_jsonl(
+        tmp_path / "qa.jsonl", [{"id": "r1", "q": f"What is {i} + {i}?", "final": 2 * i} for i in range(30)]
+    )
     data = build(path, fields={"question": "q", "answer": "final"}, prompt_template="Solve: {question}")
     item = take(data.train, 1)[0]
     assert item["question"].startswith("Solve: What is") and item["answer"] == str(int(item["answer"]))
@@ -81,8 +86,9 @@ def test_field_mapping_and_prompt_template(tmp_path):
 
 def test_prompt_template_applies_to_the_builtin_task():
     small = TaskConfig(min_terms=2, max_terms=2, max_operand=6)  # few distinct problems: collisions likely
-    data = dataset_from_config(small, TrainDatasetConfig(prompt_template="Q: {question} Think step by step."),
-                               ValidDatasetConfig(size=20))
+    data = dataset_from_config(
+        small, TrainDatasetConfig(prompt_template="Q: {question} Think step by step."), ValidDatasetConfig(size=20)
+    )
     held = {it["question"] for it in data.valid}
     trained = {it["question"] for it in take(data.train, 300)}
     assert all(q.startswith("Q: Compute ") and q.endswith("step by step.") for q in held | trained)
@@ -113,8 +119,9 @@ def test_a_mapped_column_reaches_the_reward_under_both_names():
     assert "q" not in to_item({"q": "x?", "answer": "1"}, "qa", {"question": "q"}, "")
 
 
-@pytest.mark.parametrize("final, answer", [("1,234", "1234"), ("-12,345,678", "-12345678"), ("2,3", "2,3"),
-                                           ("(2, 3)", "(2, 3)")])
+@pytest.mark.parametrize(
+    "final, answer", [("1,234", "1234"), ("-12,345,678", "-12345678"), ("2,3", "2,3"), ("(2, 3)", "(2, 3)")]
+)
 def test_a_gsm8k_final_answer_loses_only_its_thousands_separators(final, answer):
     row = {"question": "Q?", "answer": f"work\n#### {final}"}
     assert to_item(row, detect_type(row, {}), {}, "")["answer"] == answer
@@ -122,8 +129,11 @@ def test_a_gsm8k_final_answer_loses_only_its_thousands_separators(final, answer)
 
 def test_a_messages_column_of_a_qa_row_does_not_stand_for_its_prompt():
     """ultrachat-like rows (prompt, answer, messages) read as qa: the prompt is the templated question."""
-    row = {"prompt": "What is 1 + 1?", "answer": "2", "messages": [{"role": "user", "content": "What is 1 + 1?"},
-                                                                   {"role": "assistant", "content": "x"}]}
+    row = {
+        "prompt": "What is 1 + 1?",
+        "answer": "2",
+        "messages": [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "x"}],
+    }
     item = to_item(row, "qa", {}, "{question} Answer with a number.")
     assert prompt_of(item) == "What is 1 + 1? Answer with a number." and "messages" not in item
 
@@ -146,9 +156,14 @@ def test_common_exports_are_read_with_their_answers_and_tests():
     from asyncrl.data.formats import detect_type, to_item
     from asyncrl.reward.code_reward import parse_tests
 
-    numina = {"problem": "What is 2+3?", "solution": "So it is $\\boxed{5}$.",
-              "messages": [{"role": "user", "content": "What is 2+3?"},
-                           {"role": "assistant", "content": "So it is $\\boxed{5}$."}]}
+    numina = {
+        "problem": "What is 2+3?",
+        "solution": "So it is $\\boxed{5}$.",
+        "messages": [
+            {"role": "user", "content": "What is 2+3?"},
+            {"role": "assistant", "content": "So it is $\\boxed{5}$."},
+        ],
+    }
     assert to_item(numina, detect_type(numina, {}), {}, "")["answer"] == "5"
     fbox = {"problem": "What is 1+2?", "solution": "Thus \\fbox{3}."}
     assert detect_type(fbox, {}) == "math" and to_item(fbox, "math", {}, "")["answer"] == "3"
@@ -159,7 +174,11 @@ def test_common_exports_are_read_with_their_answers_and_tests():
 def test_init_model_corpus_reads_content_parts_and_json_text_conversations():
     from asyncrl.data.tokenizer import row_texts
 
-    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is two plus two?"}]},
-                          {"role": "assistant", "content": "Four."}]}
+    parts = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is two plus two?"}]},
+            {"role": "assistant", "content": "Four."},
+        ]
+    }
     assert row_texts(parts) == ["What is two plus two?", "Four."]
     assert row_texts({"messages": '[{"role": "user", "content": "hi"}]'}) == ["hi"]

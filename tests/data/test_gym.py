@@ -5,6 +5,7 @@ import pytest
 
 from asyncrl.configlib import ConfigError
 from asyncrl.reward import call_reward
+
 from datasets_for_tests import build, take
 
 

@@ -26,14 +26,22 @@ def test_problems_and_splits_are_deterministic():
         assert numbers == ([str(it["given"])] if it["given"] is not None else [])
         assert int(it["answer"]) >= 0
     # the transcript mixture does not change the problems
-    assert [it["question"] for it in LookupTask(direct_frac=0.5).split(10_000, 50)] == \
-        [it["question"] for it in items[:50]]
+    assert [it["question"] for it in LookupTask(direct_frac=0.5).split(10_000, 50)] == [
+        it["question"] for it in items[:50]
+    ]
 
 
 def test_task_options_are_checked():
-    for bad in ({"ops": "+*"}, {"min_terms": 0}, {"max_terms": 1, "min_terms": 2}, {"direct_frac": 2.0},
-                {"max_operand": 1}, {"direct_things": ("pears",)}, {"direct_things": "apples"},
-                {"direct_things": ("apples",)}):  # the last: direct_things without direct_frac
+    for bad in (
+        {"ops": "+*"},
+        {"min_terms": 0},
+        {"max_terms": 1, "min_terms": 2},
+        {"direct_frac": 2.0},
+        {"max_operand": 1},
+        {"direct_things": ("pears",)},
+        {"direct_things": "apples"},
+        {"direct_things": ("apples",)},
+    ):  # the last: direct_things without direct_frac
         with pytest.raises(ValueError):
             LookupTask(**bad)
 
@@ -57,8 +65,11 @@ def test_guessing_transcripts_only_for_the_things_named_in_direct_things():
 def test_registered_as_builtin_lookup_with_a_disjoint_held_out_split():
     from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
 
-    data = dataset_from_config(TaskConfig(name="lookup", min_terms=2, max_terms=3),
-                               TrainDatasetConfig(path="builtin:lookup"), ValidDatasetConfig(size=50))
+    data = dataset_from_config(
+        TaskConfig(name="lookup", min_terms=2, max_terms=3),
+        TrainDatasetConfig(path="builtin:lookup"),
+        ValidDatasetConfig(size=50),
+    )
     held_out = {it["question"] for it in data.valid}
     train = [next(data.train) for _ in range(300)]
     assert len(data.valid) == 50 and not held_out & {it["question"] for it in train}
@@ -72,8 +83,13 @@ def test_the_template_renders_tool_calls_as_the_model_writes_them(agent_tokenize
     for m in item["transcript"]:  # the assistant turns as the proxy returns them: tool calls parsed
         if m["role"] == "assistant":
             reply = lookup_reply(m["content"])
-            parsed.append({"role": "assistant", "content": reply.content,
-                           **({"tool_calls": reply.tool_calls} if reply.tool_calls else {})})
+            parsed.append(
+                {
+                    "role": "assistant",
+                    "content": reply.content,
+                    **({"tool_calls": reply.tool_calls} if reply.tool_calls else {}),
+                }
+            )
         else:
             parsed.append(m)
     raw = agent_tokenizer.apply_chat_template(item["transcript"], tools=TOOLS, tokenize=False)

@@ -10,19 +10,24 @@ import pytest
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
-from asyncrl.data.mixture import split_sizes
-from asyncrl.reward.base import item_fields
 from asyncrl.data.config import (
     dataset_from_config,
     source_lookup,
 )
+from asyncrl.data.mixture import split_sizes
+from asyncrl.reward.base import item_fields
+
 from datasets_for_tests import take, write_jsonl
 
 
 def _file(tmp_path, name: str, n: int, offset: int = 0) -> str:
     path = tmp_path / f"{name}.jsonl"
-    path.write_text("".join(json.dumps({"question": f"{name}: compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                            for i in range(offset, offset + n)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"{name}: compute {i} + 1.", "answer": str(i + 1)}) + "\n"
+            for i in range(offset, offset + n)
+        )
+    )
     return str(path)
 
 
@@ -39,9 +44,14 @@ def _data(cfg: TrainConfig):
 
 
 def _two_files(tmp_path, *overrides, a: dict | None = None, b: dict | None = None) -> TrainConfig:
-    return _mixture([{"path": _file(tmp_path, "alpha", 60), "weight": 3, **(a or {})},
-                     {"path": _file(tmp_path, "beta", 60, offset=500), **(b or {})}],
-                    "valid_dataset.size=6", *overrides)
+    return _mixture(
+        [
+            {"path": _file(tmp_path, "alpha", 60), "weight": 3, **(a or {})},
+            {"path": _file(tmp_path, "beta", 60, offset=500), **(b or {})},
+        ],
+        "valid_dataset.size=6",
+        *overrides,
+    )
 
 
 def test_weights_seed_ids_and_tags(tmp_path):
@@ -72,8 +82,13 @@ def test_resume_skips_the_drawn_items_and_continues_in_place(tmp_path):
 
 
 def test_held_out_is_split_by_weight_and_never_trained_on(tmp_path):
-    cfg = _mixture([{"name": "big", "path": _file(tmp_path, "big", 200), "weight": 1},
-                    {"name": "task", "path": "builtin:arith", "weight": 2}], "valid_dataset.size=12")
+    cfg = _mixture(
+        [
+            {"name": "big", "path": _file(tmp_path, "big", 200), "weight": 1},
+            {"name": "task", "path": "builtin:arith", "weight": 2},
+        ],
+        "valid_dataset.size=12",
+    )
     data = _data(cfg)
     assert collections.Counter(it["source"] for it in data.valid) == {"big": 4, "task": 8}
     held_out = {it["question"] for it in data.valid}
@@ -95,13 +110,30 @@ def test_train_on_a_two_source_mixture_reports_each_source(tmp_path, tiny_model_
     from asyncrl.launch.train import train
     from asyncrl.telemetry.metrics import read_metrics
 
-    entries = [{"name": "ones", "path": _file(tmp_path, "ones", 30), "reward_fn": "rewards_for_tests:one_reward"},
-               {"name": "zeros", "path": _file(tmp_path, "zeros", 30, offset=100), "weight": 2,
-                "reward_fn": "rewards_for_tests:constant_reward"}]
-    cfg = _mixture(entries, f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false",
-                   "report=false", "total_train_steps=3", "train_dataset.batch_size=4", "gconfig.n_samples=2",
-                   "gconfig.max_new_tokens=8", "valid_dataset.size=4", "evaluator.freq_steps=0",
-                   "rollout.max_slots=8", "reward.workers=1")
+    entries = [
+        {"name": "ones", "path": _file(tmp_path, "ones", 30), "reward_fn": "rewards_for_tests:one_reward"},
+        {
+            "name": "zeros",
+            "path": _file(tmp_path, "zeros", 30, offset=100),
+            "weight": 2,
+            "reward_fn": "rewards_for_tests:constant_reward",
+        },
+    ]
+    cfg = _mixture(
+        entries,
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path}",
+        "progress_bar=false",
+        "report=false",
+        "total_train_steps=3",
+        "train_dataset.batch_size=4",
+        "gconfig.n_samples=2",
+        "gconfig.max_new_tokens=8",
+        "valid_dataset.size=4",
+        "evaluator.freq_steps=0",
+        "rollout.max_slots=8",
+        "reward.workers=1",
+    )
     train(cfg)
     records = read_metrics(tmp_path / "asyncrl" / "default")
     steps = [r for r in records if r["step"] > 0]
@@ -125,26 +157,40 @@ def test_train_on_a_two_source_mixture_reports_each_source(tmp_path, tiny_model_
 def test_one_file_in_two_mixture_entries_never_trains_a_held_out_prompt(tmp_path):
     """Each entry holds out its own rows; the other entry read the same file and trained on them (20 leaked)."""
     path = write_jsonl(tmp_path / "p.jsonl", [{"question": f"q{i}", "answer": str(i)} for i in range(300)])
-    cfg = configlib.load(TrainConfig, None, [
-        f"train_dataset.mixture={json.dumps([{'name': 'a', 'path': path}, {'name': 'b', 'path': path, 'weight': 3}])}",
-        "valid_dataset.size=40"])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            "train_dataset.mixture="
+            + json.dumps([{"name": "a", "path": path}, {"name": "b", "path": path, "weight": 3}]),
+            "valid_dataset.size=40",
+        ],
+    )
     data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
     held = [it["question"] for it in data.valid]
     assert len(held) == len(set(held)) and not set(held) & {it["question"] for it in take(data.train, 3000)}
     # the same file under two templates: a problem held out under one wording is not trained under the other
-    entries = [{"name": "plain", "path": path, "weight": 3},
-               {"name": "cot", "path": path, "prompt_template": "Think step by step. {question}"}]
+    entries = [
+        {"name": "plain", "path": path, "weight": 3},
+        {"name": "cot", "path": path, "prompt_template": "Think step by step. {question}"},
+    ]
     cfg = configlib.load(TrainConfig, None, [f"train_dataset.mixture={json.dumps(entries)}", "valid_dataset.size=40"])
     data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
     held = {it["question"].removeprefix("Think step by step. ") for it in data.valid}
     trained = {it["question"].removeprefix("Think step by step. ") for it in take(data.train, 3000)}
     assert held and not held & trained
     assert "question_before_template" not in item_fields(data.valid[-1])  # not passed to reward functions
-    chat = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": f"q{i}"},
-                                                            {"role": "assistant", "content": str(i)}]}
-                                              for i in range(300)])  # the same with chat rows
-    entries = [{"name": "plain", "path": chat, "weight": 3},
-               {"name": "cot", "path": chat, "prompt_template": "Think step by step. {question}"}]
+    chat = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": str(i)}]}
+            for i in range(300)
+        ],
+    )  # the same with chat rows
+    entries = [
+        {"name": "plain", "path": chat, "weight": 3},
+        {"name": "cot", "path": chat, "prompt_template": "Think step by step. {question}"},
+    ]
     cfg = configlib.load(TrainConfig, None, [f"train_dataset.mixture={json.dumps(entries)}", "valid_dataset.size=40"])
     data = dataset_from_config(cfg.task, cfg.train_dataset, cfg.valid_dataset)
 

@@ -2,8 +2,10 @@
 prompts in a row is read to its end, and a context column left out of the prompt is said once."""
 
 import pytest
+
 from asyncrl.configlib import ConfigError
 from asyncrl.data.datasets import file_dataset
+
 from datasets_for_tests import take, write_jsonl
 
 
@@ -14,11 +16,15 @@ def test_a_row_the_chat_template_rejects_costs_that_row_only(tmp_path, caplog):
     from asyncrl.models.hf import load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path("builtin:tiny-sft"))  # its own copy: the template changes
-    tokenizer.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-                               "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
-                               "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
-    rows = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
-            for i in range(50)]
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+        "{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}"
+    )
+    rows = [
+        {"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "yo"}]}
+        for i in range(50)
+    ]
     rows[17]["messages"].insert(0, {"role": "user", "content": "twice"})
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
     data = file_dataset(path, tokenizer=tokenizer, max_prompt_tokens=100, valid_size=5)
@@ -35,16 +41,22 @@ def test_a_file_with_many_over_long_prompts_in_a_row_is_read_to_its_end(tmp_path
     monkeypatch.setattr(rows, "MAX_SKIPS_IN_A_ROW", 10)
     short = [{"question": f"Compute {i} + 1.", "answer": "1"} for i in range(30)]
     long = [{"question": "Compute " + " + ".join(["1"] * 30) + f" + {i}.", "answer": "1"} for i in range(40)]
-    data = file_dataset(write_jsonl(tmp_path / "sorted.jsonl", short + long), tokenizer=tokenizer,
-                        max_prompt_tokens=40, valid_size=3, shuffle=False)
+    data = file_dataset(
+        write_jsonl(tmp_path / "sorted.jsonl", short + long),
+        tokenizer=tokenizer,
+        max_prompt_tokens=40,
+        valid_size=3,
+        shuffle=False,
+    )
     assert data.stats()["data_skipped_long"] >= 36 and len({it["question"] for it in take(data.train, 27)}) == 27
 
 
 def test_a_context_column_left_out_of_the_prompt_is_said_once(tmp_path, caplog):
     """Dolly's rows (instruction, context, response): without a template the model is asked to summarise a text
     it never sees; said once, naming the column and the template that puts it in."""
-    rows = [{"instruction": f"Summarize this. {i}", "context": "A long paragraph.", "response": "Short."}
-            for i in range(20)]
+    rows = [
+        {"instruction": f"Summarize this. {i}", "context": "A long paragraph.", "response": "Short."} for i in range(20)
+    ]
     path = write_jsonl(tmp_path / "dolly.jsonl", rows)
     file_dataset(path, valid_size=2)
     said = [r.getMessage() for r in caplog.records if "is not part of the prompt" in r.getMessage()]

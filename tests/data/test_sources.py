@@ -1,5 +1,6 @@
-"""Reading rows (asyncrl.data.sources): JSONL, JSON arrays, Parquet, saved datasets and cached hub datasets; byte-order marks, odd line
-breaks and non-UTF-8 lines; malformed rows named by file and line, or skipped and counted; unreadable files."""
+"""Reading rows (asyncrl.data.sources): JSONL, JSON arrays, Parquet, saved datasets and cached hub datasets; byte-order
+marks, odd line breaks and non-UTF-8 lines; malformed rows named by file and line, or skipped and counted; unreadable
+files."""
 
 import json
 import logging
@@ -9,6 +10,7 @@ import pytest
 
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import TaskConfig, TrainDatasetConfig, ValidDatasetConfig, dataset_from_config
+
 from datasets_for_tests import ROWS, build, questions, take, write_jsonl
 
 BAD_ROWS = [
@@ -71,16 +73,25 @@ def test_parquet(tmp_path):
 
 def test_saved_datasets_directory(tmp_path):
     datasets = pytest.importorskip("datasets")
-    rows = {"problem": [f"What is ${i}^2$?" for i in range(12)],
-            "solution": [f"$\\boxed{{{i * i}}}$" for i in range(12)]}
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
-                               "test": datasets.Dataset.from_dict({k: v[:3] for k, v in rows.items()})})
+    rows = {
+        "problem": [f"What is ${i}^2$?" for i in range(12)],
+        "solution": [f"$\\boxed{{{i * i}}}$" for i in range(12)],
+    }
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(rows),
+            "test": datasets.Dataset.from_dict({k: v[:3] for k, v in rows.items()}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "saved"))
     data = build(str(tmp_path / "saved"), str(tmp_path / "saved"))
     assert [it["answer"] for it in data.valid] == ["0", "1", "4"]
     with pytest.raises(ConfigError, match="valid_dataset.split: .* has no split 'validation'"):
-        dataset_from_config(TaskConfig(), TrainDatasetConfig(path=str(tmp_path / "saved")),
-                            ValidDatasetConfig(path=str(tmp_path / "saved"), split="validation"))
+        dataset_from_config(
+            TaskConfig(),
+            TrainDatasetConfig(path=str(tmp_path / "saved")),
+            ValidDatasetConfig(path=str(tmp_path / "saved"), split="validation"),
+        )
 
 
 def fake_hub_dataset(cache: Path, name: str, files: dict[str, list[dict]]) -> None:
@@ -98,8 +109,11 @@ def test_a_hub_dataset_in_the_local_cache_is_read_by_name(tmp_path, monkeypatch)
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     rows = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(9)]
-    fake_hub_dataset(tmp_path / "hub", "acme/sums", {"data/train-00000-of-00001.jsonl": rows[:6],
-                                                     "data/test-00000-of-00001.jsonl": rows[6:]})
+    fake_hub_dataset(
+        tmp_path / "hub",
+        "acme/sums",
+        {"data/train-00000-of-00001.jsonl": rows[:6], "data/test-00000-of-00001.jsonl": rows[6:]},
+    )
     data = build("acme/sums", "acme/sums")
     assert {it["question"] for it in take(data.train, 30)} == {f"q{i}" for i in range(6)}
     assert [it["question"] for it in data.valid] == ["q6", "q7", "q8"]
@@ -108,16 +122,26 @@ def test_a_hub_dataset_in_the_local_cache_is_read_by_name(tmp_path, monkeypatch)
         build("acme/two")
     assert questions(build("acme/two/other")) == {f"q{i}" for i in range(9)}  # 5 held out of the 9
     with pytest.raises(ConfigError, match="has no file of split 'validation'"):
-        dataset_from_config(TaskConfig(), TrainDatasetConfig(path="acme/sums"),
-                            ValidDatasetConfig(path="acme/sums", split="validation"))
-    fake_hub_dataset(tmp_path / "hub", "acme/chat", {"data/train_sft-00000-of-00001.jsonl": rows[:6],
-                                                     "data/train_gen-00000-of-00001.jsonl": rows[6:]})
+        dataset_from_config(
+            TaskConfig(), TrainDatasetConfig(path="acme/sums"), ValidDatasetConfig(path="acme/sums", split="validation")
+        )
+    fake_hub_dataset(
+        tmp_path / "hub",
+        "acme/chat",
+        {"data/train_sft-00000-of-00001.jsonl": rows[:6], "data/train_gen-00000-of-00001.jsonl": rows[6:]},
+    )
     with pytest.raises(ConfigError, match="has no file of split 'train' .*train_gen.*train_sft"):
         build("acme/chat")  # ultrachat_200k's splits: train_sft and train_gen are not train (both were read)
-    assert questions(dataset_from_config(TaskConfig(), TrainDatasetConfig(path="acme/chat", split="train_sft"),
-                                         ValidDatasetConfig(size=2))) <= {f"q{i}" for i in range(6)}
-    with pytest.raises(ConfigError, match="'acme/absent' does not exist .*hub dataset already in the local "
-                                          "Hugging Face cache.*nothing is downloaded"):
+    assert questions(
+        dataset_from_config(
+            TaskConfig(), TrainDatasetConfig(path="acme/chat", split="train_sft"), ValidDatasetConfig(size=2)
+        )
+    ) <= {f"q{i}" for i in range(6)}
+    with pytest.raises(
+        ConfigError,
+        match="'acme/absent' does not exist .*hub dataset already in the local "
+        "Hugging Face cache.*nothing is downloaded",
+    ):
         build("acme/absent")
 
 
@@ -166,8 +190,11 @@ def test_a_damaged_page_in_a_parquet_file_is_an_error_naming_the_file(tmp_path):
     from asyncrl.data.datasets import file_dataset
 
     path = tmp_path / "damaged.parquet"
-    pq.write_table(pa.Table.from_pylist([{"question": f"q{i}" + " pad" * 20, "answer": "1"} for i in range(2000)]),
-                   path, row_group_size=500)
+    pq.write_table(
+        pa.Table.from_pylist([{"question": f"q{i}" + " pad" * 20, "answer": "1"} for i in range(2000)]),
+        path,
+        row_group_size=500,
+    )
     raw = bytearray(path.read_bytes())
     start = pq.ParquetFile(path).metadata.row_group(2).column(0).data_page_offset
     for i in range(start + 40, start + 400):

@@ -46,8 +46,10 @@ def test_corpus_tokenizer_fits_the_domain(tmp_path, capsys):
     assert _tokens_per_word(tokenizer) <= 2 < _tokens_per_word(arith)
     assert _tokens_per_word(tokenizer) < _tokens_per_word(arith) / 2
 
-    messages = [{"role": "user", "content": "Mix crimson and cobalt."},
-                {"role": "assistant", "content": "A lavender tint."}]
+    messages = [
+        {"role": "user", "content": "Mix crimson and cobalt."},
+        {"role": "assistant", "content": "A lavender tint."},
+    ]
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     assert text.startswith("<|im_start|>user\nMix crimson")
     ids = tokenizer(text, add_special_tokens=False).input_ids
@@ -69,8 +71,14 @@ def test_corpus_from_jsonl_rows_and_chats(tmp_path, capsys):
 
     corpus = tmp_path / "paints.jsonl"
     rows = [{"question": d, "answer": "a tint"} for d in _documents(150)]
-    rows += [{"messages": [{"role": "user", "content": "Which paint is turquoise?"},
-                           {"role": "assistant", "content": "Cobalt with a little ochre."}]}] * 20
+    rows += [
+        {
+            "messages": [
+                {"role": "user", "content": "Which paint is turquoise?"},
+                {"role": "assistant", "content": "Cobalt with a little ochre."},
+            ]
+        }
+    ] * 20
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
     record = _build(capsys, corpus, tmp_path / "model", "--vocab-size", "400")
     assert record["documents"] == 150 * 2 + 20 * 2 and record["vocab"] <= 400
@@ -78,14 +86,17 @@ def test_corpus_from_jsonl_rows_and_chats(tmp_path, capsys):
     assert len(tokenizer.tokenize(" turquoise")) <= 2
 
 
-@pytest.mark.parametrize("name, content, where", [
-    ("bad.jsonl", b'{"question": "fine"}\n{not json\n', "bad.jsonl:2"),
-    ("bad.txt", b"fine\n\xff\xfe broken\n", "bad.txt:2"),
-    ("nofield.jsonl", b'{"question": "fine"}\n{"score": 3}\n', "nofield.jsonl:2"),
-    ("empty.txt", b"\n\n", "empty.txt"),
-    ("table.csv", b"a,b\n", "table.csv"),
-    (None, None, "missing.txt"),
-])
+@pytest.mark.parametrize(
+    "name, content, where",
+    [
+        ("bad.jsonl", b'{"question": "fine"}\n{not json\n', "bad.jsonl:2"),
+        ("bad.txt", b"fine\n\xff\xfe broken\n", "bad.txt:2"),
+        ("nofield.jsonl", b'{"question": "fine"}\n{"score": 3}\n', "nofield.jsonl:2"),
+        ("empty.txt", b"\n\n", "empty.txt"),
+        ("table.csv", b"a,b\n", "table.csv"),
+        (None, None, "missing.txt"),
+    ],
+)
 def test_bad_corpus_is_one_line(tmp_path, capsys, name, content, where):
     path = tmp_path / (name or "missing.txt")
     if content is not None:
@@ -101,18 +112,26 @@ def test_every_string_column_is_corpus_text_and_fields_picks_some(tmp_path, caps
     --fields reads just the named columns and names one that no row has."""
     from asyncrl.data.tokenizer import row_texts
 
-    row = {"id": "r1", "question": "Count the vowels of 'tobarine'.", "worked": "o, a, i, e: four",
-           "tags": ["vowels", 3], "n": 4}
+    row = {
+        "id": "r1",
+        "question": "Count the vowels of 'tobarine'.",
+        "worked": "o, a, i, e: four",
+        "tags": ["vowels", 3],
+        "n": 4,
+    }
     assert row_texts(row) == ["Count the vowels of 'tobarine'.", "o, a, i, e: four", "vowels"]
     assert row_texts(row, ["worked"]) == ["o, a, i, e: four"]
     corpus = tmp_path / "rows.jsonl"
     corpus.write_text("".join(json.dumps({"q": d, "worked": d.upper()}) + "\n" for d in _documents(60)))
     assert _build(capsys, corpus, tmp_path / "all")["documents"] == 120
-    assert main(["init-model", "--corpus", str(corpus), "--fields", "worked", "--out", str(tmp_path / "w"),
-                 *SHAPE]) == 0
+    assert (
+        main(["init-model", "--corpus", str(corpus), "--fields", "worked", "--out", str(tmp_path / "w"), *SHAPE]) == 0
+    )
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["documents"] == 60
-    assert main(["init-model", "--corpus", str(corpus), "--fields", "worked,wroked", "--out", str(tmp_path / "x"),
-                 *SHAPE]) == 2
+    assert (
+        main(["init-model", "--corpus", str(corpus), "--fields", "worked,wroked", "--out", str(tmp_path / "x"), *SHAPE])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "wroked" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
     assert main(["init-model", "--fields", "q", "--out", str(tmp_path / "y"), *SHAPE]) == 2
@@ -123,8 +142,12 @@ def test_sharegpt_turns_are_corpus_text(tmp_path):
     from asyncrl.data.tokenizer import read_corpus
 
     path = tmp_path / "sg.jsonl"
-    rows = [{"source": "sg", "conversations": [{"from": "human", "value": "Sort: pear apple"},
-                                               {"from": "gpt", "value": "apple pear"}]},
-            {"conversation": [{"role": "user", "content": "Hi there"}]}]
+    rows = [
+        {
+            "source": "sg",
+            "conversations": [{"from": "human", "value": "Sort: pear apple"}, {"from": "gpt", "value": "apple pear"}],
+        },
+        {"conversation": [{"role": "user", "content": "Hi there"}]},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read_corpus(str(path)) == ["sg", "Sort: pear apple", "apple pear", "Hi there"]

@@ -3,6 +3,7 @@
 import torch
 
 from asyncrl.types import SamplingParams
+
 from conftest import make_model
 
 VOCAB = 320
@@ -31,8 +32,11 @@ def test_decoder_and_sampler_run_on_another_device():
     large = torch.empty(4, 9000, device="meta")  # above 4096 entries the sampler's inverse CDF has two levels
     for logits in (logits, large):
         scratch = torch.empty(logits.shape, device="meta")
-        for params in ([SamplingParams(greedy=True)] * 4, [SamplingParams(temperature=0.7)] * 4,
-                       [SamplingParams(greedy=True), SamplingParams(top_p=0.9, top_k=5)] * 2):
+        for params in (
+            [SamplingParams(greedy=True)] * 4,
+            [SamplingParams(temperature=0.7)] * 4,
+            [SamplingParams(greedy=True), SamplingParams(top_p=0.9, top_k=5)] * 2,
+        ):
             rows = RowParams.of(params, "meta")
             assert rows.temperature.device.type == rows.greedy.device.type == "meta"
             tokens, logprobs = sample_rows(logits.clone(), rows, None, scratch)

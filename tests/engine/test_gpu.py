@@ -12,10 +12,10 @@ import torch
 
 from asyncrl.engine.local import LocalEngine
 from asyncrl.types import SamplingParams, WeightUpdate
+
 from conftest import make_model
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 VOCAB = 320
 CUDA = torch.device("cuda")
@@ -66,9 +66,10 @@ def test_greedy_on_cuda_matches_hf_generate_on_cuda(model_type):
     for prompt, (c,) in zip(prompts, results):
         ids = torch.tensor([prompt], device=CUDA)
         with torch.no_grad():
-            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
-                                 pad_token_id=0)
-        _assert_greedy_equal(model, prompt, c.output_ids, ref[0, len(prompt):].tolist())
+            ref = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, pad_token_id=0
+            )
+        _assert_greedy_equal(model, prompt, c.output_ids, ref[0, len(prompt) :].tolist())
         assert c.finish_reason == "length" and c.versions == [0] * 24
 
 
@@ -76,26 +77,43 @@ def test_qwen3_greedy_on_cuda_matches_hf_generate():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                         max_position_embeddings=256, tie_word_embeddings=False)).eval().to(CUDA)
+    model = (
+        Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                max_position_embeddings=256,
+                tie_word_embeddings=False,
+            )
+        )
+        .eval()
+        .to(CUDA)
+    )
     engine = LocalEngine(model, max_slots=4, max_len=64, device=CUDA)
     prompts = _prompts(3, seed=2)
     for prompt, (c,) in zip(prompts, engine.generate_batch(prompts, SamplingParams(max_new_tokens=16, greedy=True))):
         ids = torch.tensor([prompt], device=CUDA)
         with torch.no_grad():
-            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
-                                 pad_token_id=0)
-        _assert_greedy_equal(model, prompt, c.output_ids, ref[0, len(prompt):].tolist())
+            ref = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False, pad_token_id=0
+            )
+        _assert_greedy_equal(model, prompt, c.output_ids, ref[0, len(prompt) :].tolist())
 
 
 @pytest.mark.parametrize("vocab", [VOCAB, 9000], ids=["small-vocab", "two-level-cdf"])
 def test_sampled_logprobs_on_cuda_match_a_separate_forward(vocab):
     model = _model(vocab=vocab)
     engine = LocalEngine(model, max_slots=16, max_len=64, seed=3, device="cuda")
-    params = [SamplingParams(n=4, max_new_tokens=12, temperature=1.0),
-              SamplingParams(n=2, max_new_tokens=12, temperature=0.7),
-              SamplingParams(max_new_tokens=12, greedy=True)]
+    params = [
+        SamplingParams(n=4, max_new_tokens=12, temperature=1.0),
+        SamplingParams(n=2, max_new_tokens=12, temperature=0.7),
+        SamplingParams(max_new_tokens=12, greedy=True),
+    ]
     prompts = _prompts(3, seed=1, vocab=vocab)
     futures = [engine.submit(p, s) for p, s in zip(prompts, params)]
     engine.run_until_idle()
@@ -111,8 +129,10 @@ def test_sampled_logprobs_on_cuda_match_a_separate_forward(vocab):
 def test_a_seed_reproduces_a_sampled_run_on_cuda():
     model = _model()
     params = SamplingParams(n=3, max_new_tokens=10, temperature=1.0, top_p=0.9, top_k=50)
-    runs = [LocalEngine(model, max_slots=8, max_len=64, seed=7, device="cuda").generate_batch(_prompts(2), params)
-            for _ in range(2)]
+    runs = [
+        LocalEngine(model, max_slots=8, max_len=64, seed=7, device="cuda").generate_batch(_prompts(2), params)
+        for _ in range(2)
+    ]
     assert [[c.output_ids for c in g] for g in runs[0]] == [[c.output_ids for c in g] for g in runs[1]]
 
 
@@ -120,9 +140,11 @@ def test_a_decode_step_reads_from_the_device_once():
     """After admission, a decode step queues its kernels and synchronises once: the read of the sampled tokens
     and log-probs (``torch.cuda.set_sync_debug_mode`` reports every synchronising call)."""
     model = _model()
-    for params in (SamplingParams(n=4, max_new_tokens=40, temperature=1.0),
-                   SamplingParams(n=4, max_new_tokens=40, temperature=1.0, top_p=0.9, top_k=20),
-                   SamplingParams(n=4, max_new_tokens=40, greedy=True)):
+    for params in (
+        SamplingParams(n=4, max_new_tokens=40, temperature=1.0),
+        SamplingParams(n=4, max_new_tokens=40, temperature=1.0, top_p=0.9, top_k=20),
+        SamplingParams(n=4, max_new_tokens=40, greedy=True),
+    ):
         engine = LocalEngine(model, max_slots=8, max_len=64, device="cuda")
         for prompt in _prompts(2):
             engine.submit(prompt, params)
@@ -195,7 +217,7 @@ def test_a_cpu_state_dict_updates_a_cuda_engine_and_a_non_finite_one_is_refused(
     with pytest.raises(ValueError, match="down_proj"):
         engine.update_weights(WeightUpdate(2, state_dict=bad))
     assert engine.version == 1
-    (c,), = engine.generate_batch([[3, 4, 5]], SamplingParams(max_new_tokens=6, greedy=True))
+    ((c,),) = engine.generate_batch([[3, 4, 5]], SamplingParams(max_new_tokens=6, greedy=True))
     ids = torch.tensor([[3, 4, 5]])
     with torch.no_grad():
         ref = new.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
@@ -207,8 +229,9 @@ def test_bfloat16_on_cuda_tracks_float32():
     prompts = _prompts(4, seed=3)
     params = SamplingParams(max_new_tokens=6, greedy=True)
     f32 = LocalEngine(model, max_slots=4, max_len=64, device="cuda").generate_batch(prompts, params)
-    bf16 = LocalEngine(model, max_slots=4, max_len=64, dtype=torch.bfloat16, device="cuda").generate_batch(prompts,
-                                                                                                         params)
+    bf16 = LocalEngine(model, max_slots=4, max_len=64, dtype=torch.bfloat16, device="cuda").generate_batch(
+        prompts, params
+    )
     for (a,), (b,) in zip(f32, bf16):
         assert a.output_ids[0] == b.output_ids[0]
         assert abs(a.logprobs[0] - b.logprobs[0]) < 0.05
@@ -226,8 +249,9 @@ def test_threaded_engine_on_cuda_with_an_in_process_publisher():
         publisher = InProcessPublisher([engine])
 
         async def run():
-            task = asyncio.gather(*(engine.generate(p, SamplingParams(n=2, max_new_tokens=60, temperature=1.0))
-                                    for p in _prompts(3)))
+            task = asyncio.gather(
+                *(engine.generate(p, SamplingParams(n=2, max_new_tokens=60, temperature=1.0)) for p in _prompts(3))
+            )
             await asyncio.sleep(0.05)
             await asyncio.to_thread(publisher.publish, new.state_dict(), 1)
             return await task

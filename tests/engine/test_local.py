@@ -12,6 +12,7 @@ import torch
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.types import SamplingParams, WeightUpdate
+
 from conftest import make_model, reference_logprobs
 
 VOCAB = 320
@@ -31,7 +32,7 @@ def test_greedy_matches_hf_generate(model_type, native_kernels):
     results = engine.generate_batch(prompts, SamplingParams(max_new_tokens=16, greedy=True))
     for prompt, (c,) in zip(prompts, results):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, pad_token_id=0)
-        assert c.output_ids == ref[0, len(prompt):].tolist()
+        assert c.output_ids == ref[0, len(prompt) :].tolist()
         assert c.finish_reason == "length" and c.versions == [0] * 16
 
 
@@ -52,7 +53,7 @@ def test_temperature_scales_logprobs():
     model = make_model(VOCAB)
     engine = LocalEngine(model, max_slots=4, max_len=64)
     prompt = _prompts(1)[0]
-    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=8, temperature=0.7))
+    ((c,),) = engine.generate_batch([prompt], SamplingParams(max_new_tokens=8, temperature=0.7))
     ref = reference_logprobs(model, prompt, c.output_ids, temperature=0.7)
     assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
 
@@ -75,9 +76,9 @@ def test_stop_token_ends_a_sample():
     model = make_model(VOCAB)
     engine = LocalEngine(model, max_slots=2, max_len=64)
     prompt = _prompts(1)[0]
-    (free,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=10, greedy=True))
+    ((free,),) = engine.generate_batch([prompt], SamplingParams(max_new_tokens=10, greedy=True))
     stop = free.output_ids[3]
-    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=10, greedy=True, stop_token_ids=(stop,)))
+    ((c,),) = engine.generate_batch([prompt], SamplingParams(max_new_tokens=10, greedy=True, stop_token_ids=(stop,)))
     assert c.finish_reason == "stop" and c.output_ids == free.output_ids[: free.output_ids.index(stop) + 1]
 
 
@@ -133,8 +134,11 @@ def test_abort_mode_generate_continues_a_groups_samples_concurrently():
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
     engine = LocalEngine(old, max_slots=8, max_len=256, interrupt_mode="abort").start()
     try:
+
         async def main():
-            task = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(n=4, max_new_tokens=200, greedy=True)))
+            task = asyncio.ensure_future(
+                engine.generate([1, 2, 3], SamplingParams(n=4, max_new_tokens=200, greedy=True))
+            )
             while engine.stats().generated_tokens < 8:  # all four samples are decoding
                 await asyncio.sleep(0.001)
             await asyncio.to_thread(engine.update_weights, WeightUpdate(1, state_dict=new.state_dict()))
@@ -179,11 +183,13 @@ def test_threaded_engine_async_generate_and_update():
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
     engine = LocalEngine(old, max_slots=8, max_len=128).start()
     try:
+
         async def main():
             task = asyncio.ensure_future(engine.generate(_prompts(1)[0], SamplingParams(n=3, max_new_tokens=100)))
             await asyncio.sleep(0.02)
             engine.update_weights(WeightUpdate(1, state_dict=new.state_dict()), timeout=10)
             return await task
+
         group = asyncio.run(main())
         assert len(group) == 3 and engine.version == 1
         assert all(c.versions == sorted(c.versions) for c in group)
@@ -257,7 +263,7 @@ def test_update_with_missing_weights_keeps_old_model():
     with pytest.raises(KeyError, match="lm_head"):
         engine.update_weights(WeightUpdate(1, state_dict=partial))
     assert engine.version == 0
-    (c,), = engine.generate_batch([[1, 2, 3]], SamplingParams(max_new_tokens=3, greedy=True))
+    ((c,),) = engine.generate_batch([[1, 2, 3]], SamplingParams(max_new_tokens=3, greedy=True))
     assert len(c.output_ids) == 3
 
 
@@ -266,14 +272,24 @@ def test_qwen3_greedy_matches_hf_generate():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                         max_position_embeddings=256, tie_word_embeddings=True)).eval()
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+        )
+    ).eval()
     engine = LocalEngine(model, max_slots=4, max_len=64)
     prompts = _prompts(3, seed=9)
     for prompt, (c,) in zip(prompts, engine.generate_batch(prompts, SamplingParams(max_new_tokens=12, greedy=True))):
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-        assert c.output_ids == ref[0, len(prompt):].tolist()
+        assert c.output_ids == ref[0, len(prompt) :].tolist()
         assert torch.allclose(torch.tensor(c.logprobs), reference_logprobs(model, prompt, c.output_ids), atol=1e-4)
 
 
@@ -311,7 +327,7 @@ def test_a_stop_string_split_by_an_abort_is_seen(tokenizer):
     free = engine.generate_batch([prompt], params)[0][0]
 
     def split_stop(k: int, chars: int) -> str | None:  # a string that first appears across tokens k-1 and k
-        before, after = tokenizer.decode(free.output_ids[:k]), tokenizer.decode(free.output_ids[k:k + 1])
+        before, after = tokenizer.decode(free.output_ids[:k]), tokenizer.decode(free.output_ids[k : k + 1])
         stop = before[-chars:] + after[:1]
         return stop if len(before) >= chars and after and stop not in before else None
 
@@ -328,7 +344,7 @@ def test_a_stop_string_split_by_an_abort_is_seen(tokenizer):
         return future.result()[0]
 
     c = asyncio.run(continue_aborted(aborted, stopping, resubmit))
-    assert c.finish_reason == "stop" and c.output_ids == free.output_ids[:cut + 1]
+    assert c.finish_reason == "stop" and c.output_ids == free.output_ids[: cut + 1]
 
 
 def test_abort_ends_running_samples_and_keeps_queued_requests():
@@ -352,10 +368,10 @@ def test_update_from_a_weights_directory(tmp_path):
     engine = LocalEngine(old, max_slots=2, max_len=64)
     engine.update_weights(WeightUpdate(3, path=str(write_weights(new.state_dict(), tmp_path, 3))))
     prompt = _prompts(1)[0]
-    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=8, greedy=True))
+    ((c,),) = engine.generate_batch([prompt], SamplingParams(max_new_tokens=8, greedy=True))
     ids = torch.tensor([prompt])
     ref = new.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, pad_token_id=0)
-    assert c.output_ids == ref[0, len(prompt):].tolist() and c.versions == [3] * 8
+    assert c.output_ids == ref[0, len(prompt) :].tolist() and c.versions == [3] * 8
 
 
 def test_bfloat16_engine_tracks_float32():
@@ -413,10 +429,12 @@ def _run_with_an_update(engine, new_model, prompts, params):
     return [[(c.output_ids, c.logprobs, c.versions, c.finish_reason) for c in f.result()] for f in futures]
 
 
-MIXED_PARAMS = [SamplingParams(n=2, max_new_tokens=9, temperature=0.8),  # sampled
-                SamplingParams(max_new_tokens=7, greedy=True),  # greedy beside sampled rows
-                SamplingParams(n=2, max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=20),  # filtered
-                SamplingParams(max_new_tokens=5, temperature=1.2)]
+MIXED_PARAMS = [
+    SamplingParams(n=2, max_new_tokens=9, temperature=0.8),  # sampled
+    SamplingParams(max_new_tokens=7, greedy=True),  # greedy beside sampled rows
+    SamplingParams(n=2, max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=20),  # filtered
+    SamplingParams(max_new_tokens=5, temperature=1.2),
+]
 
 
 @pytest.mark.parametrize("native_kernels", [True, False], ids=["native", "torch"])
@@ -428,8 +446,14 @@ def test_an_explicit_cpu_device_changes_nothing(native_kernels):
     prompts = _prompts(4, seed=7)
     runs = []
     for device in (None, torch.device("cpu"), "cpu"):
-        engine = LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=native_kernels,
-                             **({} if device is None else {"device": device}))
+        engine = LocalEngine(
+            old,
+            max_slots=5,
+            max_len=64,
+            seed=4,
+            native_kernels=native_kernels,
+            **({} if device is None else {"device": device}),
+        )
         assert engine.device == torch.device("cpu") and engine.generator.device == torch.device("cpu")
         d = engine.decoder
         assert (d.kernels is not None) == native_kernels
@@ -448,12 +472,12 @@ def test_the_torch_path_makes_every_tensor_on_the_engines_device():
     a weight update with re-prefill, slot compaction) exactly as outside the trap."""
     old, new = make_model(VOCAB, seed=0), make_model(VOCAB, seed=1)
     prompts = _prompts(4, seed=7)
-    want = _run_with_an_update(LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=False),
-                               new, prompts, MIXED_PARAMS)
+    want = _run_with_an_update(
+        LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=False), new, prompts, MIXED_PARAMS
+    )
     with torch.device("meta"):
         assert torch.empty(1).device.type == "meta"  # the trap is set
-        engine = LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=False,
-                             device=torch.device("cpu"))
+        engine = LocalEngine(old, max_slots=5, max_len=64, seed=4, native_kernels=False, device=torch.device("cpu"))
         got = _run_with_an_update(engine, new, prompts, MIXED_PARAMS)
     assert got == want
 
@@ -508,7 +532,7 @@ def test_a_seeded_group_aborted_mid_way_and_continued_samples_the_same_tokens(na
     assert all(c.finish_reason == "abort" for c in first.result())
 
     async def resubmit(ids, rest):
-        (c,), = aborted.generate_batch([ids], rest)
+        ((c,),) = aborted.generate_batch([ids], rest)
         return c
 
     continued = asyncio.run(continue_all(first.result(), params, resubmit))
@@ -535,9 +559,11 @@ def test_a_cancelled_request_leaves_its_slots_and_a_queued_one_never_starts():
 def test_cancelling_an_async_generate_frees_the_engines_slots():
     engine = LocalEngine(make_model(VOCAB), max_slots=2, max_len=600).start()
     try:
+
         async def main():
-            task = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(
-                n=2, max_new_tokens=590, stop_token_ids=NO_STOP_TOKENS)))
+            task = asyncio.ensure_future(
+                engine.generate([1, 2, 3], SamplingParams(n=2, max_new_tokens=590, stop_token_ids=NO_STOP_TOKENS))
+            )
             while engine.stats().generated_tokens < 4:
                 await asyncio.sleep(0.001)
             task.cancel()

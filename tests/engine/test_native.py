@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from asyncrl.engine import native
-from asyncrl.engine.layout import PANEL, _put_panels
 from asyncrl.engine.decoder import Decoder, _attention, _rotate
+from asyncrl.engine.layout import PANEL, _put_panels
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.sampling import RowParams, sample_rows
 from asyncrl.types import SamplingParams, WeightUpdate
+
 from conftest import make_model, reference_logprobs
 
 needs_cc = pytest.mark.skipif(native.compiler() is None, reason="no C compiler on this machine")
@@ -75,8 +76,7 @@ def test_packing_parts_at_unaligned_offsets():
 def test_rms_norm_matches_torch(kernels, threads):
     x, w = torch.randn(37, 256) * 3, torch.rand(256) + 0.5
     out = torch.empty_like(x)
-    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6, out), F.rms_norm(x, (256,), w, 1e-6), atol=1e-6,
-                               rtol=1e-5)
+    torch.testing.assert_close(kernels.rms_norm(x, w, 1e-6, out), F.rms_norm(x, (256,), w, 1e-6), atol=1e-6, rtol=1e-5)
 
 
 def test_silu_gate_matches_torch(kernels, threads):
@@ -114,8 +114,9 @@ def test_decode_attention_matches_the_torch_path(kernels, threads, nq, nk, D):
 
     out = torch.empty(S, nq * D)
     scratch = torch.empty(S * nq * cache_len)
-    kernels.decode_attention(qkv, pos, torch.view_as_real(rotation).contiguous(), cache, out, scratch, first, nq, nk,
-                             scale)
+    kernels.decode_attention(
+        qkv, pos, torch.view_as_real(rotation).contiguous(), cache, out, scratch, first, nq, nk, scale
+    )
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(cache, ref_cache, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(qkv[:, : nq + nk], ref_qkv[:, 0, : nq + nk], atol=2e-5, rtol=1e-5)
@@ -137,15 +138,17 @@ def test_kernels_refuse_arguments_that_do_not_fit(kernels):
     with pytest.raises(ValueError, match="sample"):
         kernels.sample(torch.randn(4, 16), torch.ones(4), torch.zeros(4), torch.rand(4), torch.empty(4, 16))
     with pytest.raises(ValueError, match="sample"):  # scratch too small
-        kernels.sample(torch.randn(4, 16), torch.ones(4), torch.zeros(4, dtype=torch.bool), torch.rand(4),
-                       torch.empty(3, 16))
+        kernels.sample(
+            torch.randn(4, 16), torch.ones(4), torch.zeros(4, dtype=torch.bool), torch.rand(4), torch.empty(3, 16)
+        )
 
 
 def test_decode_attention_refuses_a_position_outside_the_cache(kernels):
     cache, qkv = torch.zeros(2, 1, 1, 9, 8), torch.zeros(1, 3, 8)
     with pytest.raises(ValueError, match="position 8 is outside the cache of 8"):
-        kernels.decode_attention(qkv, torch.tensor([8]), torch.zeros(9, 4, 2), cache, torch.empty(1, 8),
-                                 torch.empty(9), 0, 1, 1, 1.0)
+        kernels.decode_attention(
+            qkv, torch.tensor([8]), torch.zeros(9, 4, 2), cache, torch.empty(1, 8), torch.empty(9), 0, 1, 1, 1.0
+        )
 
 
 def test_sampling_draws_the_same_tokens_as_the_torch_path(kernels, threads):
@@ -157,8 +160,9 @@ def test_sampling_draws_the_same_tokens_as_the_torch_path(kernels, threads):
         params = [SamplingParams(greedy=i % 5 == 0, temperature=0.5 + (i % 3) * 0.5) for i in range(64)]
         rows = RowParams.of(params)
         want_tok, want_lp = sample_rows(logits.clone(), rows, torch.Generator().manual_seed(1))
-        got_tok, got_lp = sample_rows(logits.clone(), rows, torch.Generator().manual_seed(1),
-                                      torch.empty(64, V), kernels)
+        got_tok, got_lp = sample_rows(
+            logits.clone(), rows, torch.Generator().manual_seed(1), torch.empty(64, V), kernels
+        )
         assert torch.equal(got_tok, want_tok)
         torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=1e-5)
         assert not (got_tok == 7).any()
@@ -199,13 +203,15 @@ def test_native_and_torch_decoders_agree(model_type):
     lengths = torch.tensor([5, 9, 1, 7])
     tokens = torch.randint(0, 320, (4, 9), generator=g)
     zeros = torch.zeros(4, dtype=torch.long)
-    torch.testing.assert_close(b.forward(tokens, 0, zeros, lengths), a.forward(tokens, 0, zeros, lengths),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        b.forward(tokens, 0, zeros, lengths), a.forward(tokens, 0, zeros, lengths), atol=1e-4, rtol=1e-4
+    )
     start, ones = lengths.clone(), torch.ones(4, dtype=torch.long)
     for _ in range(5):
         step = torch.randint(0, 320, (4, 1), generator=g)
-        torch.testing.assert_close(b.forward(step, 0, start, ones), a.forward(step, 0, start, ones), atol=1e-4,
-                                   rtol=1e-4)
+        torch.testing.assert_close(
+            b.forward(step, 0, start, ones), a.forward(step, 0, start, ones), atol=1e-4, rtol=1e-4
+        )
         start += 1
 
 
@@ -220,7 +226,7 @@ def test_engine_with_kernels_matches_a_separate_forward_after_an_update():
     for version, model in enumerate((old, new, old)):
         if version:
             engine.update_weights(WeightUpdate(version=version, state_dict=model.state_dict()))
-        (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=12, temperature=1.0))
+        ((c,),) = engine.generate_batch([prompt], SamplingParams(max_new_tokens=12, temperature=1.0))
         assert torch.allclose(torch.tensor(c.logprobs), reference_logprobs(model, prompt, c.output_ids), atol=1e-4)
 
 
@@ -232,14 +238,15 @@ def test_without_a_compiler_the_engine_falls_back_to_torch(monkeypatch, tmp_path
     assert "no C compiler" in caplog.text
     engine = LocalEngine(make_model(320), max_slots=2, max_len=32)
     assert engine.decoder.kernels is None and not engine.decoder.packed
-    (c,), = engine.generate_batch([[3, 4, 5]], SamplingParams(max_new_tokens=4, greedy=True))
+    ((c,),) = engine.generate_batch([[3, 4, 5]], SamplingParams(max_new_tokens=4, greedy=True))
     assert len(c.output_ids) == 4
 
 
 def test_a_failed_build_is_reported_with_the_compiler_message(monkeypatch, tmp_path, caplog):
     fake_cc = tmp_path / "cc"
-    fake_cc.write_text("#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'kernels.c:1: error: no such luck' >&2\n"
-                       "exit 1\n")
+    fake_cc.write_text(
+        "#!/bin/sh\n[ \"$1\" = --version ] && exit 0\necho 'kernels.c:1: error: no such luck' >&2\nexit 1\n"
+    )
     fake_cc.chmod(0o755)
     monkeypatch.setenv("ASYNCRL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", str(fake_cc))

@@ -8,23 +8,25 @@ import httpx
 import pytest
 import torch
 
+from asyncrl.api.weights import WeightSyncError
+from asyncrl.engine.fleet import RequestRejected, ServerError
 from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.remote import RemoteEngine
-from asyncrl.engine.fleet import RequestRejected, ServerError
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models.hf import build_tiny_model, load_model
-from asyncrl.weights.publish import DiskPublisher
-from asyncrl.api.weights import WeightSyncError
 from asyncrl.server.app import ServerThread, build_app
 from asyncrl.server.state import ServerState
 from asyncrl.types import SamplingParams, WeightUpdate
+from asyncrl.weights.publish import DiskPublisher
+
 from conftest import reference_logprobs
 
 
 @pytest.fixture(scope="module")
 def models(tokenizer):
-    return tuple(build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=s).eval()
-                 for s in (0, 1))
+    return tuple(
+        build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=s).eval() for s in (0, 1)
+    )
 
 
 class _Servers:
@@ -59,6 +61,7 @@ def _prompts(n, seed=0):
 def _run(engine, prompts, params):
     async def main():
         return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
     return asyncio.run(main())
 
 
@@ -71,8 +74,9 @@ def test_greedy_through_two_servers_equals_the_local_engine(two_servers, models)
         local = LocalEngine(models[0], max_slots=8, max_len=200).generate_batch(prompts, params)
         for r, l in zip(remote, local):
             assert [c.output_ids for c in r] == [c.output_ids for c in l]
-            assert all(torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
-                       for a, b in zip(r, l))
+            assert all(
+                torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5) for a, b in zip(r, l)
+            )
             assert all(c.versions == [0] * 10 and c.prompt_ids == l[0].prompt_ids for c in r)
         # least-outstanding routing spread the concurrent requests over both servers
         served = [httpx.get(f"{u}/get_server_info").json()["requests_completed"] for u in two_servers.urls]
@@ -104,6 +108,7 @@ def test_weight_update_mid_run_through_the_client(two_servers, models, tmp_path,
     prompts = _prompts(4, seed=2)
     params = SamplingParams(n=2, max_new_tokens=180, temperature=1.0)
     try:
+
         async def main():
             tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
             while engine.stats().busy_s == 0 or _generated(two_servers) < 16:
@@ -128,7 +133,7 @@ def test_weight_update_mid_run_through_the_client(two_servers, models, tmp_path,
             assert engine.stats().interruptions >= 4
         (after,) = _run(engine, [prompts[0]], SamplingParams(max_new_tokens=8, greedy=True))
         ref = new.generate(torch.tensor([prompts[0]]), max_new_tokens=8, do_sample=False, pad_token_id=0)
-        assert after[0].output_ids == ref[0, len(prompts[0]):].tolist() and after[0].versions == [1] * 8
+        assert after[0].output_ids == ref[0, len(prompts[0]) :].tolist() and after[0].versions == [1] * 8
     finally:
         publisher.close()
         engine.stop()
@@ -141,6 +146,7 @@ def _generated(servers):
 def test_pause_and_resume_hold_generation(two_servers):
     engine = RemoteEngine(two_servers.urls).start()
     try:
+
         async def main():
             engine.pause()
             task = asyncio.ensure_future(engine.generate([5, 6, 7], SamplingParams(max_new_tokens=4, greedy=True)))
@@ -216,8 +222,9 @@ def test_a_server_cooling_down_after_a_failed_request_still_gets_the_update(two_
 
 
 @pytest.mark.parametrize("mode", ["recompute", "abort"])
-def test_a_request_failing_right_after_the_health_check_does_not_leave_its_server_out(two_servers, models,
-                                                                                     tmp_path, monkeypatch, mode):
+def test_a_request_failing_right_after_the_health_check_does_not_leave_its_server_out(
+    two_servers, models, tmp_path, monkeypatch, mode
+):
     """A request that fails between the update's /health check and the update itself sets a cool-down again: the
     server that answered is updated all the same (left out, it served the old weights after its cool-down), and
     in abort mode resumed (it stayed paused: requests sent to it after its cool-down hung)."""
@@ -283,16 +290,21 @@ def test_a_failed_resume_after_an_update_fails_later_requests_instead_of_hanging
     def failing_resume(app):
         async def wrapped(scope, receive, send):
             if scope["type"] == "http" and scope["path"] == "/continue_generation":
+
                 async def drop(message):
                     pass
+
                 await app(scope, receive, drop)  # the server does resume; its answer is lost
                 return await JSONResponse({"error": {"message": "boom"}}, status_code=500)(scope, receive, send)
             return await app(scope, receive, send)
+
         return wrapped
 
     engines = [LocalEngine(models[0], max_slots=4, max_len=64).start() for _ in range(2)]
-    http = [ServerThread(wrap(build_app(ServerState(e, None, "tiny", "-"))))
-            for e, wrap in zip(engines, (lambda app: app, failing_resume))]
+    http = [
+        ServerThread(wrap(build_app(ServerState(e, None, "tiny", "-"))))
+        for e, wrap in zip(engines, (lambda app: app, failing_resume))
+    ]
     remote = RemoteEngine([h.url for h in http], interrupt_mode="abort").start()
     try:
         with pytest.raises(WeightSyncError, match="resuming after version 1"):
@@ -300,6 +312,7 @@ def test_a_failed_resume_after_an_update_fails_later_requests_instead_of_hanging
 
         async def one():
             return await asyncio.wait_for(remote.generate([5, 6, 7], SamplingParams(max_new_tokens=4, greedy=True)), 10)
+
         with pytest.raises(WeightSyncError, match="resuming after version 1"):
             asyncio.run(one())
     finally:
@@ -325,8 +338,20 @@ def test_all_servers_down_fails_with_a_reason(models):
 def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, tokenizer, tmp_path):
     """Two `asyncrl serve` processes; one is killed while requests are in flight. Every request completes with
     exactly the greedy output of an unbroken run: nothing lost, nothing duplicated."""
-    servers = [asyncrl_server(tiny_model_dir, "--max-slots", "8", "--max-len", "200", "--threads", "1",
-                              wait=False, log_path=str(tmp_path / f"server{i}.log")) for i in range(2)]
+    servers = [
+        asyncrl_server(
+            tiny_model_dir,
+            "--max-slots",
+            "8",
+            "--max-len",
+            "200",
+            "--threads",
+            "1",
+            wait=False,
+            log_path=str(tmp_path / f"server{i}.log"),
+        )
+        for i in range(2)
+    ]
     try:
         for s in servers:
             s.wait_healthy()
@@ -338,20 +363,23 @@ def test_killed_server_mid_run_every_request_completes_once(tiny_model_dir, toke
             tasks = [asyncio.ensure_future(engine.generate(p, params)) for p in prompts]
             first = engine.fleet.servers[0]  # the one killed: it must hold requests when it dies
             while (engine.stats().generated_tokens < 60 or first.outstanding == 0) and not all(
-                    t.done() for t in tasks):  # some requests done, most in flight
+                t.done() for t in tasks
+            ):  # some requests done, most in flight
                 await asyncio.sleep(0.01)
             await asyncio.to_thread(servers[0].kill)
             return await asyncio.gather(*tasks)
 
         results = asyncio.run(main())
-        local = LocalEngine(load_model(tiny_model_dir), max_slots=8, max_len=200,
-                            stop_token_ids=(tokenizer.eos_token_id,))
+        local = LocalEngine(
+            load_model(tiny_model_dir), max_slots=8, max_len=200, stop_token_ids=(tokenizer.eos_token_id,)
+        )
         expected = local.generate_batch(prompts, params)
         assert len(results) == len(prompts)
         for got, want in zip(results, expected):
             assert [(c.output_ids, c.finish_reason) for c in got] == [(c.output_ids, c.finish_reason) for c in want]
-            assert all(torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
-                       for a, b in zip(got, want))
+            assert all(
+                torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4) for a, b in zip(got, want)
+            )
         assert servers[0].url not in engine.live_addrs() and engine.failovers > 0
         engine.stop()
     finally:
@@ -368,13 +396,28 @@ def test_controller_with_asyncrl_servers_by_config_alone(tmp_path, tiny_model_di
     from asyncrl.config import TrainConfig
     from asyncrl.launch.train import train
 
-    cfg = configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=3",
-        "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24", "valid_dataset.size=8",
-        "evaluator.freq_steps=0", "rollout.max_slots=16", "actor.lr=1e-3",
-        "reward.fn=rewards_for_tests:digit_count_reward", "rollout.backend=asyncrl:d2",
-        f"rollout.weight_transport={transport}", "rollout.max_head_offpolicyness=1",
-    ])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=3",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=4",
+            "gconfig.max_new_tokens=24",
+            "valid_dataset.size=8",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=16",
+            "actor.lr=1e-3",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "rollout.backend=asyncrl:d2",
+            f"rollout.weight_transport={transport}",
+            "rollout.max_head_offpolicyness=1",
+        ],
+    )
     last = train(cfg)
     assert last["version"] == 3 and last["rollout_failures"] == 0 and last["staleness_max"] <= 1
 
@@ -388,18 +431,35 @@ def test_a_run_with_two_servers_survives_losing_one(tmp_path, tiny_model_dir, mo
 
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
-    from asyncrl.loop.controller import run
     from asyncrl.launch.build import assemble
+    from asyncrl.loop.controller import run
     from asyncrl.weights.publish import DiskPublisher
 
-    cfg = configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=6", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=24",
-        "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.backend=asyncrl:d2", "rollout.max_slots=8",
-        "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", "max_train_time_s=0"])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=6",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=24",
+            "valid_dataset.size=8",
+            "evaluator.freq_steps=2",
+            "rollout.backend=asyncrl:d2",
+            "rollout.max_slots=8",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "reward.workers=0",
+            "max_train_time_s=0",
+        ],
+    )
     with assemble(cfg) as parts:
         victim = parts.engine.fleet.procs[0]
         if moment == "generation":
+
             def kill_while_generating():
                 while parts.engine.stats().generated_tokens < 100:
                     time.sleep(0.005)

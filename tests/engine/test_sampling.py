@@ -13,8 +13,14 @@ def test_top_p_and_top_k_filtering():
     assert kept.tolist() == [[True, True, False, False]]
     kept = filter_logits(logits, torch.tensor([1.0]), torch.tensor([1])).isfinite()
     assert kept.tolist() == [[True, False, False, False]]
-    tokens, lp = sample(logits.repeat(200, 1), torch.ones(200), torch.full((200,), 0.7), torch.zeros(200, dtype=torch.long),
-                        torch.zeros(200, dtype=torch.bool), torch.Generator().manual_seed(0))
+    tokens, lp = sample(
+        logits.repeat(200, 1),
+        torch.ones(200),
+        torch.full((200,), 0.7),
+        torch.zeros(200, dtype=torch.long),
+        torch.zeros(200, dtype=torch.bool),
+        torch.Generator().manual_seed(0),
+    )
     assert set(tokens.tolist()) <= {0, 1}
     # behaviour log-probs are under the renormalised nucleus: 0.5/0.8 and 0.3/0.8
     assert torch.allclose(lp.exp().unique().sort().values, torch.tensor([0.375, 0.625]), atol=1e-5)
@@ -48,10 +54,12 @@ def test_inverse_cdf_draws_in_proportion_at_a_large_vocabulary():
     assert (probs[edges] > 0).all()
 
 
-MIXED_PARAMS = [SamplingParams(n=2, max_new_tokens=9, temperature=0.8),  # sampled
-                SamplingParams(max_new_tokens=7, greedy=True),  # greedy beside sampled rows
-                SamplingParams(n=2, max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=20),  # filtered
-                SamplingParams(max_new_tokens=5, temperature=1.2)]
+MIXED_PARAMS = [
+    SamplingParams(n=2, max_new_tokens=9, temperature=0.8),  # sampled
+    SamplingParams(max_new_tokens=7, greedy=True),  # greedy beside sampled rows
+    SamplingParams(n=2, max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=20),  # filtered
+    SamplingParams(max_new_tokens=5, temperature=1.2),
+]
 
 
 def test_row_params_on_a_device_keep_their_flags_on_the_host():

@@ -17,8 +17,9 @@ from asyncrl.engine.remote import RemoteEngine
 from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.spawn import vllm_server
 from asyncrl.models.hf import build_tiny_model
-from asyncrl.weights.publish import DiskPublisher
 from asyncrl.types import SamplingParams, WeightUpdate
+from asyncrl.weights.publish import DiskPublisher
+
 from conftest import ROOT, reference_logprobs
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -75,7 +76,7 @@ def _generated_tokens(url: str) -> float:
 def _hf_greedy(model, prompt, n):
     ids = torch.tensor([prompt])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 PROMPTS = [[5, 17, 42, 99, 7], [11, 12, 13], [200, 3, 150, 80, 21, 9]]
@@ -118,6 +119,7 @@ def test_pause_continue_and_update_mid_generation(engine, models, tmp_path):
     _, old, new, _ = models
     publisher = DiskPublisher([engine], str(tmp_path))
     try:
+
         async def paused():
             engine.pause()
             task = asyncio.ensure_future(engine.generate(PROMPTS[1], SamplingParams(max_new_tokens=4, greedy=True)))
@@ -162,13 +164,31 @@ def test_one_rl_step_end_to_end(engine, server, models, tmp_path):
     from asyncrl.launch.train import train
 
     path = models[0]
-    cfg = configlib.load(TrainConfig, None, [
-        f"model.path={path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=2",
-        "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24", "valid_dataset.size=8",
-        "evaluator.freq_steps=0", "rollout.max_slots=16", "actor.lr=1e-3",
-        "reward.fn=rewards_for_tests:digit_count_reward", "rollout.backend=remote",
-        f"rollout.server_addrs=[{server.url}]", "rollout.server_api=vllm", "rollout.interrupt_mode=abort", "rollout.weight_transport=disk", f"rollout.weight_dir={tmp_path / 'w'}",
-    ])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=2",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=4",
+            "gconfig.max_new_tokens=24",
+            "valid_dataset.size=8",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=16",
+            "actor.lr=1e-3",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "rollout.backend=remote",
+            f"rollout.server_addrs=[{server.url}]",
+            "rollout.server_api=vllm",
+            "rollout.interrupt_mode=abort",
+            "rollout.weight_transport=disk",
+            f"rollout.weight_dir={tmp_path / 'w'}",
+        ],
+    )
     last = train(cfg)
     assert last["version"] == 2 and last["rollout_failures"] == 0
     assert httpx.get(f"{server.url}/weight_info").json()["weight_version"] == "2"  # the server took both updates

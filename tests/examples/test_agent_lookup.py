@@ -27,14 +27,33 @@ def test_rl_from_the_shipped_tiny_agent_raises_held_out_accuracy(tmp_path):
         pytest.skip("builtin:tiny-agent is not shipped")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "train", "--config", "examples/agent_lookup.yaml",
-         f"output_dir={tmp_path}", "total_train_steps=10", "actor.lr=2e-4", "max_train_time_s=0",
-         "valid_dataset.size=100", "evaluator.freq_steps=10", "saver.freq_steps=0", "progress_bar=false",
-         "report=false"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=840)
+        [
+            sys.executable,
+            "-m",
+            "asyncrl.cli",
+            "train",
+            "--config",
+            "examples/agent_lookup.yaml",
+            f"output_dir={tmp_path}",
+            "total_train_steps=10",
+            "actor.lr=2e-4",
+            "max_train_time_s=0",
+            "valid_dataset.size=100",
+            "evaluator.freq_steps=10",
+            "saver.freq_steps=0",
+            "progress_bar=false",
+            "report=false",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=840,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    metrics = [json.loads(line) for line in
-               (tmp_path / "agent_lookup" / "default" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [
+        json.loads(line) for line in (tmp_path / "agent_lookup" / "default" / "metrics.jsonl").read_text().splitlines()
+    ]
     accuracy = [(m["step"], m["eval_accuracy"]) for m in metrics if "eval_accuracy" in m]
     assert accuracy[0][0] == 0 and accuracy[-1][0] == 10, accuracy
     assert accuracy[-1][1] > accuracy[0][1] + 0.10, accuracy

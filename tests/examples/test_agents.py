@@ -16,10 +16,15 @@ pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from asyncrl.agent.workflow import AgentWorkflow  # noqa: E402
+
 from engines_for_tests import ScriptedEngine, agent_context  # noqa: E402
 
-ITEM = {"id": 3, "question": "How many apples do Zob and Quil have together?", "answer": "52",
-        "facts": {"apples of Zob": 37, "apples of Quil": 15}}
+ITEM = {
+    "id": 3,
+    "question": "How many apples do Zob and Quil have together?",
+    "answer": "52",
+    "facts": {"apples of Zob": 37, "apples of Quil": 15},
+}
 
 
 def _call(key: str) -> str:
@@ -30,11 +35,14 @@ def _call(key: str) -> str:
 def test_example_agent_trains_through_the_proxy(tokenizer, module):
     if "sdk" in module:
         pytest.importorskip("agents")
-    engine = ScriptedEngine(tokenizer, [_call("apples of Zob"), _call("apples of Quil"), "37 + 15 = 52\nThe answer is 52."])
+    engine = ScriptedEngine(
+        tokenizer, [_call("apples of Zob"), _call("apples of Quil"), "37 + 15 = 52\nThe answer is 52."]
+    )
     from asyncrl.server.agent import serve_proxy
 
-    workflow = AgentWorkflow(agent_context(tokenizer), episode=f"{module}:episode", client="openai",
-                             export="individual", serve=serve_proxy)
+    workflow = AgentWorkflow(
+        agent_context(tokenizer), episode=f"{module}:episode", client="openai", export="individual", serve=serve_proxy
+    )
     try:
         group = asyncio.run(workflow.run(ITEM, engine))
     finally:
@@ -63,17 +71,45 @@ def test_the_agents_sdk_example_runs_rl_steps_end_to_end(tmp_path):
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     model = tmp_path / "agent-init"
-    subprocess.run([sys.executable, "-m", "asyncrl.cli", "init-model", "--task", "lookup", "--out", str(model)],
-                   check=True, capture_output=True, env=env, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "init-model", "--task", "lookup", "--out", str(model)],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=300,
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "train", "--config",
-         "examples/agent_lookup.yaml", f"model.path={model}", f"output_dir={tmp_path}", "progress_bar=false",
-         "report=false", "agent.episode=examples.agents.agents_sdk_lookup:episode", "agent.client=openai",
-         "agent.options={max_turns: 2}", "total_train_steps=2", "train_dataset.batch_size=2", "gconfig.n_samples=2",
-         "gconfig.max_new_tokens=24", "valid_dataset.size=4", "evaluator.freq_steps=0", "max_train_time_s=0"],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "asyncrl.cli",
+            "train",
+            "--config",
+            "examples/agent_lookup.yaml",
+            f"model.path={model}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "agent.episode=examples.agents.agents_sdk_lookup:episode",
+            "agent.client=openai",
+            "agent.options={max_turns: 2}",
+            "total_train_steps=2",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=24",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "max_train_time_s=0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "agent_lookup" / "default" / "metrics.jsonl").read_text()
-               .splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "agent_lookup" / "default" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[-1]["agent_calls"] >= 8 and records[-1]["agent_episode_failures"] == 0

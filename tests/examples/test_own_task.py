@@ -16,8 +16,10 @@ SOLUTION = "4 + 7 = 11, 11 + 2 = 13. The answer is 13."
 @pytest.mark.parametrize("task", sorted(own_task.TASKS))
 def test_every_task_makes_disjoint_train_and_test_rows_whose_working_ends_in_the_answer(task, tmp_path):
     train, test = own_task.make_data(task, tmp_path, n_train=300, n_test=50, working=True)
-    rows = {name: [json.loads(line) for line in path.read_text().splitlines()] for name, path in
-            (("train", train), ("test", test))}
+    rows = {
+        name: [json.loads(line) for line in path.read_text().splitlines()]
+        for name, path in (("train", train), ("test", test))
+    }
     assert len(rows["train"]) == 300 and len(rows["test"]) == 50
     assert not {r["question"] for r in rows["train"]} & {r["question"] for r in rows["test"]}
     for r in rows["train"] + rows["test"]:
@@ -48,22 +50,37 @@ def test_the_comparing_tasks_answer_the_largest_and_maxdigit_does_not_favour_nin
 
 
 def test_the_check_before_rl_tells_passes_from_passes_with_the_right_working():
-    rows = [{"question": "q1", "answer": "13", "rewards": [1.0, 1.0, 0.0, 0.0],
-             "completions": [SOLUTION, "4 + 7 = 11, 10 + 3 = 13. The answer is 13.", "x", "y"]},
-            {"question": "q2", "answer": "13", "rewards": [0.0] * 4, "completions": ["x"] * 4}]
+    rows = [
+        {
+            "question": "q1",
+            "answer": "13",
+            "rewards": [1.0, 1.0, 0.0, 0.0],
+            "completions": [SOLUTION, "4 + 7 = 11, 10 + 3 = 13. The answer is 13.", "x", "y"],
+        },
+        {"question": "q2", "answer": "13", "rewards": [0.0] * 4, "completions": ["x"] * 4},
+    ]
     stats = own_task.check_stats(rows, {"q1": SOLUTION, "q2": SOLUTION})
-    assert stats == {"questions": 2, "pass@1": 2 / 8, "pass@8": 0.5, "right working": 1 / 8,
-                     "right working of passes": 0.5, "groups with signal": 0.5}
+    assert stats == {
+        "questions": 2,
+        "pass@1": 2 / 8,
+        "pass@8": 0.5,
+        "right working": 1 / 8,
+        "right working of passes": 0.5,
+        "groups with signal": 0.5,
+    }
 
 
-@pytest.mark.parametrize("completion, answer_only, strict, steps", [
-    (SOLUTION, 1.0, 1.0, 1.0),
-    ("4 + 7 = 11, 10 + 3 = 13. The answer is 13.", 1.0, 0.0, 1 / 3),  # a lucky answer after a wrong step
-    ("4 + 7 = 11, 11 + 2 = 13. The answer is 14.", 0.0, 0.0, 2 / 3),  # right working, wrong answer
-    ("4 + 7 = 11, 11 + 2 = 13, 13 + 1 = 14. The answer is 14.", 0.0, 0.0, 2 / 3),  # a step too many
-    ("3 + 7 = 10. The answer is 13.", 1.0, 0.0, 0.0),
-    ("", 0.0, 0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    "completion, answer_only, strict, steps",
+    [
+        (SOLUTION, 1.0, 1.0, 1.0),
+        ("4 + 7 = 11, 10 + 3 = 13. The answer is 13.", 1.0, 0.0, 1 / 3),  # a lucky answer after a wrong step
+        ("4 + 7 = 11, 11 + 2 = 13. The answer is 14.", 0.0, 0.0, 2 / 3),  # right working, wrong answer
+        ("4 + 7 = 11, 11 + 2 = 13, 13 + 1 = 14. The answer is 14.", 0.0, 0.0, 2 / 3),  # a step too many
+        ("3 + 7 = 10. The answer is 13.", 1.0, 0.0, 0.0),
+        ("", 0.0, 0.0, 0.0),
+    ],
+)
 def test_only_the_working_rewards_tell_a_lucky_answer_from_a_right_one(completion, answer_only, strict, steps):
     assert reward("", completion, "13") == answer_only
     assert strict_reward("", completion, "13", SOLUTION) == strict

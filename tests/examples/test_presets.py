@@ -9,16 +9,39 @@ import yaml
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
-from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.models.hf import load_model
+from asyncrl.telemetry.metrics import read_metrics
+
 from conftest import ROOT
 
 EXAMPLES = ROOT / "examples"
-ALGORITHMS = ["grpo", "dr_grpo", "rloo", "liteppo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "gspo", "dapo",
-              "sapo", "cispo", "pg"]
-TINY_RUN = ["progress_bar=false", "report=false", "total_train_steps=2", "train_dataset.batch_size=2", "gconfig.n_samples=4",
-            "gconfig.max_new_tokens=24", "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=16",
-            "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward"]
+ALGORITHMS = [
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "liteppo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "ppo",
+    "gspo",
+    "dapo",
+    "sapo",
+    "cispo",
+    "pg",
+]
+TINY_RUN = [
+    "progress_bar=false",
+    "report=false",
+    "total_train_steps=2",
+    "train_dataset.batch_size=2",
+    "gconfig.n_samples=4",
+    "gconfig.max_new_tokens=24",
+    "valid_dataset.size=4",
+    "evaluator.freq_steps=0",
+    "rollout.max_slots=16",
+    "actor.lr=1e-3",
+    "reward.fn=rewards_for_tests:digit_count_reward",
+]
 
 
 def _leaves(tree: dict, prefix=""):
@@ -45,8 +68,11 @@ def test_preset_holds_only_overrides(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_preset_trains_end_to_end(tmp_path, tiny_model_dir, name):
-    cfg = configlib.load(TrainConfig, str(EXAMPLES / f"{name}.yaml"),
-                         [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_RUN])
+    cfg = configlib.load(
+        TrainConfig,
+        str(EXAMPLES / f"{name}.yaml"),
+        [f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", *TINY_RUN],
+    )
     last = train(cfg)
     records = [r for r in read_metrics(tmp_path / name / "default") if r["step"] > 0]
     assert [r["version"] for r in records] == [1, 2] and last["version"] == 2

@@ -31,8 +31,18 @@ def summary(stdout: str) -> dict:
 
 
 def evaluate(model: Path, data: Path, out: Path) -> dict:
-    record = summary(run(ASYNCRL, "eval", "--model", str(model), f"valid_dataset.path={data / 'test.jsonl'}",
-                         REWARD, "gconfig.max_new_tokens=16", f"output={out}"))
+    record = summary(
+        run(
+            ASYNCRL,
+            "eval",
+            "--model",
+            str(model),
+            f"valid_dataset.path={data / 'test.jsonl'}",
+            REWARD,
+            "gconfig.max_new_tokens=16",
+            f"output={out}",
+        )
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == record["n"] == 100
     assert record["eval_accuracy"] == pytest.approx(sum(r["n_correct"] for r in rows) / 100)
@@ -43,21 +53,53 @@ def evaluate(model: Path, data: Path, out: Path) -> dict:
 @pytest.mark.timeout(1200)
 def test_jsonl_and_reward_to_a_trained_policy(tmp_path):
     data, init, sft = tmp_path / "data", tmp_path / "init", tmp_path / "sft"
-    run(sys.executable, "examples/your_task/make_data.py", "--out", str(data), "--sft", "3000", "--train", "5000",
-        "--test", "100")
+    run(
+        sys.executable,
+        "examples/your_task/make_data.py",
+        "--out",
+        str(data),
+        "--sft",
+        "3000",
+        "--train",
+        "5000",
+        "--test",
+        "100",
+    )
     run(ASYNCRL, "init-model", "--corpus", str(data / "train.jsonl"), "--out", str(init))
     before = evaluate(init, data, tmp_path / "eval0.jsonl")
 
-    run(ASYNCRL, "sft", "--config", "examples/your_task/sft.yaml", f"model.path={init}",
-        f"train_dataset.path={data / 'sft.jsonl'}", f"valid_dataset.path={data / 'test.jsonl'}",
-        "total_train_steps=150", "evaluator.freq_steps=0", f"output_dir={sft}")
+    run(
+        ASYNCRL,
+        "sft",
+        "--config",
+        "examples/your_task/sft.yaml",
+        f"model.path={init}",
+        f"train_dataset.path={data / 'sft.jsonl'}",
+        f"valid_dataset.path={data / 'test.jsonl'}",
+        "total_train_steps=150",
+        "evaluator.freq_steps=0",
+        f"output_dir={sft}",
+    )
     after_sft = evaluate(sft, data, tmp_path / "eval1.jsonl")
 
-    out = summary(run(ASYNCRL, "train", "--config", "examples/your_task/train.yaml", f"model.path={sft}",
-                      f"train_dataset.path={data / 'train.jsonl'}", f"valid_dataset.path={data / 'test.jsonl'}",
-                      f"output_dir={tmp_path / 'runs'}", "total_train_steps=20", "evaluator.freq_steps=0",
-                      "rollout.max_head_offpolicyness=0", "saver.freq_steps=20", "progress_bar=false",
-                      "report=false"))
+    out = summary(
+        run(
+            ASYNCRL,
+            "train",
+            "--config",
+            "examples/your_task/train.yaml",
+            f"model.path={sft}",
+            f"train_dataset.path={data / 'train.jsonl'}",
+            f"valid_dataset.path={data / 'test.jsonl'}",
+            f"output_dir={tmp_path / 'runs'}",
+            "total_train_steps=20",
+            "evaluator.freq_steps=0",
+            "rollout.max_head_offpolicyness=0",
+            "saver.freq_steps=20",
+            "progress_bar=false",
+            "report=false",
+        )
+    )
     assert out["step"] == 20
     checkpoints = tmp_path / "runs" / "your_task" / "default" / "checkpoints"
     latest = checkpoints / (checkpoints / "latest").read_text().strip()

@@ -6,19 +6,33 @@ import pytest
 import torch
 
 from asyncrl import configlib
-from asyncrl.config import TrainConfig
-from asyncrl.loop.controller import run
 from asyncrl.cluster.cores import SHARED_MB_TOKENS
+from asyncrl.config import TrainConfig
 from asyncrl.launch.build import assemble
+from asyncrl.loop.controller import run
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=3", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=16",
-        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8",
-        "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", *extra,
-    ])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=3",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=16",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "reward.workers=0",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -55,7 +69,7 @@ def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
     from asyncrl.configlib import ConfigError
-    from asyncrl.launch.build import context_len
+    from asyncrl.launch.shape import context_len
 
     def rollout(*extra):
         return configlib.load(TrainConfig, None, ["rollout.interrupt_mode=abort", *extra]).rollout
@@ -64,15 +78,18 @@ def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in
     assert context_len(rollout(), 32768, 64) == 1024  # the tiny models' completions: the context stays 1024
     assert context_len(rollout(), 32768, 2048) == 4096 and context_len(rollout(), 3000, 2048) == 3000
     assert context_len(rollout("rollout.backend=vllm:d1"), 32768) == 32768
-    assert context_len(rollout("rollout.backend=remote", "rollout.server_addrs=[h:1]",
-                               "rollout.max_context=8192"), 32768) == 8192
+    assert (
+        context_len(rollout("rollout.backend=remote", "rollout.server_addrs=[h:1]", "rollout.max_context=8192"), 32768)
+        == 8192
+    )
     with pytest.raises(ConfigError, match="rollout.max_context=9000 exceeds the model's max_position_embeddings"):
         context_len(rollout("rollout.max_context=9000"), 4096)
 
 
 @pytest.mark.parametrize("split, mb_tokens", [("fixed", 8192), ("auto", SHARED_MB_TOKENS)])
 def test_a_trainer_sharing_the_cores_takes_micro_batches_small_enough_to_re_read_its_share(
-        tmp_path, tiny_model_dir, split, mb_tokens):
+    tmp_path, tiny_model_dir, split, mb_tokens
+):
     """With cluster.cpu_split=auto the trainer asks for its threads before each micro-batch; at one micro-batch a
     step it kept one core through a step whose second half the engine spent idle (asyncrl/cluster/cores.py)."""
     cfg = _cfg(tmp_path, tiny_model_dir, f"cluster.cpu_split={split}")
@@ -81,10 +98,12 @@ def test_a_trainer_sharing_the_cores_takes_micro_batches_small_enough_to_re_read
         assert (parts.trainer.forward.threads is not None) == (split == "auto")
 
 
-@pytest.mark.parametrize("split, background, in_trainer_thread", [
-    ("auto", False, True), ("auto", True, False), ("fixed", False, False)])
-def test_sharing_the_cores_the_evaluation_runs_in_the_trainers_thread(tmp_path, tiny_model_dir, split, background,
-                                                                      in_trainer_thread):
+@pytest.mark.parametrize(
+    "split, background, in_trainer_thread", [("auto", False, True), ("auto", True, False), ("fixed", False, False)]
+)
+def test_sharing_the_cores_the_evaluation_runs_in_the_trainers_thread(
+    tmp_path, tiny_model_dir, split, background, in_trainer_thread
+):
     """A foreground single-turn evaluation under cluster.cpu_split=auto generates in the trainer's thread, on its
     threads and its pool of OpenMP workers; an engine thread of its own would add a pool (asyncrl/cluster/cores.py)."""
     cfg = _cfg(tmp_path, tiny_model_dir, f"cluster.cpu_split={split}", f"evaluator.background={background}")
@@ -101,7 +120,7 @@ def test_the_live_verdict_knows_what_diagnose_knows_of_the_run():
     checkpoints run, the device (a run on the in-process transport was told to use it; a GPU run, more threads)."""
     from asyncrl import configlib
     from asyncrl.config import TrainConfig
-    from asyncrl.launch.build import verdict_settings
+    from asyncrl.launch.rundir import verdict_settings
 
     settings = verdict_settings(configlib.load(TrainConfig, None, ["evaluator.background=true", "cluster.device=cpu"]))
     assert settings["transport"] == "inprocess" and settings["eval_background"] and settings["save_background"]

@@ -15,8 +15,16 @@ KEYS = {"step_time_s", "gen_busy_frac", "trainer_wait_frac", "staleness_mean", "
 
 @pytest.fixture
 def profile(tmp_path):
-    costs = Costs(decode_base_s=0.005, decode_per_seq_s=3e-4, prefill_per_token_s=4e-4, train_base_s=0.5,
-                  train_per_token_s=8e-4, sync_s=0.04, save_s=0.05, eval_s=2.0)
+    costs = Costs(
+        decode_base_s=0.005,
+        decode_per_seq_s=3e-4,
+        prefill_per_token_s=4e-4,
+        train_base_s=0.5,
+        train_per_token_s=8e-4,
+        sync_s=0.04,
+        save_s=0.05,
+        eval_s=2.0,
+    )
     return str(save_profile(Profile("hand-made", costs, "by hand"), tmp_path / "profile.yaml"))
 
 
@@ -29,13 +37,30 @@ def test_one_prediction_as_json(profile, capsys):
 
 def test_a_sweep_is_a_table_with_a_recommendation_and_a_page(profile, tmp_path, capsys):
     page = tmp_path / "plan.html"
-    assert cli.main(["plan", "--hardware", profile, "--sweep", "rollout.max_head_offpolicyness=0,1,4",
-                     "--html", str(page)]) == 0
+    assert (
+        cli.main(
+            ["plan", "--hardware", profile, "--sweep", "rollout.max_head_offpolicyness=0,1,4", "--html", str(page)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("rollout.max_head_offpolicyness=") == 3 and out.count("<- recommended") == 1
     assert page.read_text().count("<svg") == 5
-    assert cli.main(["plan", "--hardware", profile, "--json", "--sweep", "rollout.max_head_offpolicyness=0,2",
-                     "--sweep", "gconfig.n_samples=4,8"]) == 0
+    assert (
+        cli.main(
+            [
+                "plan",
+                "--hardware",
+                profile,
+                "--json",
+                "--sweep",
+                "rollout.max_head_offpolicyness=0,2",
+                "--sweep",
+                "gconfig.n_samples=4,8",
+            ]
+        )
+        == 0
+    )
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 4 and all(KEYS <= set(r) for r in rows)
     sync = next(r for r in rows if r["rollout.max_head_offpolicyness"] == "0" and r["gconfig.n_samples"] == "8")
@@ -70,8 +95,18 @@ def test_a_broken_profile_names_the_key(tmp_path, capsys):
 def test_agent_calls_asked_afresh_train_fewer_tokens_than_a_continued_conversation(profile, capsys):
     """--fresh-calls: every call of an episode starts from the prompt again (retries), so the trainer sees no
     earlier calls in later ones."""
-    base = ["plan", "--hardware", profile, "--json", "--config", "examples/agent_lookup.yaml",
-            "--calls-per-episode", "3", "rollout.max_head_offpolicyness=0", "total_train_steps=10"]
+    base = [
+        "plan",
+        "--hardware",
+        profile,
+        "--json",
+        "--config",
+        "examples/agent_lookup.yaml",
+        "--calls-per-episode",
+        "3",
+        "rollout.max_head_offpolicyness=0",
+        "total_train_steps=10",
+    ]
     outs = []
     for extra in ([], ["--fresh-calls"]):
         assert cli.main(base + extra) == 0
@@ -85,10 +120,22 @@ def _run_dir(tmp_path, torn: str = "", **record) -> Path:
     """A run directory of 5 steps of 64 samples of 60 tokens (3 s each: 2 s training), then ``torn``."""
     run = tmp_path / "run"
     run.mkdir()
-    record = {"step_time_s": 3.0, "gen_decode_s": 1.0, "gen_prefill_s": 0.1, "gen_tokens_per_s": 600.0,
-              "n_samples": 64, "response_len_mean": 60.0, "response_len_max": 60, "train_tokens": 5376,
-              "trainer_fwd_bwd_s": 2.0, "trainer_recompute_s": 0.0, "trainer_optim_s": 0.05, "trainer_other_s": 0.0,
-              "trainer_sync_s": 0.01, **record}
+    record = {
+        "step_time_s": 3.0,
+        "gen_decode_s": 1.0,
+        "gen_prefill_s": 0.1,
+        "gen_tokens_per_s": 600.0,
+        "n_samples": 64,
+        "response_len_mean": 60.0,
+        "response_len_max": 60,
+        "train_tokens": 5376,
+        "trainer_fwd_bwd_s": 2.0,
+        "trainer_recompute_s": 0.0,
+        "trainer_optim_s": 0.05,
+        "trainer_other_s": 0.0,
+        "trainer_sync_s": 0.01,
+        **record,
+    }
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, **record}) + "\n" for s in range(1, 6)) + torn)
     return run
 
@@ -124,11 +171,17 @@ def test_a_run_is_fitted_with_its_own_epochs_and_a_torn_last_line_is_skipped(pro
     assert one["step_time_s"] < 0.5 * four["step_time_s"]  # a quarter of the training, not the same
 
 
-@pytest.mark.parametrize("overrides, recompute, epochs", [
-    ([], 0, 1), (["actor.ppo_n_minibatches=2"], 1, 1), (["actor.ppo_epochs=3"], 1, 3),
-    (["actor.ppo_n_minibatches=2", "actor.prox_logp_method=loglinear"], 0, 1),
-    (["actor.kl_ctl=0.1", "actor.ref_model=init"], 1, 1),  # the reference model's pass (it was left out)
-    (["actor.kl_ctl=0.1", "actor.ref_model=init", "actor.ppo_n_minibatches=2"], 2, 1)])
+@pytest.mark.parametrize(
+    "overrides, recompute, epochs",
+    [
+        ([], 0, 1),
+        (["actor.ppo_n_minibatches=2"], 1, 1),
+        (["actor.ppo_epochs=3"], 1, 3),
+        (["actor.ppo_n_minibatches=2", "actor.prox_logp_method=loglinear"], 0, 1),
+        (["actor.kl_ctl=0.1", "actor.ref_model=init"], 1, 1),  # the reference model's pass (it was left out)
+        (["actor.kl_ctl=0.1", "actor.ref_model=init", "actor.ppo_n_minibatches=2"], 2, 1),
+    ],
+)
 def test_the_plan_prices_the_proximal_recompute_only_where_the_trainer_runs_it(overrides, recompute, epochs):
     from asyncrl import configlib
     from asyncrl.config import TrainConfig

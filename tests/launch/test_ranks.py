@@ -18,14 +18,30 @@ def test_the_local_launcher_runs_two_ranks_end_to_end(tmp_path, tiny_model_dir, 
 
     from asyncrl.telemetry.metrics import read_metrics
 
-    args = [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}",
-            "progress_bar=false", "report=false", f"actor.backend={backend}", "train_dataset.batch_size=2",
-            "gconfig.n_samples=4", "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
-            "rollout.max_slots=16", "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward"]
+    args = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path}",
+        "progress_bar=false",
+        "report=false",
+        f"actor.backend={backend}",
+        "train_dataset.batch_size=2",
+        "gconfig.n_samples=4",
+        "gconfig.max_new_tokens=16",
+        "valid_dataset.size=4",
+        "evaluator.freq_steps=0",
+        "rollout.max_slots=16",
+        "actor.lr=1e-3",
+        "reward.fn=rewards_for_tests:digit_count_reward",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     for steps in (2, 4):
-        done = subprocess.run(args + [f"total_train_steps={steps}"], capture_output=True, text=True, env=env,
-                              timeout=300)
+        done = subprocess.run(
+            args + [f"total_train_steps={steps}"], capture_output=True, text=True, env=env, timeout=300
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "asyncrl" / "default"
     assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3, 4]
@@ -42,21 +58,39 @@ def test_a_trainer_rank_that_dies_ends_the_run_with_a_checkpoint_to_resume_from(
     import sys
     import time
 
-    args = [sys.executable, "-m", "asyncrl.cli", "train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}",
-            "progress_bar=false", "report=false", "actor.backend=ddp:d2", "train_dataset.batch_size=2",
-            "gconfig.n_samples=4", "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
-            "rollout.max_slots=16", "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward",
-            "saver.freq_steps=1", "max_train_time_s=0"]
+    args = [
+        sys.executable,
+        "-m",
+        "asyncrl.cli",
+        "train",
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path}",
+        "progress_bar=false",
+        "report=false",
+        "actor.backend=ddp:d2",
+        "train_dataset.batch_size=2",
+        "gconfig.n_samples=4",
+        "gconfig.max_new_tokens=16",
+        "valid_dataset.size=4",
+        "evaluator.freq_steps=0",
+        "rollout.max_slots=16",
+        "actor.lr=1e-3",
+        "reward.fn=rewards_for_tests:digit_count_reward",
+        "saver.freq_steps=1",
+        "max_train_time_s=0",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(args + ["total_train_steps=500"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args + ["total_train_steps=500"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     run_dir = tmp_path / "asyncrl" / "default"
     deadline = time.monotonic() + 180
     while not (run_dir / "metrics.jsonl").exists() or len((run_dir / "metrics.jsonl").read_text().splitlines()) < 4:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
         time.sleep(0.2)
-    ps = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True,
-                        text=True).stdout
+    ps = subprocess.run(
+        ["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True, text=True
+    ).stdout
     ranks = [int(line.split()[0]) for line in ps.splitlines() if "asyncrl-rank-config" in line]
     assert len(ranks) == 1, ps
     rank1 = ranks[0]
@@ -67,8 +101,9 @@ def test_a_trainer_rank_that_dies_ends_the_run_with_a_checkpoint_to_resume_from(
     assert "Traceback" not in err, err[-3000:]  # one line says what happened
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     done = int(latest[4:])
-    resumed = subprocess.run(args + [f"total_train_steps={done + 1}"], env=env, capture_output=True, text=True,
-                             timeout=300)
+    resumed = subprocess.run(
+        args + [f"total_train_steps={done + 1}"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(done + 2))

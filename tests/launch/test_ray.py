@@ -23,11 +23,16 @@ def _cfg(*extra):
 
 def test_bundles_hold_trainer_ranks_then_servers():
     cfg = _cfg("actor.backend=ddp:d2", "rollout.backend=asyncrl:d3", "actor.threads=2", "rollout.threads=1")
-    assert bundle_plan(cfg) == [Bundle("trainer", 0, {"CPU": 2.0}), Bundle("trainer", 1, {"CPU": 2.0}),
-                                Bundle("server", 0, {"CPU": 1.0}), Bundle("server", 1, {"CPU": 1.0}),
-                                Bundle("server", 2, {"CPU": 1.0})]
-    gpu = bundle_plan(_cfg("actor.backend=fsdp:d4", "rollout.backend=vllm:d2t2", "rollout.interrupt_mode=abort"),
-                      "cuda")
+    assert bundle_plan(cfg) == [
+        Bundle("trainer", 0, {"CPU": 2.0}),
+        Bundle("trainer", 1, {"CPU": 2.0}),
+        Bundle("server", 0, {"CPU": 1.0}),
+        Bundle("server", 1, {"CPU": 1.0}),
+        Bundle("server", 2, {"CPU": 1.0}),
+    ]
+    gpu = bundle_plan(
+        _cfg("actor.backend=fsdp:d4", "rollout.backend=vllm:d2t2", "rollout.interrupt_mode=abort"), "cuda"
+    )
     assert [b.resources for b in gpu] == [{"CPU": 1.0, "GPU": 1.0}] * 4 + [{"CPU": 1.0, "GPU": 2.0}] * 2
 
 
@@ -68,13 +73,30 @@ def test_ray_run_two_ranks_one_server(tmp_path, tiny_model_dir, monkeypatch):
     tag = f"asyncrl-ray-test-{uuid.uuid4().hex}"
     monkeypatch.setenv("ASYNCRL_TEST_TAG", tag)  # Ray's processes and everything under them inherit it
     eta = 1
-    cfg = configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "launcher=ray", "actor.backend=ddp:d2", "rollout.backend=asyncrl:d1", "rollout.weight_transport=disk",
-        f"rollout.max_head_offpolicyness={eta}", "total_train_steps=3", "train_dataset.batch_size=2",
-        "gconfig.n_samples=4", "gconfig.max_new_tokens=16", "valid_dataset.size=4", "evaluator.freq_steps=0",
-        "rollout.max_slots=16", "actor.lr=1e-3", "reward.fn=rewards_for_tests:digit_count_reward",
-    ])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "launcher=ray",
+            "actor.backend=ddp:d2",
+            "rollout.backend=asyncrl:d1",
+            "rollout.weight_transport=disk",
+            f"rollout.max_head_offpolicyness={eta}",
+            "total_train_steps=3",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=4",
+            "gconfig.max_new_tokens=16",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=16",
+            "actor.lr=1e-3",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+        ],
+    )
     start = time.monotonic()
     try:
         last = train(cfg)

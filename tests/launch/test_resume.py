@@ -16,6 +16,7 @@ from asyncrl.launch.build import assemble
 from asyncrl.launch.resume import resume_point
 from asyncrl.launch.train import train
 from asyncrl.telemetry.metrics import read_metrics
+
 from runs_for_tests import is_complete, last_logged_step, latest_checkpoint, prompt_files, train_command, train_env
 
 
@@ -69,8 +70,17 @@ def test_synchronous_run_stopped_and_resumed_replays_the_uninterrupted_losses(tm
     train, valid = prompt_files(tmp_path, 60)
 
     def run(out, steps):
-        args = train_command(tmp_path, tiny_model_dir, train, valid, steps, "rollout.max_head_offpolicyness=0",
-                     "saver.freq_steps=0", "evaluator.freq_steps=0", f"output_dir={out}")
+        args = train_command(
+            tmp_path,
+            tiny_model_dir,
+            train,
+            valid,
+            steps,
+            "rollout.max_head_offpolicyness=0",
+            "saver.freq_steps=0",
+            "evaluator.freq_steps=0",
+            f"output_dir={out}",
+        )
         done = subprocess.run(args, env=train_env(), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stderr
@@ -80,7 +90,9 @@ def test_synchronous_run_stopped_and_resumed_replays_the_uninterrupted_losses(tm
     assert "resuming from" in run(tmp_path / "twice", 6)
 
     def losses(out):
-        records = [json.loads(line) for line in (out / "asyncrl" / "default" / "metrics.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line) for line in (out / "asyncrl" / "default" / "metrics.jsonl").read_text().splitlines()
+        ]
         return [(r["step"], r["loss"], r["reward_mean"]) for r in records if r["step"] > 0]
 
     once, twice = losses(tmp_path / "once"), losses(tmp_path / "twice")
@@ -120,15 +132,32 @@ ETA = 1
 
 def _overrides(tmp_path, model, steps: int) -> list[str]:
     train_file, valid_file = tmp_path / "prompts.jsonl", tmp_path / "valid.jsonl"
-    train_file.write_text("".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n"
-                                  for i in range(200)))
-    valid_file.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                                  for i in range(100, 104)))
-    return [f"model.path={model}", f"output_dir={tmp_path / 'out'}", f"train_dataset.path={train_file}",
-            f"valid_dataset.path={valid_file}", "train_dataset.type=qa", "reward.fn=rewards_for_tests:digit_count_reward",
-            "reward.workers=0", f"total_train_steps={steps}", "train_dataset.batch_size=2", "gconfig.n_samples=2",
-            "gconfig.max_new_tokens=12", "rollout.max_slots=8", f"rollout.max_head_offpolicyness={ETA}",
-            "saver.freq_steps=1", "evaluator.freq_steps=0", "max_train_time_s=0", "progress_bar=false", "report=false"]
+    train_file.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n" for i in range(200))
+    )
+    valid_file.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n" for i in range(100, 104))
+    )
+    return [
+        f"model.path={model}",
+        f"output_dir={tmp_path / 'out'}",
+        f"train_dataset.path={train_file}",
+        f"valid_dataset.path={valid_file}",
+        "train_dataset.type=qa",
+        "reward.fn=rewards_for_tests:digit_count_reward",
+        "reward.workers=0",
+        f"total_train_steps={steps}",
+        "train_dataset.batch_size=2",
+        "gconfig.n_samples=2",
+        "gconfig.max_new_tokens=12",
+        "rollout.max_slots=8",
+        f"rollout.max_head_offpolicyness={ETA}",
+        "saver.freq_steps=1",
+        "evaluator.freq_steps=0",
+        "max_train_time_s=0",
+        "progress_bar=false",
+        "report=false",
+    ]
 
 
 @pytest.mark.slow
@@ -152,7 +181,9 @@ def test_a_resumed_auto_eta_goes_on_where_it_stood(tmp_path, tiny_model_dir, mon
 
     def overrides(steps):
         return [o for o in _overrides(tmp_path, tiny_model_dir, steps) if "offpolicyness" not in o] + [
-            "rollout.max_head_offpolicyness=auto", "rollout.max_staleness_limit=4"]
+            "rollout.max_head_offpolicyness=auto",
+            "rollout.max_staleness_limit=4",
+        ]
 
     real = AutoStaleness.observe
 

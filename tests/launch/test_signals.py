@@ -15,10 +15,20 @@ from runs_for_tests import alive, descendants, is_complete, latest_checkpoint, p
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_model_dir, sig):
     train, valid = prompt_files(tmp_path, 200)
-    args = train_command(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
-                 "rollout.backend=asyncrl:d1", "rollout.max_slots=8")
-    proc = subprocess.Popen(args, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    args = train_command(
+        tmp_path,
+        tiny_model_dir,
+        train,
+        valid,
+        500,
+        "saver.freq_steps=0",
+        "reward.workers=1",
+        "rollout.backend=asyncrl:d1",
+        "rollout.max_slots=8",
+    )
+    proc = subprocess.Popen(
+        args, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     run = tmp_path / "out" / "asyncrl" / "default"
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists() or len((run / "metrics.jsonl").read_text().splitlines()) < 3:
@@ -36,8 +46,13 @@ def test_a_signal_stops_with_a_checkpoint_and_leaves_no_process(tmp_path, tiny_m
     assert f"checkpoint {latest} saved: run the same command again" in err  # the message names it
     time.sleep(1.0)
     assert not [p for p in children if alive(p)], "processes of the run outlived it"
-    resumed = subprocess.run(args + ["total_train_steps=" + str(int(latest.name[4:]) + 1)], env=train_env(),
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        args + ["total_train_steps=" + str(int(latest.name[4:]) + 1)],
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == int(latest.name[4:]) + 1
@@ -49,8 +64,17 @@ def test_what_a_run_started_dies_with_it_even_by_sigkill(tmp_path, tiny_model_di
     """The engine server (its own session, so no group signal reaches it) and the reward worker end when the
     trainer is SIGKILLed: parent-death signal and the worker's closed pipe."""
     train, valid = prompt_files(tmp_path, 200)
-    args = train_command(tmp_path, tiny_model_dir, train, valid, 500, "saver.freq_steps=0", "reward.workers=1",
-                 "rollout.backend=asyncrl:d1", "rollout.max_slots=8")
+    args = train_command(
+        tmp_path,
+        tiny_model_dir,
+        train,
+        valid,
+        500,
+        "saver.freq_steps=0",
+        "reward.workers=1",
+        "rollout.backend=asyncrl:d1",
+        "rollout.max_slots=8",
+    )
     proc = subprocess.Popen(args, env=train_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     run = tmp_path / "out" / "asyncrl" / "default"
     deadline = time.monotonic() + 120

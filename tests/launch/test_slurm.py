@@ -16,11 +16,23 @@ def _cfg(*extra):
 
 
 def test_sbatch_script_starts_a_ray_cluster_and_runs_the_driver(tmp_path):
-    script = sbatch_script(_cfg("actor.backend=ddp:d4", "rollout.backend=vllm:d2t2", "rollout.interrupt_mode=abort",
-                                "experiment_name=big"), nodes=2, gpus_per_node=4, partition="gpu")
-    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu",
-                 "--head", "--num-gpus=4", "launcher=ray cluster.ray_address=\"$HEAD_IP:$PORT\"",
-                 "backend: vllm:d2t2"):
+    script = sbatch_script(
+        _cfg(
+            "actor.backend=ddp:d4", "rollout.backend=vllm:d2t2", "rollout.interrupt_mode=abort", "experiment_name=big"
+        ),
+        nodes=2,
+        gpus_per_node=4,
+        partition="gpu",
+    )
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "--head",
+        "--num-gpus=4",
+        'launcher=ray cluster.ray_address="$HEAD_IP:$PORT"',
+        "backend: vllm:d2t2",
+    ):
         assert line in script
     path = tmp_path / "job.sbatch"
     path.write_text(script)

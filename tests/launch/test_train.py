@@ -6,6 +6,7 @@ import logging
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch import train as launch_train
+
 from reports_for_tests import synthetic_run
 
 
@@ -30,9 +31,15 @@ def test_rerunning_a_complete_run_says_so_and_trains_nothing(tmp_path, caplog, m
     monkeypatch.setattr(launch_train, "assemble", None)  # building anything would fail
     with caplog.at_level(logging.INFO, logger="asyncrl.launch.train"):
         record = launch_train.train(cfg)
-    assert record == {"version": 5, "complete": True, "run_dir": str(checkpoint.parent.parent),
-                      "checkpoint": str(checkpoint)}
-    assert any("is complete: it trained 5 of total_train_steps=5" in r.message and "resume=fresh" in r.message
-               for r in caplog.records)
+    assert record == {
+        "version": 5,
+        "complete": True,
+        "run_dir": str(checkpoint.parent.parent),
+        "checkpoint": str(checkpoint),
+    }
+    assert any(
+        "is complete: it trained 5 of total_train_steps=5" in r.message and "resume=fresh" in r.message
+        for r in caplog.records
+    )
     monkeypatch.setattr(launch_train, "run_version", lambda path: 4)
     assert launch_train._complete(cfg, checkpoint) is None  # one step to go: it trains

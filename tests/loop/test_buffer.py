@@ -1,5 +1,5 @@
-"""The rollout buffer (asyncrl.loop.buffer): the capacity formula, admission, batches assembled under the staleness bound,
-and a reported failure waking a waiting take."""
+"""The rollout buffer (asyncrl.loop.buffer): the capacity formula, admission, batches assembled under the staleness
+bound, and a reported failure waking a waiting take."""
 
 import threading
 import time

@@ -13,6 +13,7 @@ import torch
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.build import assemble
+
 from runs_for_tests import is_complete, latest_checkpoint, prompt_files, train_command, train_env
 
 
@@ -21,11 +22,10 @@ class SafetensorLikeError(Exception):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("error,background", [("oserror", "true"), ("safetensors", "true"),
-                                              ("oserror", "false")])
-def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(tmp_path, tiny_model_dir,
-                                                                                   monkeypatch, capsys, error,
-                                                                                   background):
+@pytest.mark.parametrize("error,background", [("oserror", "true"), ("safetensors", "true"), ("oserror", "false")])
+def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
+    tmp_path, tiny_model_dir, monkeypatch, capsys, error, background
+):
     """Foreground: the failed save stops the run; step 2 stays the latest. Background: the failed write is found
     by the next save (the last, here) and stops the run the same way, with the weights it stops with saved (the
     disk is writable again here)."""
@@ -42,9 +42,14 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     def fills_the_disk(self, path, tokenizer=None):
         if ".tmp-step3-" in str(path):
             (Path(path) / "config.json").write_text("{")  # half written when the disk filled up
-            raise (OSError(errno.ENOSPC, "No space left on device") if error == "oserror" else
-                   SafetensorLikeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
-                                       "message: \"No space left on device\" })"))
+            raise (
+                OSError(errno.ENOSPC, "No space left on device")
+                if error == "oserror"
+                else SafetensorLikeError(
+                    "Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                    'message: "No space left on device" })'
+                )
+            )
         return save(self, path, tokenizer)
 
     monkeypatch.setattr(PolicyTrainer if background == "false" else WeightsCopy, "save", fills_the_disk)
@@ -56,8 +61,9 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     assert latest_checkpoint(run).name == kept and is_complete(latest_checkpoint(run))
     assert not list((run / "checkpoints").glob("step3")) and not list((run / "checkpoints").glob(".tmp-*"))
     capsys.readouterr()
-    args = train_command(tmp_path / "again", tiny_model_dir, train, valid, 4, "saver.on_error=continue",
-                         f"saver.background={background}")[3:]
+    args = train_command(
+        tmp_path / "again", tiny_model_dir, train, valid, 4, "saver.on_error=continue", f"saver.background={background}"
+    )[3:]
     assert cli.main(args) == 0  # continue: the step-3 checkpoint is skipped with a warning, step 4 is saved
     assert latest_checkpoint(tmp_path / "again" / "out" / "asyncrl" / "default").name == "step4"
 
@@ -72,8 +78,9 @@ def test_a_real_full_disk_is_one_line(tmp_path, tiny_model_dir):
     disk.mkdir()
     model_bytes = sum(f.stat().st_size for f in Path(tiny_model_dir).iterdir() if f.is_file())
     size = 5 * model_bytes  # one checkpoint (weights + twice as much optimizer state) fits, a second beside it not
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
-                      capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a tmpfs here")
     try:
         train, valid = prompt_files(tmp_path, 40)
@@ -88,12 +95,26 @@ def test_a_real_full_disk_is_one_line(tmp_path, tiny_model_dir):
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=4", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12",
-        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.workers=0",
-        "reward.fn=rewards_for_tests:digit_count_reward", *extra,
-    ])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=4",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=12",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.workers=0",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -153,8 +174,9 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def test_a_background_checkpoint_holds_the_moment_it_was_taken_while_training_goes_on(tmp_path, tiny_model_dir,
-                                                                                        tokenizer, monkeypatch):
+def test_a_background_checkpoint_holds_the_moment_it_was_taken_while_training_goes_on(
+    tmp_path, tiny_model_dir, tokenizer, monkeypatch
+):
     """The writer is held until the trainer has stepped again and drawn random numbers: the checkpoint still
     equals the foreground checkpoint of the moment save() returned (weights, optimizer moments, RNGs, run state,
     tied weights stay one tensor), and ``latest`` moves only once it is complete."""
@@ -190,8 +212,9 @@ def test_a_background_checkpoint_holds_the_moment_it_was_taken_while_training_go
 
 
 def test_a_failed_background_write_is_raised_by_the_next_save_and_the_previous_checkpoint_stays(
-        tmp_path, tiny_model_dir, tokenizer, monkeypatch):
-    from asyncrl.loop.checkpoint import CheckpointError, Checkpointer, RunState, read_latest
+    tmp_path, tiny_model_dir, tokenizer, monkeypatch
+):
+    from asyncrl.loop.checkpoint import Checkpointer, CheckpointError, RunState, read_latest
     from asyncrl.trainer.state import WeightsCopy
 
     trainer = _trained(tiny_model_dir)
@@ -217,10 +240,10 @@ def test_a_failed_background_write_is_raised_by_the_next_save_and_the_previous_c
 def test_trainers_that_cannot_copy_their_weights_save_in_the_foreground(tmp_path, tiny_model_dir, tokenizer):
     """LoRA (the adapter and its merged export) is written by the trainer itself: save() returns a complete
     checkpoint."""
-    from asyncrl.loop.checkpoint import Checkpointer, RunState, read_latest, verify
     from asyncrl.config import ActorConfig
-    from asyncrl.models.lora import apply_lora, is_adapter_dir
+    from asyncrl.loop.checkpoint import Checkpointer, RunState, read_latest, verify
     from asyncrl.models.hf import load_model
+    from asyncrl.models.lora import apply_lora, is_adapter_dir
     from asyncrl.trainer import build_trainer
 
     model = apply_lora(load_model(str(tiny_model_dir)), rank=4, alpha=8)
@@ -258,8 +281,12 @@ DAMAGES = {
     "manifest of another shape": lambda c: (c / "step4" / "manifest.json").write_text('{"files": []}'),
     "manifest a list": lambda c: (c / "step4" / "manifest.json").write_text("[]"),
 }
-POINTERS = {"latest garbled": b"\x00\xff", "latest empty": b"", "latest names step99": b"step99\n",
-            "latest points outside": b"../../../elsewhere\n"}
+POINTERS = {
+    "latest garbled": b"\x00\xff",
+    "latest empty": b"",
+    "latest names step99": b"step99\n",
+    "latest points outside": b"../../../elsewhere\n",
+}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
@@ -365,9 +392,13 @@ def test_a_run_resumes_from_the_checkpoint_before_a_truncated_one(tmp_path, tiny
     run = tmp_path / "out" / "asyncrl" / "default"
     path = run / "checkpoints" / "step4" / "model.safetensors"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    done = subprocess.run(args[:-len(args)] + [a if not a.startswith("total_train_steps=") else "total_train_steps=6"
-                                               for a in args], capture_output=True, text=True, timeout=600,
-                          env=train_env())
+    done = subprocess.run(
+        args[: -len(args)] + [a if not a.startswith("total_train_steps=") else "total_train_steps=6" for a in args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=train_env(),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "not resuming from step4: model.safetensors has" in done.stderr and "step3" in done.stderr
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -3,18 +3,32 @@
 import pytest
 
 from asyncrl import configlib
-from asyncrl.loop.evaluate import BackgroundEvaluator
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
+from asyncrl.loop.evaluate import BackgroundEvaluator
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=4", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12",
-        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.workers=0",
-        "reward.fn=rewards_for_tests:digit_count_reward", *extra,
-    ])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=4",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=12",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.workers=0",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -50,6 +64,7 @@ def test_a_background_evaluation_scores_the_weights_of_its_version_while_trainin
     import torch
 
     from asyncrl.loop.evaluate import BackgroundEvaluator
+
     from conftest import make_model
 
     model = make_model(vocab=len(tokenizer), seed=3)
@@ -80,10 +95,14 @@ def test_a_background_evaluation_scores_the_weights_of_its_version_while_trainin
 def test_evaluations_that_end_later_are_merged_into_their_steps_record():
     from asyncrl.telemetry.record import merge_evaluations
 
-    records = [{"step": 0, "eval_accuracy": 0.1}, {"step": 1, "reward_mean": 0.5}, {"step": 2, "reward_mean": 0.6},
-               {"step": 3, "reward_mean": 0.7},
-               {"step": 2, "version": 2, "evaluation": True, "elapsed_s": 9.0, "eval_accuracy": 0.4},
-               {"step": 9, "version": 9, "evaluation": True, "elapsed_s": 1.0, "eval_accuracy": 0.9}]
+    records = [
+        {"step": 0, "eval_accuracy": 0.1},
+        {"step": 1, "reward_mean": 0.5},
+        {"step": 2, "reward_mean": 0.6},
+        {"step": 3, "reward_mean": 0.7},
+        {"step": 2, "version": 2, "evaluation": True, "elapsed_s": 9.0, "eval_accuracy": 0.4},
+        {"step": 9, "version": 9, "evaluation": True, "elapsed_s": 1.0, "eval_accuracy": 0.9},
+    ]
     merged = merge_evaluations(records)
     assert [r["step"] for r in merged] == [0, 1, 2, 3, 9]
     assert merged[2] == {"step": 2, "reward_mean": 0.6, "eval_accuracy": 0.4}
@@ -97,8 +116,9 @@ def test_a_run_with_background_evaluation_logs_each_against_its_version(tmp_path
     from asyncrl.launch.resume import truncate_run_files
     from asyncrl.telemetry.metrics import read_metrics
 
-    last = train(_cfg(tmp_path, tiny_model_dir, "total_train_steps=6", "evaluator.freq_steps=2",
-                      "evaluator.background=true"))
+    last = train(
+        _cfg(tmp_path, tiny_model_dir, "total_train_steps=6", "evaluator.freq_steps=2", "evaluator.background=true")
+    )
     run_dir = tmp_path / "asyncrl" / "default"
     raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     later = [r for r in raw if r.get("evaluation")]
@@ -138,11 +158,27 @@ def test_a_run_stopped_by_the_watchdog_logs_the_evaluation_running_beside_it(tmp
         return finished(self, wait)
 
     monkeypatch.setattr(BackgroundEvaluator, "finished", waited)
-    cfg = configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=4", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8",
-        "valid_dataset.size=4", "evaluator.freq_steps=1", "evaluator.background=true", "rollout.max_slots=8",
-        "saver.freq_steps=0", "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0"])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=4",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=8",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=1",
+            "evaluator.background=true",
+            "rollout.max_slots=8",
+            "saver.freq_steps=0",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "reward.workers=0",
+        ],
+    )
     with pytest.raises(TrainingHalted):
         train(cfg)
     assert saved_before_waiting[-1]  # the wait of the stop

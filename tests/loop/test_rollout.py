@@ -1,5 +1,5 @@
-"""The rollout thread (asyncrl.loop.rollout): a prompt stream that raises, and rollouts failing in a row, stop the run with
-their own error at once; failures back off; a wrong return value is a counted failure, not a stall; stop releases
+"""The rollout thread (asyncrl.loop.rollout): a prompt stream that raises, and rollouts failing in a row, stop the run
+with their own error at once; failures back off; a wrong return value is a counted failure, not a stall; stop releases
 the groups in flight."""
 
 import asyncio
@@ -8,21 +8,35 @@ import time
 import pytest
 
 from asyncrl import configlib
-from asyncrl.loop.buffer import RolloutBuffer
 from asyncrl.config import TrainConfig
-from asyncrl.loop.controller import run
 from asyncrl.launch.build import assemble
+from asyncrl.loop.buffer import RolloutBuffer
+from asyncrl.loop.controller import run
 from asyncrl.loop.rollout import RolloutFailures, RolloutRunner
 from asyncrl.types import Trajectory, TrajectoryGroup
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=3", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=16",
-        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8",
-        "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", *extra,
-    ])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=3",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=16",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "reward.workers=0",
+            *extra,
+        ],
+    )
 
 
 def _three_then_raise(items, raised_at):
@@ -120,8 +134,9 @@ class _NotAGroup:
 
 def test_a_workflow_returning_a_wrong_value_is_a_counted_failure_not_a_stall():
     buffer = RolloutBuffer(batch_size=2, max_staleness=0)
-    runner = RolloutRunner(_Engine(), buffer, _NotAGroup(), ({"id": i} for i in range(10**9)),
-                           max_failures_in_a_row=4).start()
+    runner = RolloutRunner(
+        _Engine(), buffer, _NotAGroup(), ({"id": i} for i in range(10**9)), max_failures_in_a_row=4
+    ).start()
     try:
         with pytest.raises(RolloutFailures, match="returned dict, not a TrajectoryGroup"):
             buffer.take(timeout=30)

@@ -6,9 +6,9 @@ import random
 import pytest
 
 from asyncrl import configlib
-from asyncrl.loop.buffer import RolloutBuffer
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
+from asyncrl.loop.buffer import RolloutBuffer
 from asyncrl.loop.staleness import AutoStaleness, FixedStaleness, raised
 from asyncrl.types import Trajectory, TrajectoryGroup
 
@@ -37,14 +37,17 @@ def test_the_first_step_is_not_read_nor_the_two_after_a_change():
     assert policy.bound() == 3
 
 
-@pytest.mark.parametrize("eta, wait, limit, expected", [
-    (1, 0.06, 8, 2),   # a small shortfall: one more
-    (1, 0.56, 8, 4),   # 2 groups a version short by 56%: 2 / 0.44 = 4.5 -> 5 in flight
-    (4, 0.18, 8, 6),   # 5 / 0.82 = 6.1 -> 7
-    (1, 1.0, 8, 5),    # at most three times the work in flight
-    (3, 0.9, 8, 8),    # never above the limit
-    (2, 2 / 3, 8, 8),  # exactly three times: 9 in flight (not 10 from rounding)
-])
+@pytest.mark.parametrize(
+    "eta, wait, limit, expected",
+    [
+        (1, 0.06, 8, 2),  # a small shortfall: one more
+        (1, 0.56, 8, 4),  # 2 groups a version short by 56%: 2 / 0.44 = 4.5 -> 5 in flight
+        (4, 0.18, 8, 6),  # 5 / 0.82 = 6.1 -> 7
+        (1, 1.0, 8, 5),  # at most three times the work in flight
+        (3, 0.9, 8, 8),  # never above the limit
+        (2, 2 / 3, 8, 8),  # exactly three times: 9 in flight (not 10 from rounding)
+    ],
+)
 def test_auto_raises_eta_by_the_trainers_shortfall(eta, wait, limit, expected):
     assert raised(eta, wait, limit) == expected
 
@@ -99,8 +102,10 @@ def test_a_resumed_auto_eta_goes_on_where_it_stood(cut):
     import json
 
     waits = [0.0] * 12 + [0.4] * 3 + [0.0] * 6 + ["eval"] + [0.0] * 8
-    records = [{"step_time_s": 4.0, "trainer_eval_s": 3.0} if w == "eval" else _record(w) | {"staleness_hist": [1]}
-               for w in waits]
+    records = [
+        {"step_time_s": 4.0, "trainer_eval_s": 3.0} if w == "eval" else _record(w) | {"staleness_hist": [1]}
+        for w in waits
+    ]
     unbroken, first = AutoStaleness(limit=6), AutoStaleness(limit=6)  # unbroken: never sees the restart step
     for record in records[:cut]:
         unbroken.observe(record)

@@ -44,8 +44,9 @@ def test_a_lora_adapter_directory_is_as_small_as_its_base_model(tmp_path, tiny_m
 
     big = tmp_path / "big"
     big.mkdir()
-    (big / "config.json").write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32,
-                                                 "vocab_size": 151936, "intermediate_size": 11008}))
+    (big / "config.json").write_text(
+        json.dumps({"hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 151936, "intermediate_size": 11008})
+    )
     for base, small in ((big, False), (tiny_model_dir, True)):
         adapter = tmp_path / f"adapter-{small}"
         adapter.mkdir()

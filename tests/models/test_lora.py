@@ -17,9 +17,16 @@ from asyncrl import configlib  # noqa: E402
 from asyncrl.config import TrainConfig  # noqa: E402
 from asyncrl.configlib import ConfigError  # noqa: E402
 from asyncrl.models.config import LoraConfig  # noqa: E402
-from asyncrl.models.lora import (AdaptersOff, apply_lora, is_lora, merged_state_dict, save_lora,  # noqa: E402
-                          trainable_summary)
 from asyncrl.models.hf import load_model, resolve_model_path  # noqa: E402
+from asyncrl.models.lora import (
+    AdaptersOff,
+    apply_lora,
+    is_lora,
+    merged_state_dict,
+    save_lora,  # noqa: E402
+    trainable_summary,
+)
+
 from conftest import ROOT, TESTS  # noqa: E402
 from trainers_for_tests import lora_model, varied_batch  # noqa: E402
 
@@ -68,9 +75,10 @@ def test_merged_weights_are_peft_merge_and_unload_under_the_base_names_and_leave
 
 def test_one_step_moves_the_adapters_and_the_published_weights_not_the_base_weights(tmp_path):
     from asyncrl.engine.local import LocalEngine
-    from asyncrl.weights.wire import read_weights, write_weights
     from asyncrl.trainer import PolicyTrainer
     from asyncrl.types import SamplingParams, WeightUpdate
+    from asyncrl.weights.wire import read_weights, write_weights
+
     from conftest import make_model
 
     engine = LocalEngine(make_model(320, seed=7), max_slots=4, max_len=64, native_kernels=False)
@@ -135,11 +143,28 @@ def test_a_target_that_matches_nothing_or_no_layer_is_one_line(monkeypatch):
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "valid_dataset.size=4",
-        "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.fn=rewards_for_tests:digit_count_reward",
-        "reward.workers=0", "saver.freq_steps=1", "model.lora.rank=8", "actor.lr=1e-2", *extra])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=12",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "reward.workers=0",
+            "saver.freq_steps=1",
+            "model.lora.rank=8",
+            "actor.lr=1e-2",
+            *extra,
+        ],
+    )
 
 
 def test_bad_targets_and_fsdp_are_refused_when_a_run_is_built(tmp_path, tiny_model_dir):
@@ -158,10 +183,10 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
     from safetensors.torch import load_file
 
     from asyncrl import cli
-    from asyncrl.loop.controller import run
     from asyncrl.launch.build import assemble
     from asyncrl.launch.resume import resume_point
     from asyncrl.launch.train import train
+    from asyncrl.loop.controller import run
     from asyncrl.models.hf import load_model
 
     train(_cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "actor.ref_model=init", "actor.kl_ctl=0.01"))
@@ -190,11 +215,27 @@ def test_a_lora_run_resumes_with_its_adapters_and_refuses_lora_switched_off(tmp_
         record = run(parts)
     assert record["version"] == 3 and "ref_kl" in record
     assert [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
-    args = ["train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-            "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "valid_dataset.size=4",
-            "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.fn=rewards_for_tests:digit_count_reward",
-            "reward.workers=0", "saver.freq_steps=1", "actor.lr=1e-2", "total_train_steps=4", "actor.ref_model=init",
-            "actor.kl_ctl=0.01", "model.lora.rank=0"]
+    args = [
+        "train",
+        f"model.path={tiny_model_dir}",
+        f"output_dir={tmp_path}",
+        "progress_bar=false",
+        "report=false",
+        "train_dataset.batch_size=2",
+        "gconfig.n_samples=2",
+        "gconfig.max_new_tokens=12",
+        "valid_dataset.size=4",
+        "evaluator.freq_steps=0",
+        "rollout.max_slots=8",
+        "reward.fn=rewards_for_tests:digit_count_reward",
+        "reward.workers=0",
+        "saver.freq_steps=1",
+        "actor.lr=1e-2",
+        "total_train_steps=4",
+        "actor.ref_model=init",
+        "actor.kl_ctl=0.01",
+        "model.lora.rank=0",
+    ]
     capsys.readouterr()
     assert cli.main(args) == 2
     err = capsys.readouterr().err
@@ -223,11 +264,30 @@ def test_asyncrl_train_with_lora_end_to_end(tmp_path):
     """`asyncrl train model.lora.rank=8` on the shipped model: three steps, the parameter counts logged, a LoRA
     checkpoint whose merged export `asyncrl serve`/AutoModelForCausalLM can load."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}"}
-    done = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", "model.lora.rank=8", "actor.lr=1e-3",
-                           f"output_dir={tmp_path}", "total_train_steps=3", "train_dataset.batch_size=2",
-                           "gconfig.n_samples=2", "gconfig.max_new_tokens=16", "valid_dataset.size=4",
-                           "evaluator.freq_steps=0", "rollout.max_slots=8", "progress_bar=false", "report=false"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "asyncrl.cli",
+            "train",
+            "model.lora.rank=8",
+            "actor.lr=1e-3",
+            f"output_dir={tmp_path}",
+            "total_train_steps=3",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=16",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "progress_bar=false",
+            "report=false",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trainable parameters of" in done.stderr and "LoRA rank 8" in done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["version"] == 3
@@ -251,6 +311,7 @@ def test_the_proximal_log_probs_are_those_of_the_weights_not_of_a_dropout_mask()
     """With LoRA dropout, the no-grad passes (proximal log-probs, values) run in eval mode, as the engine samples:
     two recomputes under the same weights agree (they differed by 0.49 nats), and the model trains on after."""
     from asyncrl.trainer import PolicyTrainer
+
     from conftest import make_model
 
     torch.manual_seed(0)

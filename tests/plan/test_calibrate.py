@@ -8,6 +8,7 @@ import pytest
 
 from asyncrl.plan.calibrate import measure
 from asyncrl.trainer import PolicyTrainer
+
 from conftest import make_model
 
 
@@ -15,9 +16,21 @@ from conftest import make_model
 def test_the_profile_measures_the_borrowed_core_only_for_the_shared_split(trainer_most):
     rng = random.Random(0)
     prompts = [[rng.randrange(1, 300) for _ in range(rng.randrange(4, 12))] for _ in range(16)]
-    fitted = measure(make_model(), None, prompts, max_slots=8, max_len=64, max_new_tokens=16, n_samples=2,
-                     temperature=1.0, stop_token_ids=(), engine_threads=1, trainer_threads=1,
-                     make_trainer=lambda m: PolicyTrainer(m), trainer_most=trainer_most)
+    fitted = measure(
+        make_model(),
+        None,
+        prompts,
+        max_slots=8,
+        max_len=64,
+        max_new_tokens=16,
+        n_samples=2,
+        temperature=1.0,
+        stop_token_ids=(),
+        engine_threads=1,
+        trainer_threads=1,
+        make_trainer=lambda m: PolicyTrainer(m),
+        trainer_most=trainer_most,
+    )
     costs = fitted.profile.costs
     assert costs.train_per_token_s > 0 and costs.decode_per_seq_s + costs.decode_base_s > 0
     assert costs.decode_overlap_x > 0 and costs.train_overlap_x > 0
@@ -31,10 +44,24 @@ def test_the_profile_measures_the_borrowed_core_only_for_the_shared_split(traine
 
 def _record(step: int, epochs: int, **more) -> dict:
     """A step of 1000 trained tokens costing 2 ms a token and pass, a 0.5 s proximal recompute, 0.2 s optimizer."""
-    return {"step": step, "step_time_s": 10.0, "n_samples": 8, "response_len_mean": 50.0, "train_tokens": 1000,
-            "gen_tokens_per_s": 40.0, "gen_decode_s": 4.0, "gen_prefill_s": 0.5, "trainer_fwd_bwd_s": 2.0 * epochs,
-            "trainer_recompute_s": 0.5, "trainer_optim_s": 0.2, "trainer_other_s": 0.0, "trainer_sync_s": 0.1,
-            "reward_calls": 8 * step, "reward_run_s": 0.8, **more}
+    return {
+        "step": step,
+        "step_time_s": 10.0,
+        "n_samples": 8,
+        "response_len_mean": 50.0,
+        "train_tokens": 1000,
+        "gen_tokens_per_s": 40.0,
+        "gen_decode_s": 4.0,
+        "gen_prefill_s": 0.5,
+        "trainer_fwd_bwd_s": 2.0 * epochs,
+        "trainer_recompute_s": 0.5,
+        "trainer_optim_s": 0.2,
+        "trainer_other_s": 0.0,
+        "trainer_sync_s": 0.1,
+        "reward_calls": 8 * step,
+        "reward_run_s": 0.8,
+        **more,
+    }
 
 
 @pytest.mark.parametrize("epochs", [1, 4])
@@ -45,13 +72,15 @@ def test_a_run_is_fitted_per_pass_after_its_first_step(epochs):
     from asyncrl.plan.calibrate import fit_run
 
     warm_up = _record(1, epochs, trainer_optim_s=1.6, reward_run_s=3.0)
-    costs = fit_run([{"step": 0}, warm_up] + [_record(s, epochs) for s in range(2, 6)], 64, 8,
-                    epochs=epochs).profile.costs
+    costs = fit_run(
+        [{"step": 0}, warm_up] + [_record(s, epochs) for s in range(2, 6)], 64, 8, epochs=epochs
+    ).profile.costs
     assert costs.train_per_token_s == pytest.approx(0.002) and costs.recompute_per_token_s == pytest.approx(0.0005)
     assert costs.train_base_s == pytest.approx(0.2) and costs.reward_s == pytest.approx(0.1)
     assert costs.train_s(1000, recompute=True, epochs=epochs) == pytest.approx(0.2 + 2.0 * epochs + 0.5)
-    two_passes = fit_run([{"step": 0}, warm_up] + [_record(s, epochs) for s in range(2, 6)], 64, 8, epochs=epochs,
-                         passes=2).profile.costs  # the proximal and the reference model's, timed together
+    two_passes = fit_run(
+        [{"step": 0}, warm_up] + [_record(s, epochs) for s in range(2, 6)], 64, 8, epochs=epochs, passes=2
+    ).profile.costs  # the proximal and the reference model's, timed together
     assert two_passes.recompute_per_token_s == pytest.approx(0.00025)
     assert two_passes.train_s(1000, recompute=2, epochs=epochs) == pytest.approx(0.2 + 2.0 * epochs + 0.5)
 
@@ -63,8 +92,10 @@ def test_an_agent_runs_every_call_prefills_its_own_context():
 
     single = [{"step": 0}] + [_record(s, 1) for s in range(1, 6)]
     agent = [{"step": 0}] + [_record(s, 1, agent_calls=8 * s, agent_episodes=4 * s) for s in range(1, 6)]
-    per_token = {name: fit_run(records, 64, 8).profile.costs.prefill_per_token_s
-                 for name, records in (("single", single), ("agent", agent))}
+    per_token = {
+        name: fit_run(records, 64, 8).profile.costs.prefill_per_token_s
+        for name, records in (("single", single), ("agent", agent))
+    }
     assert per_token["single"] == pytest.approx(8 * per_token["agent"])
 
 

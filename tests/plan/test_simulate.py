@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from asyncrl.plan.costs import Costs, spec_costs, GPUS, MODELS
+from asyncrl.plan.costs import GPUS, MODELS, Costs, spec_costs
 from asyncrl.plan.lengths import fixed, long_tail
 from asyncrl.plan.simulate import ToolLatency, Workload, simulate
 
@@ -49,7 +49,9 @@ def test_the_real_gate_bounds_the_simulated_staleness(eta):
 
 def test_auto_eta_settles_at_the_smallest_that_keeps_the_trainer_fed():
     p = simulate(_workload(max_staleness="auto", steps=80), PHASES)
-    assert p.max_staleness[0] == 8 and p.max_staleness[-1] == 1 and max(p.max_staleness) <= 8  # from the limit down, by one at a time
+    assert (
+        p.max_staleness[0] == 8 and p.max_staleness[-1] == 1 and max(p.max_staleness) <= 8
+    )  # from the limit down, by one at a time
 
 
 def test_agent_episodes_wait_on_their_tools():
@@ -111,7 +113,8 @@ def test_the_shared_split_speeds_the_trainer_while_the_engine_idles():
     costs = Costs(decode_base_s=0.01, train_per_token_s=1 / 1184, sync_s=0.1, train_borrow_x=4.0)
     assert simulate(_workload(max_staleness=0), costs).step_time_s == pytest.approx(0.5 + 1.0 + 0.1)
     assert simulate(_workload(max_staleness=0, cpu_split="alternating"), costs).step_time_s == pytest.approx(
-        0.5 + 0.25 + 0.1)
+        0.5 + 0.25 + 0.1
+    )
     fixed_run = simulate(_workload(max_staleness=2, steps=20), costs)
     shared_run = simulate(_workload(max_staleness=2, steps=20, cpu_split="shared", shared_mb_tokens=64), costs)
     assert fixed_run.step_time_s == pytest.approx(1.1)
@@ -141,8 +144,9 @@ def test_the_evaluation_after_a_step_is_booked_in_the_next_steps_record_as_the_l
     """Auto η reads the simulated records as it reads a run's: a step spent mostly evaluating is not read."""
     from asyncrl.plan.simulate import Simulation
 
-    sim = Simulation(_workload(max_staleness="auto", eval_every=4, steps=12),
-                     dataclasses.replace(PHASES, eval_s=3.0, save_s=0.5))
+    sim = Simulation(
+        _workload(max_staleness="auto", eval_every=4, steps=12), dataclasses.replace(PHASES, eval_s=3.0, save_s=0.5)
+    )
     sim.run()
     evals = [r["step"] for r in sim.steps if r["trainer_eval_s"]]
     assert evals == [5, 9] and all(r["trainer_save_s"] == 0 for r in sim.steps)

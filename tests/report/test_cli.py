@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from asyncrl.report import ReportError, load_run, main
+
 from reports_for_tests import needs_matplotlib, synthetic_run
 
 
@@ -33,9 +34,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "no such directory" in _one_line_error(capsys)
     with pytest.raises(ReportError, match="not a run directory"):
         load_run(tmp_path)
-    for text, problem in (("", "holds no records"), ('{"step": 1}\n[1, 2]\n{"step": 2}\n', "JSON object"),
-                          ('{"step": 1}\nnot json\n{"step": 2}\n', ":2: not JSON"),
-                          ('{"step": "one"}\n', "must be an integer")):
+    for text, problem in (
+        ("", "holds no records"),
+        ('{"step": 1}\n[1, 2]\n{"step": 2}\n', "JSON object"),
+        ('{"step": 1}\nnot json\n{"step": 2}\n', ":2: not JSON"),
+        ('{"step": "one"}\n', "must be an integer"),
+    ):
         (tmp_path / "metrics.jsonl").write_text(text)
         assert main([str(tmp_path)]) == 2
         assert problem in _one_line_error(capsys)
@@ -62,8 +66,9 @@ def test_the_command_for_the_main_cli(run_dir, monkeypatch, capsys):
     args = parser.parse_args([str(run_dir), "--out", str(run_dir / "elsewhere.html")])
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
     assert cli.run(args) == 2
-    assert _one_line_error(capsys) == ("asyncrl report: error: needs the 'report' extra (matplotlib): "
-                                       "pip install 'asyncrl[report]'\n")
+    assert _one_line_error(capsys) == (
+        "asyncrl report: error: needs the 'report' extra (matplotlib): pip install 'asyncrl[report]'\n"
+    )
     assert main([str(run_dir)]) == 2 and "pip install 'asyncrl[report]'" in _one_line_error(capsys)
     probe = "import sys, asyncrl.report.cli; assert 'matplotlib' not in sys.modules"
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=60)

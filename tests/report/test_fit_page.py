@@ -14,8 +14,10 @@ def _write(path, records):
 
 def test_an_sft_output_gets_a_page_with_its_curves_and_verdict(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    records = [{"step": s, "loss": 0.0003 if s > 20 else 1.0 / s, **({"eval_accuracy": 0.02} if s % 10 == 0 else {})}
-               for s in range(1, 41)]
+    records = [
+        {"step": s, "loss": 0.0003 if s > 20 else 1.0 / s, **({"eval_accuracy": 0.02} if s % 10 == 0 else {})}
+        for s in range(1, 41)
+    ]
     _write(tmp_path / "sft_metrics.jsonl", records)
     assert report_main([str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text()
@@ -26,8 +28,14 @@ def test_an_sft_output_gets_a_page_with_its_curves_and_verdict(tmp_path, capsys)
 
 def test_an_rm_output_gets_its_pairwise_accuracy(tmp_path):
     pytest.importorskip("matplotlib")
-    _write(tmp_path / "rm_metrics.jsonl", [{"step": 0, "eval_pair_accuracy": 0.5}, {"step": 1, "loss": 0.7},
-                                           {"step": 2, "loss": 0.4, "eval_pair_accuracy": 0.9}])
+    _write(
+        tmp_path / "rm_metrics.jsonl",
+        [
+            {"step": 0, "eval_pair_accuracy": 0.5},
+            {"step": 1, "loss": 0.7},
+            {"step": 2, "loss": 0.4, "eval_pair_accuracy": 0.9},
+        ],
+    )
     assert report_main([str(tmp_path), "--out", str(tmp_path / "page" / "rm.html")]) == 0
     page = (tmp_path / "page" / "rm.html").read_text()
     assert "asyncrl rm output" in page and "held-out pairwise accuracy (start → end, best)" in page

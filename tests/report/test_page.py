@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from asyncrl.report import load_run, summarize, write_report
+
 from reports_for_tests import PNG_MAGIC, needs_matplotlib, synthetic_run
 
 
@@ -39,12 +40,27 @@ def test_report_of_a_real_run(tmp_path, tiny_model_dir):
     from asyncrl.config import TrainConfig
     from asyncrl.launch.train import train
 
-    train(configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "total_train_steps=3",
-        "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12", "valid_dataset.size=4",
-        "evaluator.freq_steps=2", "rollout.max_slots=8", "rollout.max_head_offpolicyness=1", "reward.workers=0",
-        "reward.fn=rewards_for_tests:digit_count_reward",
-    ]))
+    train(
+        configlib.load(
+            TrainConfig,
+            None,
+            [
+                f"model.path={tiny_model_dir}",
+                f"output_dir={tmp_path}",
+                "progress_bar=false",
+                "total_train_steps=3",
+                "train_dataset.batch_size=2",
+                "gconfig.n_samples=2",
+                "gconfig.max_new_tokens=12",
+                "valid_dataset.size=4",
+                "evaluator.freq_steps=2",
+                "rollout.max_slots=8",
+                "rollout.max_head_offpolicyness=1",
+                "reward.workers=0",
+                "reward.fn=rewards_for_tests:digit_count_reward",
+            ],
+        )
+    )
     run_dir = tmp_path / "asyncrl" / "default"
     assert (run_dir / "report.html").is_file()  # asyncrl train writes the report at the end of every run
     s = summarize(load_run(run_dir))
@@ -62,10 +78,25 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shuti
 def test_page_renders_in_headless_chromium(run_dir, tmp_path):
     page = write_report(run_dir)
     result = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chromium'}",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     body = re.search(r"<body[^>]*>", result.stdout)
@@ -80,12 +111,24 @@ def test_the_report_shows_sample_generations(tmp_path):
     import json
 
     from asyncrl.report.page import write_report
+
     from reports_for_tests import synthetic_run
 
     run = synthetic_run(tmp_path)
-    rows = [{"step": s, "item": 1, "prompt": "Compute 2 + 3.", "completion": f"The answer is {s}.", "reward": 1.0,
-             "finish_reason": "stop", "version_min": s - 1, "version_max": s - 1, "staleness": 0}
-            for s in range(1, 25)]
+    rows = [
+        {
+            "step": s,
+            "item": 1,
+            "prompt": "Compute 2 + 3.",
+            "completion": f"The answer is {s}.",
+            "reward": 1.0,
+            "finish_reason": "stop",
+            "version_min": s - 1,
+            "version_max": s - 1,
+            "staleness": 0,
+        }
+        for s in range(1, 25)
+    ]
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     page = write_report(run).read_text()
     assert "Sample generations" in page and "The answer is 24." in page and "The answer is 1." in page

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from asyncrl.report import load_run, summarize, time_to_target
+
 from reports_for_tests import N_STEPS, STEP_S, synthetic_run, write_jsonl
 
 
@@ -26,8 +27,12 @@ def test_summary_numbers(run_dir):
     assert s.trained_tokens_per_wall_s == pytest.approx(2400 / STEP_S)
     assert s.staleness_unit == "steps" and s.staleness_hist == {0: 1, 1: 1, 2: N_STEPS - 2}
     assert s.staleness_max == 2 and s.gen_tokens_per_busy_s == pytest.approx(1000.0 / 0.75)
-    assert s.trainer_breakdown == {"wait": pytest.approx(0.25), "train": pytest.approx(0.6),
-                                   "sync": pytest.approx(0.05), "eval": pytest.approx(0.1)}
+    assert s.trainer_breakdown == {
+        "wait": pytest.approx(0.25),
+        "train": pytest.approx(0.6),
+        "sync": pytest.approx(0.05),
+        "eval": pytest.approx(0.1),
+    }
     assert summarize(load_run(run_dir), target=0.9).time_to_target_s is None
 
 

@@ -13,8 +13,12 @@ from asyncrl.reward.config import RewardConfig
 
 def _file(tmp_path, name: str, n: int, offset: int = 0) -> str:
     path = tmp_path / f"{name}.jsonl"
-    path.write_text("".join(json.dumps({"question": f"{name}: compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                            for i in range(offset, offset + n)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"{name}: compute {i} + 1.", "answer": str(i + 1)}) + "\n"
+            for i in range(offset, offset + n)
+        )
+    )
     return str(path)
 
 
@@ -31,23 +35,30 @@ def _data(cfg: TrainConfig):
 
 
 def _two_files(tmp_path, *overrides, a: dict | None = None, b: dict | None = None) -> TrainConfig:
-    return _mixture([{"path": _file(tmp_path, "alpha", 60), "weight": 3, **(a or {})},
-                     {"path": _file(tmp_path, "beta", 60, offset=500), **(b or {})}],
-                    "valid_dataset.size=6", *overrides)
+    return _mixture(
+        [
+            {"path": _file(tmp_path, "alpha", 60), "weight": 3, **(a or {})},
+            {"path": _file(tmp_path, "beta", 60, offset=500), **(b or {})},
+        ],
+        "valid_dataset.size=6",
+        *overrides,
+    )
 
 
 def test_each_source_is_scored_by_its_own_function_in_workers_too(tmp_path):
-    cfg = _two_files(tmp_path, a={"reward_fn": "rewards_for_tests:constant_reward"},
-                     b={"reward_fn": "rewards_for_tests:one_reward"})
+    cfg = _two_files(
+        tmp_path, a={"reward_fn": "rewards_for_tests:constant_reward"}, b={"reward_fn": "rewards_for_tests:one_reward"}
+    )
     data = _data(cfg)
     items = list(itertools.islice(data.train, 40))
     for workers in (0, 1):
         service = build_reward_service(RewardConfig(workers=workers), data.reward_fn)
         try:
             scores = {(it["source"], service.score(it, "no answer")) for it in items}
-            held_out = {(it["source"], service.eval_fn(it["question"], "x", **{k: v for k, v in it.items()
-                                                                               if k != "question"}))
-                        for it in data.valid}
+            held_out = {
+                (it["source"], service.eval_fn(it["question"], "x", **{k: v for k, v in it.items() if k != "question"}))
+                for it in data.valid
+            }
         finally:
             service.close()
         assert scores == held_out == {("alpha", 0.0), ("beta", 1.0)}
@@ -64,8 +75,7 @@ def test_reward_fn_and_kwargs_stand_in_for_the_sources_own_verifier(tmp_path):
     right = f"The answer is {alpha['answer']}."
 
     def score(item, completion, **reward):
-        return call_reward(build_reward_service(RewardConfig(workers=0, **reward), data.reward_fn).fn, item,
-                           completion)
+        return call_reward(build_reward_service(RewardConfig(workers=0, **reward), data.reward_fn).fn, item, completion)
 
     assert score(alpha, right) == 1.0 and score(alpha, "The answer is -7.") == 0.0  # its own verifier (math)
     assert score(beta, "anything") == 3.0

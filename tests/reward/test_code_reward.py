@@ -52,8 +52,16 @@ def test_parse_tests_accepts_every_shape():
     assert lines[0].stdin == "1\n2" and lines[0].stdout == "3"
 
 
-@pytest.mark.parametrize("bad,match", [("not json", "not JSON"), ([], "non-empty"), ({"inputs": [1]}, "inputs"),
-                                       ([{"args": [1]}], "fn_name"), ([3], "mapping")])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ("not json", "not JSON"),
+        ([], "non-empty"),
+        ({"inputs": [1]}, "inputs"),
+        ([{"args": [1]}], "fn_name"),
+        ([3], "mapping"),
+    ],
+)
 def test_parse_tests_names_the_problem(bad, match):
     with pytest.raises(BadTestsError, match=match):
         parse_tests(bad)

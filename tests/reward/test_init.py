@@ -6,14 +6,16 @@ from asyncrl import configlib
 from asyncrl.configlib import ConfigError
 from asyncrl.reward import build_reward_service
 from asyncrl.reward.config import RewardConfig
+
 from data_fixtures import reward_fns
 
 ITEM = {"id": 7, "question": "q", "answer": "42", "prompt_ids": [1, 2, 3]}
 
 
 def test_build_from_config():
-    cfg = configlib.load(RewardConfig, None, ["fn=data_fixtures.reward_fns:scaled", "kwargs={scale: 2}",
-                                              "workers=0", "timeout_s=5"])
+    cfg = configlib.load(
+        RewardConfig, None, ["fn=data_fixtures.reward_fns:scaled", "kwargs={scale: 2}", "workers=0", "timeout_s=5"]
+    )
     s = build_reward_service(cfg, default_fn=reward_fns.raising)
     try:
         assert s.score({"question": "q", "answer": "a"}, "a") == 2.0

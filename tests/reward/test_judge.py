@@ -10,7 +10,8 @@ from asyncrl import configlib
 from asyncrl.configlib import ConfigError
 from asyncrl.reward import RewardService, build_reward_service, reward_function
 from asyncrl.reward.config import RewardConfig
-from asyncrl.reward.judge import Judge, JudgedReward, JudgeError, _CACHE
+from asyncrl.reward.judge import _CACHE, Judge, JudgedReward, JudgeError
+
 from judges_for_tests import rule_judge
 
 ITEM = {"id": 3, "question": "Compute 2 + 2.", "answer": "4"}
@@ -23,28 +24,45 @@ def fresh_cache():
     _CACHE.clear()
 
 
-@pytest.mark.parametrize("answer,score,expected", [
-    ("Score: 7", "0-10", 0.7), ("I think 3 of it is right. Score: 10", "0-10", 1.0),
-    ("8", "0-10", 0.8), ("score = 2.5", "1-5", 0.375), ("The response is incorrect.", "verdict", 0.0),
-    ("Correct", "verdict", 1.0), ("Not incorrect at first sight, but on reflection: incorrect", "verdict", 0.0),
-    ("7/10", "0-10", 0.7), ("I would rate it 3 out of 10.", "0-10", 0.3), ("Rating: 2/10", "0-10", 0.2),
-    ("Score: 4/5", "1-5", 0.75), ("The response gets 1/2 of the steps right. 9", "0-10", 0.9),
-    ("No errors, so it is correct.", "verdict", 1.0), ("7/10 - it misses step 3", "0-10", 0.7),
-    ("I'd give it 8 out of 10; 2 minor issues", "0-10", 0.8),
-    ("There isn't any mistake and the final answer is correct", "verdict", 1.0)])
+@pytest.mark.parametrize(
+    "answer,score,expected",
+    [
+        ("Score: 7", "0-10", 0.7),
+        ("I think 3 of it is right. Score: 10", "0-10", 1.0),
+        ("8", "0-10", 0.8),
+        ("score = 2.5", "1-5", 0.375),
+        ("The response is incorrect.", "verdict", 0.0),
+        ("Correct", "verdict", 1.0),
+        ("Not incorrect at first sight, but on reflection: incorrect", "verdict", 0.0),
+        ("7/10", "0-10", 0.7),
+        ("I would rate it 3 out of 10.", "0-10", 0.3),
+        ("Rating: 2/10", "0-10", 0.2),
+        ("Score: 4/5", "1-5", 0.75),
+        ("The response gets 1/2 of the steps right. 9", "0-10", 0.9),
+        ("No errors, so it is correct.", "verdict", 1.0),
+        ("7/10 - it misses step 3", "0-10", 0.7),
+        ("I'd give it 8 out of 10; 2 minor issues", "0-10", 0.8),
+        ("There isn't any mistake and the final answer is correct", "verdict", 1.0),
+    ],
+)
 def test_answers_are_read_as_rewards_in_zero_to_one(answer, score, expected):
     assert Judge("http://unused", score=score).parse(answer) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("answer,score,why", [("I cannot tell.", "0-10", "no score"),
-                                              ("Score: 11", "0-10", "outside 0-10"),
-                                              ("maybe", "verdict", "none of the verdicts"),
-                                              ("The response is not correct.", "verdict", "negates its verdict"),
-                                              ("It isn't correct", "verdict", "negates its verdict"),
-                                              ("The answer is not at all correct.", "verdict", "negates"),
-                                              ("This isn't really fully correct.", "verdict", "negates"),
-                                              ("There is no correct step", "verdict", "negates"),
-                                              ("7 out of 9", "0-10", "not out of 10")])
+@pytest.mark.parametrize(
+    "answer,score,why",
+    [
+        ("I cannot tell.", "0-10", "no score"),
+        ("Score: 11", "0-10", "outside 0-10"),
+        ("maybe", "verdict", "none of the verdicts"),
+        ("The response is not correct.", "verdict", "negates its verdict"),
+        ("It isn't correct", "verdict", "negates its verdict"),
+        ("The answer is not at all correct.", "verdict", "negates"),
+        ("This isn't really fully correct.", "verdict", "negates"),
+        ("There is no correct step", "verdict", "negates"),
+        ("7 out of 9", "0-10", "not out of 10"),
+    ],
+)
 def test_an_answer_that_cannot_be_read_raises_naming_it(answer, score, why):
     with pytest.raises(JudgeError, match=why):
         Judge("http://unused", score=score).parse(answer)
@@ -108,15 +126,22 @@ def test_the_judge_combines_with_a_verifier():
 
 
 def test_reward_judge_config_builds_the_judge_and_refuses_bad_settings():
-    cfg = configlib.load(RewardConfig, None, ["judge.url=http://127.0.0.1:9/v1", "judge.combine=weighted",
-                                              "judge.weight=0.3", "judge.score=verdict"])
+    cfg = configlib.load(
+        RewardConfig,
+        None,
+        ["judge.url=http://127.0.0.1:9/v1", "judge.combine=weighted", "judge.weight=0.3", "judge.score=verdict"],
+    )
     fn = reward_function(cfg, lambda p, c, **f: 1.0)
     assert isinstance(fn, JudgedReward) and fn.combine == "weighted" and fn.weight == 0.3
     assert fn.judge.url == "http://127.0.0.1:9/v1" and fn.judge.verdicts == {"correct": 1.0, "incorrect": 0.0}
-    for bad, said in [("judge.combine=max", "reward.judge.combine"), ("judge.weight=2", "reward.judge.weight"),
-                      ("judge.score=10-0", "reward.judge.score"), ("judge.template=rate it", "{response}"),
-                      ("judge.serve=builtin:tiny-sft", "two judges"),
-                      ('judge.template=Rate {response} as {score}', "cannot be filled in.*{{")]:
+    for bad, said in [
+        ("judge.combine=max", "reward.judge.combine"),
+        ("judge.weight=2", "reward.judge.weight"),
+        ("judge.score=10-0", "reward.judge.score"),
+        ("judge.template=rate it", "{response}"),
+        ("judge.serve=builtin:tiny-sft", "two judges"),
+        ("judge.template=Rate {response} as {score}", "cannot be filled in.*{{"),
+    ]:
         with pytest.raises(ConfigError, match=said):
             reward_function(configlib.load(RewardConfig, None, ["judge.url=http://x/v1", bad]), None)
 
@@ -127,17 +152,35 @@ def test_a_run_trains_on_the_judges_scores_in_reward_workers(tmp_path, tiny_mode
     from asyncrl.config import TrainConfig
     from asyncrl.launch.train import train
     from asyncrl.telemetry.metrics import read_metrics
+
     from runs_for_tests import prompt_files
 
     train_file, valid_file = prompt_files(tmp_path, 40)
     with rule_judge() as (url, server):
         server.answer = "Score: 7"
-        train(configlib.load(TrainConfig, None, [
-            f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", f"train_dataset.path={train_file}",
-            f"valid_dataset.path={valid_file}", "train_dataset.type=qa", "total_train_steps=2",
-            "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "rollout.max_slots=8",
-            "evaluator.freq_steps=0", "progress_bar=false", "report=false", f"reward.judge.url={url}",
-            "reward.workers=2"]))
+        train(
+            configlib.load(
+                TrainConfig,
+                None,
+                [
+                    f"model.path={tiny_model_dir}",
+                    f"output_dir={tmp_path}",
+                    f"train_dataset.path={train_file}",
+                    f"valid_dataset.path={valid_file}",
+                    "train_dataset.type=qa",
+                    "total_train_steps=2",
+                    "train_dataset.batch_size=2",
+                    "gconfig.n_samples=2",
+                    "gconfig.max_new_tokens=8",
+                    "rollout.max_slots=8",
+                    "evaluator.freq_steps=0",
+                    "progress_bar=false",
+                    "report=false",
+                    f"reward.judge.url={url}",
+                    "reward.workers=2",
+                ],
+            )
+        )
     records = [r for r in read_metrics(tmp_path / "asyncrl" / "default") if r["step"] > 0]
     assert [r["reward_mean"] for r in records] == [pytest.approx(0.7)] * 2
     assert records[-1]["reward_errors"] == 0 and len(server.requests) >= 8  # 2 steps x 2 groups x 2, + evaluation
@@ -147,8 +190,11 @@ def test_a_run_trains_on_the_judges_scores_in_reward_workers(tmp_path, tiny_mode
 def test_the_run_serves_its_own_judge_and_ends_it_with_the_reward_service(tmp_path, tiny_model_dir):
     """reward.judge.serve starts asyncrl serve of a checkpoint: the judge answers (the tiny model is no grader:
     its answers are mostly unreadable, which is counted, not scored 0 silently), and the server ends on close."""
-    cfg = configlib.load(RewardConfig, None, [f"judge.serve={tiny_model_dir}", "judge.max_tokens=4", "workers=0",
-                                              "judge.score=verdict", "default=-1"])
+    cfg = configlib.load(
+        RewardConfig,
+        None,
+        [f"judge.serve={tiny_model_dir}", "judge.max_tokens=4", "workers=0", "judge.score=verdict", "default=-1"],
+    )
     service = build_reward_service(cfg, None)
     server = service.closing[0].__self__
     try:

@@ -58,8 +58,10 @@ def test_timeouts_are_told_from_crashes_by_how_the_program_died():
 
 def test_program_environment_is_clean_and_private(monkeypatch):
     monkeypatch.setenv("HOST_SECRET_FOR_TEST", "hunter2")
-    probe = fence("import os\nprint(sorted(k for k in os.environ if not k.startswith('ASYNCRL')))\n"
-                  "print(os.getcwd() != '/work/main', os.access('.', os.W_OK))")
+    probe = fence(
+        "import os\nprint(sorted(k for k in os.environ if not k.startswith('ASYNCRL')))\n"
+        "print(os.getcwd() != '/work/main', os.access('.', os.W_OK))"
+    )
     out = sb.get_sandbox().run(extract_code(probe))
     assert out.ok, out.stderr
     env_keys, private = out.stdout.splitlines()
@@ -71,12 +73,12 @@ def test_program_environment_is_clean_and_private(monkeypatch):
 HOSTILE = {
     "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
     "fork_bomb_escaping_its_session": "import os\nwhile True:\n    try:\n        if os.fork() == 0:\n"
-                                      "            os.setsid()\n    except OSError:\n        pass",
+    "            os.setsid()\n    except OSError:\n        pass",
     "memory_bomb": "x = bytearray(8 << 30)\nprint(5)",
     "infinite_loop": "while True:\n    pass",
     "sleeping_orphan": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\nprint(4)",
     "kill_the_parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
-                       "os.kill(-1, signal.SIGKILL)\nprint(5)",
+    "os.kill(-1, signal.SIGKILL)\nprint(5)",
     "huge_output": "import sys\nwhile True:\n    sys.stdout.write('5' * 65536)",
 }
 # Need namespaces: the rlimits-only fallback cannot hide host files or the network.
@@ -86,8 +88,8 @@ HOSTILE_NEEDS_NAMESPACES = {
     "open_a_socket": "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint(5)",
     # RAM-backed file systems hold memory that RLIMIT_AS does not count: 300 MB against a 64 MB scratch
     "fill_ram_through_dev_shm": "n = 0\nfor d in ('/dev/shm', '/dev', '/tmp'):\n    try:\n        while n < 20:\n"
-                                "            open(f'{{d}}/f{{n}}', 'wb').write(b'x' * (15 << 20))\n"
-                                "            n += 1\n    except OSError:\n        pass\nprint(5 if n >= 20 else n)",
+    "            open(f'{{d}}/f{{n}}', 'wb').write(b'x' * (15 << 20))\n"
+    "            n += 1\n    except OSError:\n        pass\nprint(5 if n >= 20 else n)",
 }
 
 
@@ -154,8 +156,10 @@ def test_sandbox_dirs_are_removed(monkeypatch):
     monkeypatch.setattr(sb.tempfile, "tempdir", base)
     try:
         # the program fills its directory and locks it where it owns it (under unshare its cwd is root's /tmp)
-        program = ("open('junk', 'w').write('x' * 1000)\nimport os\n"
-                   "try:\n    os.chmod('.', 0)\nexcept PermissionError:\n    pass")
+        program = (
+            "open('junk', 'w').write('x' * 1000)\nimport os\n"
+            "try:\n    os.chmod('.', 0)\nexcept PermissionError:\n    pass"
+        )
         result = sb.get_sandbox().run(program)
         assert result.ok, result.stderr
         assert os.listdir(base) == []

@@ -13,6 +13,7 @@ import pytest
 
 from asyncrl import configlib
 from asyncrl.reward import BoundReward, RewardService
+
 from data_fixtures import reward_fns
 
 ITEM = {"id": 7, "question": "q", "answer": "42", "prompt_ids": [1, 2, 3]}
@@ -150,8 +151,18 @@ def returns_value(prompt, completion, value=None, **_):
 
 
 NOT_REWARDS = ["1.0", b"1", None, math.nan, math.inf, -math.inf, np.float64(math.nan), np.array([1.0, 2.0])]
-REWARDS = [(1, 1.0), (0, 0.0), (True, 1.0), (False, 0.0), (0.5, 0.5), (np.float32(0.25), 0.25),
-           (np.float64(-0.5), -0.5), (np.int64(2), 2.0), (np.bool_(True), 1.0), (np.array(0.75), 0.75)]
+REWARDS = [
+    (1, 1.0),
+    (0, 0.0),
+    (True, 1.0),
+    (False, 0.0),
+    (0.5, 0.5),
+    (np.float32(0.25), 0.25),
+    (np.float64(-0.5), -0.5),
+    (np.int64(2), 2.0),
+    (np.bool_(True), 1.0),
+    (np.array(0.75), 0.75),
+]
 
 
 @pytest.mark.parametrize("workers", [0, 1])
@@ -270,8 +281,9 @@ def test_failed_held_out_scores_get_the_configured_default(service_factory):
     stats = evaluate(_FakeEngine(), _FakeTokenizer(), items, s.eval_fn, SamplingParams(max_new_tokens=1))
     assert stats["eval_reward_mean"] == -1.0 and stats["eval_accuracy"] == 0.0 and stats["eval_reward_errors"] == 4
     assert s.stats()["reward_errors"] == 0  # kept out of the training counters
-    plain = evaluate(_FakeEngine(), _FakeTokenizer(), items, reward_fns.raising, SamplingParams(max_new_tokens=1),
-                     default=-0.5)
+    plain = evaluate(
+        _FakeEngine(), _FakeTokenizer(), items, reward_fns.raising, SamplingParams(max_new_tokens=1), default=-0.5
+    )
     assert plain["eval_reward_mean"] == -0.5 and plain["eval_reward_errors"] == 4
 
 
@@ -291,12 +303,27 @@ def test_training_continues_when_the_reward_hangs(tmp_path, tiny_model_dir):
     from asyncrl.config import TrainConfig
     from asyncrl.launch.train import train
 
-    cfg = configlib.load(TrainConfig, None, [
-        f"model.path={tiny_model_dir}", f"output_dir={tmp_path}", "progress_bar=false", "report=false", "total_train_steps=2",
-        "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=8", "valid_dataset.size=2",
-        "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.fn=data_fixtures.reward_fns:hangs_on_even_ids",
-        "reward.timeout_s=0.5", "reward.workers=2", "rollout.max_head_offpolicyness=0",
-    ])
+    cfg = configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=2",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=8",
+            "valid_dataset.size=2",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.fn=data_fixtures.reward_fns:hangs_on_even_ids",
+            "reward.timeout_s=0.5",
+            "reward.workers=2",
+            "rollout.max_head_offpolicyness=0",
+        ],
+    )
     last = train(cfg)
     assert last["version"] == 2 and last["reward_timeouts"] > 0 and last["reward_errors"] == 0
 
@@ -310,12 +337,14 @@ def test_a_killed_worker_takes_its_sandboxes_with_it(service_factory, mechanism)
     box = get_sandbox(mechanism)
     if box.mechanism == "rlimits" and not box.drop_uid:
         pytest.skip("without namespaces or a private uid, a child that leaves its session is not tracked")
-    s = service_factory(BoundReward(code_reward, {"cpu_s": 30, "wall_s": 60, "sandbox": mechanism}), workers=1,
-                        timeout_s=1.5)
+    s = service_factory(
+        BoundReward(code_reward, {"cpu_s": 30, "wall_s": 60, "sandbox": mechanism}), workers=1, timeout_s=1.5
+    )
     marker = f"asyncrl-test-{uuid.uuid4().hex}"  # in the command line of both processes, to find them
     sleeper = ["python3", "-c", "import time; time.sleep(300)", marker]
-    program = (f"```python\nimport os\nif os.fork() == 0:\n    os.setsid()\n"
-               f"os.execv('/usr/bin/python3', {sleeper!r})\n```")
+    program = (
+        f"```python\nimport os\nif os.fork() == 0:\n    os.setsid()\nos.execv('/usr/bin/python3', {sleeper!r})\n```"
+    )
     assert s.score({"question": "q", "tests": [{"input": "", "output": "x"}], "id": 1}, program) == 0.0
     assert s.stats()["reward_timeouts"] == 1
     assert _gone(_with_marker(marker)) and not _with_marker(marker)

@@ -7,6 +7,7 @@ import pytest
 
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.proxy import AgentProxy
+
 from engines_for_tests import ScriptedEngine, agent_context
 
 
@@ -17,8 +18,12 @@ def test_keys_isolate_episodes_over_http(tokenizer):
     from asyncrl.server.agent import build_app
     from asyncrl.server.app import ServerThread
 
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=ScriptedEngine(tokenizer, ["hello"] * 4))
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id),
+        agent_context(tokenizer).params,
+        512,
+        engine=ScriptedEngine(tokenizer, ["hello"] * 4),
+    )
     server = ServerThread(build_app(proxy))
     try:
         a, b = proxy.open(), proxy.open()
@@ -34,11 +39,15 @@ def test_keys_isolate_episodes_over_http(tokenizer):
         assert httpx.post(url, json=body, headers={"Authorization": f"Bearer {a}"}).status_code == 401
         bad = httpx.post(url, content=b"{not json", headers={"Authorization": f"Bearer {b}"})
         assert bad.status_code == 400 and "not JSON" in bad.json()["error"]["message"]
-        huge = httpx.post(url, json={"messages": [{"role": "user", "content": "x" * (5 << 20)}]},
-                          headers={"Authorization": f"Bearer {b}"})
+        huge = httpx.post(
+            url,
+            json={"messages": [{"role": "user", "content": "x" * (5 << 20)}]},
+            headers={"Authorization": f"Bearer {b}"},
+        )
         assert huge.status_code == 413
-        too_long = httpx.post(url, json={"messages": [{"role": "user", "content": "7 " * 600}]},
-                              headers={"Authorization": f"Bearer {b}"})
+        too_long = httpx.post(
+            url, json={"messages": [{"role": "user", "content": "7 " * 600}]}, headers={"Authorization": f"Bearer {b}"}
+        )
         assert too_long.status_code == 400 and "exceeds the context" in too_long.json()["error"]["message"]
     finally:
         server.close()
@@ -62,19 +71,27 @@ def test_standalone_proxy_in_asyncrl_serve(tiny_model_dir):
         async def talk():
             client = openai.AsyncOpenAI(base_url=server.url + "/agent/v1", api_key=key)
             first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-            msgs = [{"role": "user", "content": "hi"}, first.choices[0].message.model_dump(exclude_none=True),
-                    {"role": "user", "content": "again"}]
+            msgs = [
+                {"role": "user", "content": "hi"},
+                first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "again"},
+            ]
             await client.chat.completions.create(model="m", messages=msgs)
             await client.close()
 
         asyncio.run(talk())
         calls = httpx.post(f"{server.url}/agent/rl/sessions/{key}/end", headers=admin).json()["calls"]
         assert len(calls) == 2 and calls[1]["parent"] == 0
-        assert calls[1]["prompt_ids"][: len(calls[0]["prompt_ids"]) + len(calls[0]["output_ids"])] == \
-            calls[0]["prompt_ids"] + calls[0]["output_ids"]
+        assert (
+            calls[1]["prompt_ids"][: len(calls[0]["prompt_ids"]) + len(calls[0]["output_ids"])]
+            == calls[0]["prompt_ids"] + calls[0]["output_ids"]
+        )
         assert all(len(c["output_ids"]) == len(c["logprobs"]) == len(c["versions"]) for c in calls)
-        gone = httpx.post(server.url + "/agent/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
-                          headers={"Authorization": f"Bearer {key}"})
+        gone = httpx.post(
+            server.url + "/agent/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}]},
+            headers={"Authorization": f"Bearer {key}"},
+        )
         assert gone.status_code == 401
     finally:
         server.close()
@@ -83,19 +100,37 @@ def test_standalone_proxy_in_asyncrl_serve(tiny_model_dir):
 BAD_BODIES = [  # (body, status, what the message names)
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, 400, "messages[0].content[0]"),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": [1, 2]}]}, 400, "messages[0].tool_calls[0]"),
-    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": "f"}]}]}, 400,
-     "messages[0].tool_calls[0]"),
+    (
+        {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": "f"}]}]},
+        400,
+        "messages[0].tool_calls[0]",
+    ),
     ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "not valid Unicode"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": 123}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "bogus"}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "'required' needs tools"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}],
-      "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "not among the tools"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": 3}}]},
-     400, "tools[0]"),
-    ({"messages": [{"role": "user", "content": "hi"}],
-      "tools": [{"type": "function", "function": {"name": "f", "description": "7 " * 600_000}}]}, 413,
-     "messages and tools"),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        400,
+        "not among the tools",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": 3}}]},
+        400,
+        "tools[0]",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "7 " * 600_000}}],
+        },
+        413,
+        "messages and tools",
+    ),
     ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "stream"),
 ]
 
@@ -105,8 +140,12 @@ def _proxy_server(tokenizer, replies):
     from asyncrl.server.agent import build_app
     from asyncrl.server.app import ServerThread
 
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=ScriptedEngine(tokenizer, replies))
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id),
+        agent_context(tokenizer).params,
+        512,
+        engine=ScriptedEngine(tokenizer, replies),
+    )
     return proxy, ServerThread(build_app(proxy))
 
 
@@ -122,14 +161,16 @@ def test_malformed_agent_requests_are_400s_naming_the_field(tokenizer):
         import json as _json
 
         for body, status, named in BAD_BODIES:
-            r = httpx.post(server.url + "/v1/chat/completions", content=_json.dumps(body).encode(), headers=headers,
-                           timeout=60)
+            r = httpx.post(
+                server.url + "/v1/chat/completions", content=_json.dumps(body).encode(), headers=headers, timeout=60
+            )
             assert r.status_code == status and named in r.json()["error"]["message"], (body, r.text[:300])
         for prompt, named in (([1, 99999], "token id 99999"), ([-3], "token id -3")):
             r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt}, headers=headers)
             assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
-        ok = httpx.post(server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
-                        headers=headers)
+        ok = httpx.post(
+            server.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, headers=headers
+        )
         assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "fine"
     finally:
         server.close()
@@ -171,8 +212,9 @@ def test_no_max_tokens_gets_what_the_context_holds(tokenizer):
         msg = [{"role": "user", "content": "hi"}]
         ok = httpx.post(server.url + "/v1/chat/completions", json={"messages": msg}, headers=headers)
         assert ok.status_code == 200, ok.text
-        asked = httpx.post(server.url + "/v1/chat/completions", json={"messages": msg, "max_tokens": 60},
-                           headers=headers)
+        asked = httpx.post(
+            server.url + "/v1/chat/completions", json={"messages": msg, "max_tokens": 60}, headers=headers
+        )
         assert asked.status_code == 400 and "ask for max_tokens <=" in asked.text
     finally:
         server.close()
@@ -187,6 +229,7 @@ def test_the_largest_accepted_request_does_not_stall_the_loop(tokenizer):
     import httpx
 
     from asyncrl.agent.proxy import MAX_TEXT_CHARS
+
     from servers_for_tests import HEALTH_BOUND_S
 
     proxy, server = _proxy_server(tokenizer, ["fine"] * 4)
@@ -238,15 +281,18 @@ def test_a_call_whose_client_went_away_stops_generating(tokenizer):
                 raise
 
     engine = Hanging()
-    proxy = AgentProxy(ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512,
-                       engine=engine)
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512, engine=engine
+    )
     server = ServerThread(build_app(proxy))
     try:
         address, key = urlparse(server.url), proxy.open()
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).encode()
         with socket.create_connection((address.hostname, address.port)) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s" % (key.encode(), len(body), body))
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"authorization: Bearer %s\r\ncontent-length: %d\r\n\r\n%s" % (key.encode(), len(body), body)
+            )
             assert engine.entered.wait(10)  # the call reached the engine; then the client leaves
         assert engine.cancelled.wait(10)
     finally:

@@ -12,9 +12,10 @@ import torch
 
 from asyncrl.engine.local import LocalEngine
 from asyncrl.models.hf import build_tiny_model
-from asyncrl.weights.wire import write_weights
 from asyncrl.server.app import ServerThread, build_app
 from asyncrl.server.state import ServerState
+from asyncrl.weights.wire import write_weights
+
 from conftest import reference_logprobs
 from servers_for_tests import greedy, serving
 
@@ -30,8 +31,9 @@ def models(tokenizer):
 def server(models, tokenizer, tmp_path):
     """A fresh server (version 0, the old model) for each test; always shut down."""
     old, _ = models
-    engine = LocalEngine(old, max_slots=8, max_len=600, stop_token_ids=(tokenizer.eos_token_id,),
-                         tokenizer=tokenizer).start()
+    engine = LocalEngine(
+        old, max_slots=8, max_len=600, stop_token_ids=(tokenizer.eos_token_id,), tokenizer=tokenizer
+    ).start()
     http = ServerThread(build_app(ServerState(engine, tokenizer, "tiny", str(tmp_path))))
     try:
         yield http.url
@@ -41,8 +43,9 @@ def server(models, tokenizer, tmp_path):
 
 
 def _generate(url, ids, **sampling):
-    r = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": sampling, "return_logprob": True},
-                   timeout=60)
+    r = httpx.post(
+        f"{url}/generate", json={"input_ids": ids, "sampling_params": sampling, "return_logprob": True}, timeout=60
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -55,8 +58,11 @@ def test_native_generate_greedy_matches_hf_with_logprobs_and_versions(server, mo
     meta = out["meta_info"]
     ids = [t for _, t, _ in meta["output_token_logprobs"]]
     assert out["output_ids"] == ids == ref
-    assert torch.allclose(torch.tensor([lp for lp, _, _ in meta["output_token_logprobs"]]),
-                          reference_logprobs(old, prompt, ref), atol=1e-4)
+    assert torch.allclose(
+        torch.tensor([lp for lp, _, _ in meta["output_token_logprobs"]]),
+        reference_logprobs(old, prompt, ref),
+        atol=1e-4,
+    )
     assert meta["finish_reason"] == {"type": "length", "length": 12} and meta["output_token_versions"] == [0] * 12
     assert meta["completion_tokens"] == 12 and meta["prompt_tokens"] == 5
 
@@ -86,16 +92,30 @@ def test_stop_strings_end_a_sample_and_trim_the_text(server, tokenizer):
 
 def test_openai_completions_and_chat(server, tokenizer, models):
     old, _ = models
-    r = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": [5, 17, 42], "max_tokens": 5,
-                                                     "temperature": 0, "logprobs": 0}, timeout=60)
+    r = httpx.post(
+        f"{server}/v1/completions",
+        json={"model": "tiny", "prompt": [5, 17, 42], "max_tokens": 5, "temperature": 0, "logprobs": 0},
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"]) <= 5
-    assert torch.allclose(torch.tensor(choice["logprobs"]["token_logprobs"]),
-                          reference_logprobs(old, [5, 17, 42], choice["token_ids"]), atol=1e-4)
-    r = httpx.post(f"{server}/v1/chat/completions", json={
-        "model": "tiny", "messages": [{"role": "user", "content": "Compute 2 + 2."}], "max_tokens": 8, "n": 2,
-        "logprobs": True}, timeout=60)
+    assert torch.allclose(
+        torch.tensor(choice["logprobs"]["token_logprobs"]),
+        reference_logprobs(old, [5, 17, 42], choice["token_ids"]),
+        atol=1e-4,
+    )
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Compute 2 + 2."}],
+            "max_tokens": 8,
+            "n": 2,
+            "logprobs": True,
+        },
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert len(body["choices"]) == 2 and body["choices"][0]["message"]["role"] == "assistant"
@@ -103,12 +123,15 @@ def test_openai_completions_and_chat(server, tokenizer, models):
     assert httpx.get(f"{server}/v1/models").json()["data"][0]["id"] == "tiny"
 
 
-def test_openai_seed_reproduces_a_sample_and_chat_without_max_tokens_gets_the_context_left(server, models, tokenizer,
-                                                                                          tmp_path):
+def test_openai_seed_reproduces_a_sample_and_chat_without_max_tokens_gets_the_context_left(
+    server, models, tokenizer, tmp_path
+):
     def chat(server=server, **extra):
-        r = httpx.post(f"{server}/v1/chat/completions", json={
-            "model": "tiny", "messages": [{"role": "user", "content": "Compute 2 + 2."}], "n": 3, **extra},
-            timeout=60)
+        r = httpx.post(
+            f"{server}/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "Compute 2 + 2."}], "n": 3, **extra},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         return [c["message"]["content"] for c in r.json()["choices"]], r.json()["usage"]
 
@@ -122,25 +145,34 @@ def test_openai_seed_reproduces_a_sample_and_chat_without_max_tokens_gets_the_co
     finally:
         http.close()
         small.stop()
-    r = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": [5, 17], "max_tokens": 8, "seed": 3,
-                                                     "n": 2}, timeout=60)
-    again = httpx.post(f"{server}/v1/completions", json={"model": "tiny", "prompt": [5, 17], "max_tokens": 8,
-                                                         "seed": 3, "n": 2}, timeout=60)
+    r = httpx.post(
+        f"{server}/v1/completions",
+        json={"model": "tiny", "prompt": [5, 17], "max_tokens": 8, "seed": 3, "n": 2},
+        timeout=60,
+    )
+    again = httpx.post(
+        f"{server}/v1/completions",
+        json={"model": "tiny", "prompt": [5, 17], "max_tokens": 8, "seed": 3, "n": 2},
+        timeout=60,
+    )
     assert [c["token_ids"] for c in r.json()["choices"]] == [c["token_ids"] for c in again.json()["choices"]]
 
 
-@pytest.mark.parametrize("body,status,needle", [
-    (b"{not json", 422, ""),
-    ({"sampling_params": {"max_new_tokens": 4}}, 400, "exactly one of input_ids and text"),
-    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -3}}, 422, "max_new_tokens"),
-    ({"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}}, 422, "temperature"),
-    ({"input_ids": "abc"}, 422, "input_ids"),
-    ({"input_ids": []}, 400, "empty"),
-    ({"input_ids": [100000]}, 400, "token ids"),
-    ({"input_ids": [1] * 590, "sampling_params": {"max_new_tokens": 20}}, 400, "max_len"),
-    ({"input_ids": [1], "sampling_params": {"n": 99}}, 400, "slots"),
-    ({"input_ids": [1], "sampling_params": {"stop": [""]}}, 400, "stop"),
-])
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        (b"{not json", 422, ""),
+        ({"sampling_params": {"max_new_tokens": 4}}, 400, "exactly one of input_ids and text"),
+        ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -3}}, 422, "max_new_tokens"),
+        ({"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}}, 422, "temperature"),
+        ({"input_ids": "abc"}, 422, "input_ids"),
+        ({"input_ids": []}, 400, "empty"),
+        ({"input_ids": [100000]}, 400, "token ids"),
+        ({"input_ids": [1] * 590, "sampling_params": {"max_new_tokens": 20}}, 400, "max_len"),
+        ({"input_ids": [1], "sampling_params": {"n": 99}}, 400, "slots"),
+        ({"input_ids": [1], "sampling_params": {"stop": [""]}}, 400, "stop"),
+    ],
+)
 def test_malformed_generate_requests_get_4xx(server, body, status, needle):
     raw = isinstance(body, bytes)
     kw = {"content": body, "headers": {"content-type": "application/json"}} if raw else {"json": body}
@@ -159,8 +191,11 @@ def test_malformed_control_and_openai_requests_get_4xx(server, tmp_path):
         ("/update_weights_from_disk", {"model_path": str(tmp_path)}, 400),  # a directory without weights
         ("/update_weights_from_disk", {"model_path": str(tmp_path), "weight_version": "v2"}, 400),
         ("/update_weights_from_distributed", {"names": ["a"], "dtypes": ["float32"], "shapes": [[1]]}, 400),
-        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 0,
-                                        "world_size": 2}, 422),
+        (
+            "/init_weights_update_group",
+            {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 0, "world_size": 2},
+            422,
+        ),
     ]
     for path, body, status in cases:
         r = httpx.post(f"{server}{path}", json=body, timeout=30)
@@ -171,8 +206,9 @@ def test_malformed_control_and_openai_requests_get_4xx(server, tmp_path):
 
 async def _generate_async(url, ids, **sampling):
     async with httpx.AsyncClient(timeout=60) as client:
-        r = await client.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": sampling,
-                                                       "return_logprob": True})
+        r = await client.post(
+            f"{url}/generate", json={"input_ids": ids, "sampling_params": sampling, "return_logprob": True}
+        )
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -193,12 +229,14 @@ def test_update_from_disk_mid_request_recomputes_and_continues(server, models, t
     prompt = [5, 17, 42, 99, 7]
 
     async def main():
-        task = asyncio.ensure_future(_generate_async(server, prompt, max_new_tokens=580, temperature=0,
-                                                     ignore_eos=True))
+        task = asyncio.ensure_future(
+            _generate_async(server, prompt, max_new_tokens=580, temperature=0, ignore_eos=True)
+        )
         await _when_generating(server)
         async with httpx.AsyncClient(timeout=60) as client:
-            r = await client.post(f"{server}/update_weights_from_disk", json={"model_path": str(path),
-                                                                              "weight_version": "1"})
+            r = await client.post(
+                f"{server}/update_weights_from_disk", json={"model_path": str(path), "weight_version": "1"}
+            )
         assert r.status_code == 200 and r.json()["weight_version"] == "1", r.text
         return await task
 
@@ -217,8 +255,9 @@ def test_update_from_disk_mid_request_recomputes_and_continues(server, models, t
 
 def test_pause_abort_returns_partial_output_and_continue_resumes(server):
     async def main():
-        task = asyncio.ensure_future(_generate_async(server, [3, 4, 5], max_new_tokens=590, temperature=1.0,
-                                                     ignore_eos=True))
+        task = asyncio.ensure_future(
+            _generate_async(server, [3, 4, 5], max_new_tokens=590, temperature=1.0, ignore_eos=True)
+        )
         await _when_generating(server)
         async with httpx.AsyncClient(timeout=30) as client:
             assert (await client.post(f"{server}/pause_generation", json={"mode": "abort"})).status_code == 200
@@ -260,18 +299,40 @@ def model(tokenizer):
 
 # ---- fuzz --------------------------------------------------------------------------------------------------
 TEMPLATES = {
-    "/generate": {"input_ids": [5, 6, 7], "text": "1 + 2", "return_logprob": True, "sampling_params": {
-        "max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "n": 2, "stop": ["=", "x"],
-        "stop_token_ids": [3], "ignore_eos": False}},
+    "/generate": {
+        "input_ids": [5, 6, 7],
+        "text": "1 + 2",
+        "return_logprob": True,
+        "sampling_params": {
+            "max_new_tokens": 4,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 5,
+            "n": 2,
+            "stop": ["=", "x"],
+            "stop_token_ids": [3],
+            "ignore_eos": False,
+        },
+    },
     "/v1/completions": {"prompt": "1 + 2", "max_tokens": 4, "temperature": 0, "n": 1, "logprobs": 1, "stop": "\n"},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "2 + 2?"}], "max_tokens": 4, "logprobs": True},
     "/pause_generation": {"mode": "in_place"},
     "/continue_generation": {},
     "/update_weights_from_disk": {"model_path": "WEIGHTS", "weight_version": "1"},
-    "/init_weights_update_group": {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
-                                   "world_size": 2, "group_name": "g", "backend": "gloo"},
-    "/update_weights_from_distributed": {"names": ["a"], "dtypes": ["float32"], "shapes": [[2, 3]],
-                                         "weight_version": 2},
+    "/init_weights_update_group": {
+        "master_address": "127.0.0.1",
+        "master_port": 1,
+        "rank_offset": 1,
+        "world_size": 2,
+        "group_name": "g",
+        "backend": "gloo",
+    },
+    "/update_weights_from_distributed": {
+        "names": ["a"],
+        "dtypes": ["float32"],
+        "shapes": [[2, 3]],
+        "weight_version": 2,
+    },
     "/destroy_weights_update_group": {"group_name": "g"},
 }
 GETS = ["/health", "/get_model_info", "/get_server_info", "/v1/models", "/openapi.json"]
@@ -293,8 +354,10 @@ def _random_value(rng: random.Random, depth: int = 0):
         return rng.choice([[1, 2, 3], [], [[]], [[1], [2, 3]], ["a", "b"], [True, False], [1.5], [None]])
     if kind in (8, 9):
         return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    return {rng.choice(["mode", "n", "role", "content", "x"]): _random_value(rng, depth + 1)
-            for _ in range(rng.randrange(3))}
+    return {
+        rng.choice(["mode", "n", "role", "content", "x"]): _random_value(rng, depth + 1)
+        for _ in range(rng.randrange(3))
+    }
 
 
 def _mutated(rng: random.Random, template: dict) -> dict:
@@ -373,11 +436,14 @@ def test_a_client_that_goes_away_frees_its_slots(models, tokenizer):
             raise AssertionError(info)
 
         address = urlparse(url)
-        body = json.dumps({"input_ids": [3, 4, 5], "sampling_params": {"n": 4, "max_new_tokens": 50,
-                                                                       "ignore_eos": True}}).encode()
+        body = json.dumps(
+            {"input_ids": [3, 4, 5], "sampling_params": {"n": 4, "max_new_tokens": 50, "ignore_eos": True}}
+        ).encode()
         with socket.create_connection((address.hostname, address.port)) as sock:
-            sock.sendall(b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
+            sock.sendall(
+                b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
             held = info_when(lambda info: info["paused"] and info["running"] == 4)
         assert info_when(lambda info: info["requests_cancelled"] == 1)["running"] == 4  # still in their slots
         engine._admit = admit

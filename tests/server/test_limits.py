@@ -8,6 +8,7 @@ import pytest
 
 from asyncrl.models.hf import build_tiny_model
 from asyncrl.server.limits import CHARS_PER_TOKEN, MAX_JSON_CONTAINERS, MAX_REQUEST_BYTES
+
 from servers_for_tests import HEALTH_BOUND_S, MAX_LEN, health_watch, serving
 
 
@@ -53,10 +54,12 @@ def test_a_body_over_the_limit_gets_413_and_health_keeps_answering(server):
 def test_texts_over_the_character_bound_get_400_before_tokenising(server):
     url, _ = server
     huge = "Compute 12 + 30. " * (4 << 20 >> 4)  # 4 MB: ~10 s of tokenising, ~1 GB of memory
-    cases = [("/generate", {"text": huge}, "text"),
-             ("/generate", {"text": ["1 + 1", huge]}, "text[1]"),
-             ("/v1/completions", {"prompt": huge}, "prompt"),
-             ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages")]
+    cases = [
+        ("/generate", {"text": huge}, "text"),
+        ("/generate", {"text": ["1 + 1", huge]}, "text[1]"),
+        ("/v1/completions", {"prompt": huge}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages"),
+    ]
     with health_watch(url) as times:
         for path, body, field in cases:
             t0 = time.monotonic()

@@ -6,11 +6,12 @@ import asyncio
 import httpx
 import pytest
 
-from asyncrl.engine.remote import RemoteEngine
 from asyncrl.engine.fleet import ServerError
+from asyncrl.engine.remote import RemoteEngine
 from asyncrl.models.hf import build_tiny_model
 from asyncrl.server.limits import MAX_REQUEST_BYTES
 from asyncrl.types import SamplingParams
+
 from servers_for_tests import serving
 
 
@@ -37,14 +38,17 @@ def test_errors_keep_the_connection_and_a_5xx_does_not_retire_the_server(server,
 
     monkeypatch.setattr(state, "generate", failing)
     with httpx.Client(base_url=url, timeout=60) as client:
+
         def local_port():
             return client.get("/health").extensions["network_stream"].get_extra_info("client_addr")
 
         first = local_port()
-        answers = [client.post("/generate", json={"input_ids": [7, 7, 7]}),  # 500
-                   client.post("/generate", json={"input_ids": [10**9]}),  # 400
-                   client.post("/generate", json={"input_ids": [True]}),  # 422
-                   client.post("/generate", content=b"x" * (MAX_REQUEST_BYTES + 1))]  # 413
+        answers = [
+            client.post("/generate", json={"input_ids": [7, 7, 7]}),  # 500
+            client.post("/generate", json={"input_ids": [10**9]}),  # 400
+            client.post("/generate", json={"input_ids": [True]}),  # 422
+            client.post("/generate", content=b"x" * (MAX_REQUEST_BYTES + 1)),
+        ]  # 413
         assert [r.status_code for r in answers] == [500, 400, 422, 413]
         assert answers[0].json()["error"] == {"message": "RuntimeError: broken on purpose", "type": "internal_error"}
         assert local_port() == first  # one connection all along: no answer closed it
@@ -97,8 +101,10 @@ def test_slow_headers_and_stalled_bodies_lose_their_connection(model, tokenizer,
         slow = socket.create_connection((host, int(port)))
         slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: the headers never end
         stalled = socket.create_connection((host, int(port)))
-        stalled.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: 100\r\n\r\n{\"input_ids\": [")
+        stalled.sendall(
+            b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"input_ids": ['
+        )
         t0 = time.monotonic()
         for s in (slow, stalled):
             s.settimeout(20)

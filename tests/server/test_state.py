@@ -12,8 +12,9 @@ import torch
 from asyncrl.engine.requests import VersionConflict
 from asyncrl.engine.spawn import free_port
 from asyncrl.models.hf import build_tiny_model
-from asyncrl.weights.wire import write_weights
 from asyncrl.types import WeightUpdate
+from asyncrl.weights.wire import write_weights
+
 from servers_for_tests import HEALTH_BOUND_S, greedy, health_watch, serving
 
 
@@ -31,8 +32,13 @@ def server(model, tokenizer):
 # ---- weight update groups ----------------------------------------------------------------------------------
 def test_a_join_with_an_unreachable_master_fails_within_the_group_timeout(model, tokenizer):
     with serving(model, tokenizer, group_timeout_s=1.5) as (url, state):
-        body = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2,
-                "group_name": "g"}
+        body = {
+            "master_address": "127.0.0.1",
+            "master_port": free_port(),
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": "g",
+        }
         answers = {}
 
         def call(name, path, payload, delay):
@@ -40,8 +46,10 @@ def test_a_join_with_an_unreachable_master_fails_within_the_group_timeout(model,
             t0 = time.monotonic()
             answers[name] = (httpx.post(f"{url}{path}", json=payload, timeout=60), time.monotonic() - t0)
 
-        calls = [threading.Thread(target=call, args=("init", "/init_weights_update_group", body, 0)),
-                 threading.Thread(target=call, args=("destroy", "/destroy_weights_update_group", {}, 0.3))]
+        calls = [
+            threading.Thread(target=call, args=("init", "/init_weights_update_group", body, 0)),
+            threading.Thread(target=call, args=("destroy", "/destroy_weights_update_group", {}, 0.3)),
+        ]
         with health_watch(url) as times:
             for t in calls:
                 t.start()
@@ -53,8 +61,10 @@ def test_a_join_with_an_unreachable_master_fails_within_the_group_timeout(model,
         assert destroy.status_code == 200 and destroy_s < 0.5
         assert max(times) < HEALTH_BOUND_S, times
         name, shape = next(iter(state.engine.weight_shapes.items()))  # a real tensor: it gets as far as the group
-        r = httpx.post(f"{url}/update_weights_from_distributed", json={"names": [name], "dtypes": ["float32"],
-                                                                       "shapes": [list(shape)]})
+        r = httpx.post(
+            f"{url}/update_weights_from_distributed",
+            json={"names": [name], "dtypes": ["float32"], "shapes": [list(shape)]},
+        )
         assert r.status_code == 400 and "no weight update group" in r.text
 
 
@@ -64,8 +74,7 @@ def test_non_finite_weights_are_refused_and_the_old_model_keeps_serving(server, 
     before = greedy(url)
     nan = {k: torch.full_like(v, float("nan")) for k, v in model.state_dict().items()}
     path = write_weights(nan, tmp_path, 1)
-    r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(path), "weight_version": 1},
-                   timeout=60)
+    r = httpx.post(f"{url}/update_weights_from_disk", json={"model_path": str(path), "weight_version": 1}, timeout=60)
     assert r.status_code == 400 and "model.embed_tokens.weight" in r.text and "non-finite" in r.text
     assert state.engine.version == 0 and greedy(url) == before
     one_inf = dict(model.state_dict())
@@ -84,8 +93,15 @@ def test_versions_never_decrease_and_stay_in_the_int64_range(server, model, tmp_
         body = {"model_path": path} if version is None else {"model_path": path, "weight_version": version}
         return httpx.post(f"{url}/update_weights_from_disk", json=body, timeout=60)
 
-    steps = [(-5, 400, "2**63"), (10**30, 400, "2**63"), (str(2**63), 400, "2**63"), (7, 200, "7"),
-             ("3", 409, "below the version 7"), (7, 200, "7"), (None, 200, "8")]
+    steps = [
+        (-5, 400, "2**63"),
+        (10**30, 400, "2**63"),
+        (str(2**63), 400, "2**63"),
+        (7, 200, "7"),
+        ("3", 409, "below the version 7"),
+        (7, 200, "7"),
+        (None, 200, "8"),
+    ]
     for version, status, needle in steps:
         r = load(version)
         assert r.status_code == status and needle in r.text, (version, r.text)

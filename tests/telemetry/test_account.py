@@ -9,21 +9,36 @@ import pytest
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
-from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.account import GENERATOR, TRAINER, account, key
+from asyncrl.telemetry.metrics import read_metrics
 
 
 def _overrides(tmp_path, model) -> list[str]:
     train_file, valid_file = tmp_path / "prompts.jsonl", tmp_path / "valid.jsonl"
-    train_file.write_text("".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n"
-                                  for i in range(200)))
-    valid_file.write_text("".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n"
-                                  for i in range(100, 104)))
-    return [f"model.path={model}", f"output_dir={tmp_path / 'out'}", f"train_dataset.path={train_file}",
-            f"valid_dataset.path={valid_file}", "train_dataset.type=qa", "reward.fn=rewards_for_tests:digit_count_reward",
-            "total_train_steps=8", "train_dataset.batch_size=4", "gconfig.n_samples=4", "gconfig.max_new_tokens=32",
-            "rollout.max_slots=16", "saver.freq_steps=4", "evaluator.freq_steps=4", "max_train_time_s=0",
-            "progress_bar=false", "report=false"]
+    train_file.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 7.", "answer": str(i + 7)}) + "\n" for i in range(200))
+    )
+    valid_file.write_text(
+        "".join(json.dumps({"question": f"Compute {i} + 1.", "answer": str(i + 1)}) + "\n" for i in range(100, 104))
+    )
+    return [
+        f"model.path={model}",
+        f"output_dir={tmp_path / 'out'}",
+        f"train_dataset.path={train_file}",
+        f"valid_dataset.path={valid_file}",
+        "train_dataset.type=qa",
+        "reward.fn=rewards_for_tests:digit_count_reward",
+        "total_train_steps=8",
+        "train_dataset.batch_size=4",
+        "gconfig.n_samples=4",
+        "gconfig.max_new_tokens=32",
+        "rollout.max_slots=16",
+        "saver.freq_steps=4",
+        "evaluator.freq_steps=4",
+        "max_train_time_s=0",
+        "progress_bar=false",
+        "report=false",
+    ]
 
 
 @pytest.mark.slow
@@ -52,11 +67,26 @@ def test_each_side_sums_to_the_wall_time_within_two_percent(tmp_path, tiny_model
 
 
 def test_the_account_of_records_adds_phases_and_divides_by_the_wall():
-    records = [{"step": 0, "eval_accuracy": 0.1},
-               {"step": 1, "step_time_s": 2.0, "trainer_wait_s": 1.0, "trainer_fwd_bwd_s": 1.0, "gen_decode_s": 2.0,
-                "episode_tool_s": 3.0, "episode_llm_gen_s": 1.0},
-               {"step": 2, "step_time_s": 2.0, "trainer_fwd_bwd_s": 2.0, "gen_decode_s": 1.0, "gen_idle_gate_s": 1.0,
-                "trainer_eval_s": float("nan")}]
+    records = [
+        {"step": 0, "eval_accuracy": 0.1},
+        {
+            "step": 1,
+            "step_time_s": 2.0,
+            "trainer_wait_s": 1.0,
+            "trainer_fwd_bwd_s": 1.0,
+            "gen_decode_s": 2.0,
+            "episode_tool_s": 3.0,
+            "episode_llm_gen_s": 1.0,
+        },
+        {
+            "step": 2,
+            "step_time_s": 2.0,
+            "trainer_fwd_bwd_s": 2.0,
+            "gen_decode_s": 1.0,
+            "gen_idle_gate_s": 1.0,
+            "trainer_eval_s": float("nan"),
+        },
+    ]
     acc = account(records)
     assert acc.steps == 2 and acc.wall_s == 4.0
     assert acc.fractions("trainer")["wait"] == 0.25 and acc.fractions("trainer")["fwd_bwd"] == 0.75

@@ -1,5 +1,5 @@
-"""Metrics (asyncrl.telemetry.metrics): non-finite values written as such and read back, per-source metrics and evaluation, and
-the TensorBoard sink."""
+"""Metrics (asyncrl.telemetry.metrics): non-finite values written as such and read back, per-source metrics and
+evaluation, and the TensorBoard sink."""
 
 import json
 import math
@@ -8,25 +8,41 @@ import pytest
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
-from asyncrl.loop.evaluate import by_source
 from asyncrl.launch.train import train
+from asyncrl.loop.evaluate import by_source
 from asyncrl.telemetry.metrics import MetricsLogger, read_metrics, source_stats
 from asyncrl.types import Trajectory, TrajectoryGroup
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=5", "train_dataset.batch_size=2", "gconfig.n_samples=4", "gconfig.max_new_tokens=24",
-        "valid_dataset.size=8", "evaluator.freq_steps=2", "rollout.max_slots=16", "actor.lr=1e-3",
-        "reward.fn=rewards_for_tests:digit_count_reward", *extra,
-    ])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=5",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=4",
+            "gconfig.max_new_tokens=24",
+            "valid_dataset.size=8",
+            "evaluator.freq_steps=2",
+            "rollout.max_slots=16",
+            "actor.lr=1e-3",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.slow
 def test_tensorboard_sink_writes_events(tmp_path, tiny_model_dir):
     pytest.importorskip("tensorboard")
-    cfg = _cfg(tmp_path, tiny_model_dir, "total_train_steps=2", "evaluator.freq_steps=0", "stats_logger.tensorboard=true")
+    cfg = _cfg(
+        tmp_path, tiny_model_dir, "total_train_steps=2", "evaluator.freq_steps=0", "stats_logger.tensorboard=true"
+    )
     train(cfg)
     events = list((tmp_path / "asyncrl" / "default" / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
@@ -45,8 +61,12 @@ def test_metrics_and_evaluation_per_source():
     stats = source_stats([group(0, 1.0, 0.0), group(1, 0.5, 0.5), group(2, 1.0, 1.0)], Sources())
     assert stats == {"samples/a": 4, "samples/b": 2, "samples/c": 0, "reward_mean/a": 0.75, "reward_mean/b": 0.5}
     items = [{"source": "a"}, {"source": "a"}, {"source": "b"}]
-    assert by_source(items, [1.0, 0.0, 1.0]) == {"eval_accuracy/a": 0.5, "eval_reward_mean/a": 0.5,
-                                                 "eval_accuracy/b": 1.0, "eval_reward_mean/b": 1.0}
+    assert by_source(items, [1.0, 0.0, 1.0]) == {
+        "eval_accuracy/a": 0.5,
+        "eval_reward_mean/a": 0.5,
+        "eval_accuracy/b": 1.0,
+        "eval_reward_mean/b": 1.0,
+    }
     assert by_source([{"question": "q"}], [1.0]) == {}
 
 
@@ -95,8 +115,10 @@ def test_a_few_samples_of_each_step_go_to_samples_jsonl_not_metrics(tmp_path):
     def traj(reward, versions, text=""):
         return Trajectory([1, 2], [3, 4], [0.0, 0.0], versions, reward, text=text)
 
-    groups = [TrajectoryGroup([traj(0.0, [3, 4]), traj(1.0, [4, 5], "right"), traj(0.5, [5, 5])], item_id="a"),
-              TrajectoryGroup([traj(1.0, [5, 5])], item_id="b")]
+    groups = [
+        TrajectoryGroup([traj(0.0, [3, 4]), traj(1.0, [4, 5], "right"), traj(0.5, [5, 5])], item_id="a"),
+        TrajectoryGroup([traj(1.0, [5, 5])], item_id="b"),
+    ]
     rows = sample_rows(groups, 5, lambda ids: " ".join(map(str, ids)), k=3)
     assert [(r["item"], r["reward"], r["staleness"]) for r in rows] == [("a", 1.0, 1), ("a", 0.0, 2), ("b", 1.0, 0)]
     assert rows[0]["completion"] == "right" and rows[1]["completion"] == "3 4" and rows[0]["prompt"] == "1 2"
@@ -112,8 +134,15 @@ def test_a_few_samples_of_each_step_go_to_samples_jsonl_not_metrics(tmp_path):
 def test_the_trainer_account_of_a_window_sums_to_it_with_the_time_between_spans_as_other():
     from asyncrl.telemetry.metrics import time_account
 
-    spans = {"span_wait_s": 1.0, "span_train_s": 2.0, "span_sync_s": 0.5, "span_log_s": 0.1, "decode_s": 3.0,
-             "idle_s": 1.0, "idle_gate_s": 0.4}
+    spans = {
+        "span_wait_s": 1.0,
+        "span_train_s": 2.0,
+        "span_sync_s": 0.5,
+        "span_log_s": 0.1,
+        "decode_s": 3.0,
+        "idle_s": 1.0,
+        "idle_gate_s": 0.4,
+    }
     train = {"train_recompute_s": 0.2, "train_fwd_bwd_s": 1.5, "train_optim_s": 0.1}
     acc = time_account(5.0, lambda k: spans.get(k, 0.0), train)
     assert sum(v for k, v in acc.items() if k.startswith("trainer_")) == pytest.approx(5.0)

@@ -1,5 +1,5 @@
-"""Reading a run directory (asyncrl.telemetry.record): the torn last line of a killed run is skipped and non-finite values
-read back as floats."""
+"""Reading a run directory (asyncrl.telemetry.record): the torn last line of a killed run is skipped and non-finite
+values read back as floats."""
 
 import importlib.util
 import json
@@ -8,6 +8,7 @@ import math
 import pytest
 
 from asyncrl.report import load_run, summarize, write_report
+
 from reports_for_tests import N_STEPS, STEP_S, synthetic_run, write_jsonl
 
 

@@ -12,9 +12,19 @@ from asyncrl.telemetry.verdict import diagnose, diagnose_sft
 
 def _steps(n: int = 10, **phases) -> list[dict]:
     """``n`` one-second steps; ``phases`` are seconds per step (trainer_wait_s=0.3, ...) and other fields."""
-    base = {"step_time_s": 1.0, "trainer_fwd_bwd_s": 0.5, "gen_decode_s": 0.5, "groups_no_signal_frac": 0.1,
-            "entropy": 0.3, "clip_frac": 0.0, "behav_weight_capped_frac": 0.0, "truncated_frac": 0.0,
-            "response_len_max": 40, "response_len_mean": 30, "staleness_mean": 0.5}
+    base = {
+        "step_time_s": 1.0,
+        "trainer_fwd_bwd_s": 0.5,
+        "gen_decode_s": 0.5,
+        "groups_no_signal_frac": 0.1,
+        "entropy": 0.3,
+        "clip_frac": 0.0,
+        "behav_weight_capped_frac": 0.0,
+        "truncated_frac": 0.0,
+        "response_len_max": 40,
+        "response_len_mean": 30,
+        "staleness_mean": 0.5,
+    }
     return [{"step": 0, "eval_accuracy": 0.2}] + [{"step": i, **base, **phases} for i in range(1, n + 1)]
 
 
@@ -22,18 +32,27 @@ def _names(verdict) -> set[str]:
     return {f.name for f in verdict.findings}
 
 
-@pytest.mark.parametrize("phases, name, change", [
-    (dict(gen_idle_gate_s=0.5, trainer_wait_s=0.02), "trainer-bound", "actor.threads"),
-    (dict(trainer_wait_s=0.4, gen_idle_gate_s=0.2), "generator-bound", "raise η"),
-    (dict(trainer_wait_s=0.4, gen_idle_gate_s=0.0), "generator-bound", "rollout.threads"),
-    (dict(trainer_wait_s=0.4, episode_tool_s=5.0, episode_llm_gen_s=1.0, gen_idle_nowork_s=0.4), "tool-bound",
-     "max_concurrent_rollouts"),
-    (dict(trainer_sync_s=0.3), "sync-bound", "weight_transport"),
-    (dict(trainer_eval_s=0.1, trainer_save_s=0.1), "eval/checkpoint-bound", "evaluator.freq_steps"),
-    (dict(reward_queue_s=0.6, reward_run_s=0.3, trainer_wait_s=0.3, gen_idle_gate_s=0.2), "reward-bound",
-     "reward.workers"),
-    (dict(trainer_wait_s=0.4, response_len_max=300, response_len_mean=30), "long-tail-bound", "max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "phases, name, change",
+    [
+        (dict(gen_idle_gate_s=0.5, trainer_wait_s=0.02), "trainer-bound", "actor.threads"),
+        (dict(trainer_wait_s=0.4, gen_idle_gate_s=0.2), "generator-bound", "raise η"),
+        (dict(trainer_wait_s=0.4, gen_idle_gate_s=0.0), "generator-bound", "rollout.threads"),
+        (
+            dict(trainer_wait_s=0.4, episode_tool_s=5.0, episode_llm_gen_s=1.0, gen_idle_nowork_s=0.4),
+            "tool-bound",
+            "max_concurrent_rollouts",
+        ),
+        (dict(trainer_sync_s=0.3), "sync-bound", "weight_transport"),
+        (dict(trainer_eval_s=0.1, trainer_save_s=0.1), "eval/checkpoint-bound", "evaluator.freq_steps"),
+        (
+            dict(reward_queue_s=0.6, reward_run_s=0.3, trainer_wait_s=0.3, gen_idle_gate_s=0.2),
+            "reward-bound",
+            "reward.workers",
+        ),
+        (dict(trainer_wait_s=0.4, response_len_max=300, response_len_mean=30), "long-tail-bound", "max_new_tokens"),
+    ],
+)
 def test_a_planted_bottleneck_is_named_with_its_change(phases, name, change):
     verdict = diagnose(_steps(**phases), {"max_staleness": 2, "n_samples": 8, "workers": 1})
     found = {f.name: f for f in verdict.findings}
@@ -46,6 +65,7 @@ def test_the_advice_fits_the_run_it_reads():
     """Off the CPU (machine.json) threads are not advised; at η = 0 a trainer that still waits is told η >= 1
     would hide it (not that a larger η would not help); a run already on the in-process transport or evaluating
     in the background is not told to switch to it."""
+
     def change(settings, **phases):
         verdict = diagnose(_steps(**phases), {"n_samples": 8, "workers": 1, **settings})
         return {f.name: f.change for f in verdict.findings}
@@ -57,8 +77,12 @@ def test_the_advice_fits_the_run_it_reads():
     sync = change({"max_staleness": 0}, gen_idle_gate_s=0.5, trainer_wait_s=0.12)["trainer-bound"]
     assert "η >= 1" in sync and "would not help" not in sync
     assert "would not help" in change({"max_staleness": 2}, gen_idle_gate_s=0.5, trainer_wait_s=0.02)["trainer-bound"]
-    done = change({"max_staleness": 2, "transport": "inprocess", "eval_background": True, "save_background": True},
-                  trainer_sync_s=0.3, trainer_eval_s=0.1, trainer_save_s=0.1)
+    done = change(
+        {"max_staleness": 2, "transport": "inprocess", "eval_background": True, "save_background": True},
+        trainer_sync_s=0.3,
+        trainer_eval_s=0.1,
+        trainer_save_s=0.1,
+    )
     assert "weight_transport" not in done["sync-bound"] and "background" not in done["eval/checkpoint-bound"]
 
 
@@ -67,15 +91,16 @@ def test_the_first_step_is_never_read_even_when_it_is_the_only_one():
     whatever the settings, so nothing is judged on it."""
     verdict = diagnose(_steps(1, trainer_wait_s=0.9, reward_queue_s=5.0, reward_run_s=1.0), {"max_staleness": 2})
     assert verdict.bottleneck is None and verdict.account.steps == 0
-    assert verdict.lines() == ["bottleneck: not judged yet (the rules read the training steps after the first, "
-                               "which waits for the first batch whatever the settings)"]
+    assert verdict.lines() == [
+        "bottleneck: not judged yet (the rules read the training steps after the first, "
+        "which waits for the first batch whatever the settings)"
+    ]
     assert diagnose(_steps(2, trainer_wait_s=0.9), {"max_staleness": 2}).account.steps == 1
 
 
 def test_tool_bound_evidence_counts_the_generators_idle_time_behind_the_gate_too():
     """At η = 0 the groups that may run sit in their tools: the generator's idle time is gate-closed time."""
-    phases = dict(trainer_wait_s=0.6, episode_tool_s=5.0, episode_llm_gen_s=1.0, gen_decode_s=0.1,
-                  gen_idle_gate_s=0.85)
+    phases = dict(trainer_wait_s=0.6, episode_tool_s=5.0, episode_llm_gen_s=1.0, gen_decode_s=0.1, gen_idle_gate_s=0.85)
     found = {f.name: f for f in diagnose(_steps(**phases), {"max_staleness": 0}).findings}
     assert "idled 85% (0% with nothing to do, 85% behind the closed gate)" in found["tool-bound"].evidence
 
@@ -95,7 +120,8 @@ def test_a_trainer_bound_run_on_the_cpu_with_a_fixed_split_is_told_to_lend_it_th
 
 @pytest.mark.parametrize("cpu_split", ["fixed", "auto"])
 def test_a_generator_bound_run_sharing_the_cores_is_told_to_give_the_engine_every_core_with_fixed_threads(cpu_split):
-    """The shared split keeps the engine at half the cores (asyncrl/cluster/cores.py), where rollout.threads is not read."""
+    """The shared split keeps the engine at half the cores (asyncrl/cluster/cores.py), where rollout.threads is not
+    read."""
     change = diagnose(_steps(trainer_wait_s=0.4, gen_idle_gate_s=0.0), {"max_staleness": 2, "cpu_split": cpu_split})
     assert "rollout.threads" in change.bottleneck.change
     assert ("cluster.cpu_split=fixed" in change.bottleneck.change) == (cpu_split == "auto")
@@ -113,12 +139,21 @@ def test_a_trainer_busy_publishing_weights_is_sync_bound():
     """The generator waits on the gate because the trainer is busy, but a third of that is publishing weights
     (bench/bottlenecks.py's sync case: the disk transport with a ~100M model): a faster transport saves more
     than more threads for the rest."""
-    verdict = diagnose(_steps(gen_idle_gate_s=0.83, trainer_fwd_bwd_s=0.46, trainer_optim_s=0.2,
-                              trainer_sync_s=0.34, gen_decode_s=0.17))
+    verdict = diagnose(
+        _steps(
+            gen_idle_gate_s=0.83, trainer_fwd_bwd_s=0.46, trainer_optim_s=0.2, trainer_sync_s=0.34, gen_decode_s=0.17
+        )
+    )
     assert {"trainer-bound", "sync-bound"} <= _names(verdict)
     assert verdict.bottleneck.name == "sync-bound"
-    assert diagnose(_steps(gen_idle_gate_s=0.83, trainer_fwd_bwd_s=0.8, trainer_optim_s=0.1, trainer_sync_s=0.1,
-                           gen_decode_s=0.17)).bottleneck.name == "trainer-bound"
+    assert (
+        diagnose(
+            _steps(
+                gen_idle_gate_s=0.83, trainer_fwd_bwd_s=0.8, trainer_optim_s=0.1, trainer_sync_s=0.1, gen_decode_s=0.17
+            )
+        ).bottleneck.name
+        == "trainer-bound"
+    )
 
 
 def test_a_balanced_run_has_no_bottleneck():
@@ -132,22 +167,27 @@ def test_the_rules_read_the_last_steps_only():
     assert diagnose(records).bottleneck.name == "trainer-bound"
 
 
-@pytest.mark.parametrize("fields, name", [
-    (dict(groups_no_signal_frac=0.9), "no learning signal"),
-    (dict(entropy=0.001), "entropy collapse"),
-    (dict(clip_frac=0.3), "clipping"),
-    (dict(behav_weight_capped_frac=0.1), "behaviour cap"),
-    (dict(truncated_frac=0.5), "truncation"),
-    (dict(mismatch_abs_mean=0.05), "train/inference mismatch"),
-    (dict(staleness_mean=1.9), "staleness at its bound"),
-])
+@pytest.mark.parametrize(
+    "fields, name",
+    [
+        (dict(groups_no_signal_frac=0.9), "no learning signal"),
+        (dict(entropy=0.001), "entropy collapse"),
+        (dict(clip_frac=0.3), "clipping"),
+        (dict(behav_weight_capped_frac=0.1), "behaviour cap"),
+        (dict(truncated_frac=0.5), "truncation"),
+        (dict(mismatch_abs_mean=0.05), "train/inference mismatch"),
+        (dict(staleness_mean=1.9), "staleness at its bound"),
+    ],
+)
 def test_learning_health(fields, name):
     assert name in _names(diagnose(_steps(**fields), {"max_staleness": 2}))
     assert name not in _names(diagnose(_steps(), {"max_staleness": 2}))
 
 
 def test_an_auto_eta_is_read_per_step():
-    assert "staleness at its bound" in _names(diagnose(_steps(staleness_mean=3.0, max_staleness=3), {"max_staleness": "auto"}))
+    assert "staleness at its bound" in _names(
+        diagnose(_steps(staleness_mean=3.0, max_staleness=3), {"max_staleness": "auto"})
+    )
 
 
 def test_sft_that_memorised_its_data_is_named():
@@ -173,16 +213,25 @@ def test_diagnose_command_on_a_run_directory(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cluster, rollout, actor, lends", [
-    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local", "ddp:d1", True),
-    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local:d1", "ddp", True),  # other spellings of one each
-    ("cluster:\n  device: cpu\n  cpu_split: auto\n", "local", "ddp:d1", False),
-    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "remote", "ddp:d1", False),  # the engine is not in the process
-    ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local", "ddp:d2", False),
-    ("cluster:\n  device: cuda\n  cpu_split: fixed\n", "local", "ddp:d1", False),
-])
-def test_diagnose_reads_from_config_yaml_whether_the_auto_split_applies(tmp_path, capsys, cluster, rollout, actor,
-                                                                        lends):
+@pytest.mark.parametrize(
+    "cluster, rollout, actor, lends",
+    [
+        ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local", "ddp:d1", True),
+        ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local:d1", "ddp", True),  # other spellings of one each
+        ("cluster:\n  device: cpu\n  cpu_split: auto\n", "local", "ddp:d1", False),
+        (
+            "cluster:\n  device: cpu\n  cpu_split: fixed\n",
+            "remote",
+            "ddp:d1",
+            False,
+        ),  # the engine is not in the process
+        ("cluster:\n  device: cpu\n  cpu_split: fixed\n", "local", "ddp:d2", False),
+        ("cluster:\n  device: cuda\n  cpu_split: fixed\n", "local", "ddp:d1", False),
+    ],
+)
+def test_diagnose_reads_from_config_yaml_whether_the_auto_split_applies(
+    tmp_path, capsys, cluster, rollout, actor, lends
+):
     """Runs from before machine.json: the config says it (cluster.device=auto: the machine diagnosing decides)."""
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _steps(gen_idle_gate_s=0.5)))
     (tmp_path / "config.yaml").write_text(f"{cluster}rollout:\n  backend: {rollout}\nactor:\n  backend: {actor}\n")
@@ -190,8 +239,9 @@ def test_diagnose_reads_from_config_yaml_whether_the_auto_split_applies(tmp_path
     assert ("lend the generator's idle cores" in capsys.readouterr().out) == lends
 
 
-@pytest.mark.parametrize("machine, lends", [({"device": "cpu", "cpu_split": "fixed"}, True),
-                                            ({"device": "cuda", "cpu_split": None}, False)])
+@pytest.mark.parametrize(
+    "machine, lends", [({"device": "cpu", "cpu_split": "fixed"}, True), ({"device": "cuda", "cpu_split": None}, False)]
+)
 def test_a_copied_run_is_judged_for_the_machine_it_ran_on(tmp_path, capsys, machine, lends):
     """cluster.device=auto in config.yaml; machine.json says where it resolved (here: not this machine's answer
     for the GPU run, whichever machine runs the test)."""
@@ -211,14 +261,17 @@ def _evaluated(accuracies: list[float], items: int = 200, every: int = 10) -> li
     return records
 
 
-@pytest.mark.parametrize("accuracies, items, falls", [
-    ([0.265, 0.355, 0.385, 0.400, 0.440, 0.325, 0.360, 0.335, 0.330, 0.180, 0.165], 200, True),  # actor.lr=1e-4
-    ([0.265, 0.455, 0.435, 0.440, 0.455, 0.400, 0.395, 0.400, 0.420, 0.400, 0.425], 200, False),  # 5e-5: noise
-    ([0.265, 0.425, 0.435, 0.390, 0.405, 0.410, 0.395, 0.380, 0.335, 0.355, 0.405], 200, False),  # 7 points: noise
-    ([0.265, 0.425, 0.435, 0.390, 0.405, 0.410, 0.395, 0.380, 0.335, 0.355, 0.345], 2000, True),  # on 2000 items
-    ([0.265, 0.300, 0.350, 0.400, 0.450, 0.500], 200, False),  # rising
-    ([0.5, 0.2, 0.2, 0.2], 200, True),  # below the starting model
-])
+@pytest.mark.parametrize(
+    "accuracies, items, falls",
+    [
+        ([0.265, 0.355, 0.385, 0.400, 0.440, 0.325, 0.360, 0.335, 0.330, 0.180, 0.165], 200, True),  # actor.lr=1e-4
+        ([0.265, 0.455, 0.435, 0.440, 0.455, 0.400, 0.395, 0.400, 0.420, 0.400, 0.425], 200, False),  # 5e-5: noise
+        ([0.265, 0.425, 0.435, 0.390, 0.405, 0.410, 0.395, 0.380, 0.335, 0.355, 0.405], 200, False),  # 7 points: noise
+        ([0.265, 0.425, 0.435, 0.390, 0.405, 0.410, 0.395, 0.380, 0.335, 0.355, 0.345], 2000, True),  # on 2000 items
+        ([0.265, 0.300, 0.350, 0.400, 0.450, 0.500], 200, False),  # rising
+        ([0.5, 0.2, 0.2, 0.2], 200, True),  # below the starting model
+    ],
+)
 def test_held_out_accuracy_falling_from_its_best_is_named(accuracies, items, falls):
     """Measured curves (the default run at two learning rates, 200 items: ±0.035 an evaluation) and made ones:
     the mean of the last three evaluations must be 4 standard errors (and 5 points) under the best before."""
@@ -244,10 +297,14 @@ def test_a_run_without_evaluation_counts_is_not_judged_on_held_out_accuracy():
 def test_the_live_verdict_reads_the_evaluation_before_training_and_those_beside_it(caplog):
     """evaluator.background: an evaluation is logged on its own, steps after the version it scored; step 0's
     before training. Both reach the live verdict (they were only logged: held-out falling never fired live)."""
-    from asyncrl.telemetry.watchdog import Watchdog, LiveVerdict
+    from asyncrl.telemetry.watchdog import LiveVerdict, Watchdog
 
-    watchdog = Watchdog(no_signal_steps=0, reward_failure_steps=0, max_nonfinite_steps=0,
-                        live=LiveVerdict({"max_staleness": 2, "lr": 1e-4}, every=10))
+    watchdog = Watchdog(
+        no_signal_steps=0,
+        reward_failure_steps=0,
+        max_nonfinite_steps=0,
+        live=LiveVerdict({"max_staleness": 2, "lr": 1e-4}, every=10),
+    )
     accuracy = {0: 0.480, 10: 0.300, 20: 0.280, 30: 0.270, 40: 0.260}
     watchdog.evaluated({"step": 0, "version": 0, "eval_accuracy": accuracy[0], "eval_items": 200})
     with caplog.at_level("WARNING", logger="asyncrl.telemetry.watchdog"):
@@ -255,10 +312,19 @@ def test_the_live_verdict_reads_the_evaluation_before_training_and_those_beside_
             watchdog.check({**record, "version": record["step"]})
             scored = record["step"] - 1  # the evaluation of the previous version ends during this step
             if scored in accuracy and scored:
-                watchdog.evaluated({"step": scored, "version": scored, "evaluation": True,
-                                    "eval_accuracy": accuracy[scored], "eval_items": 200})
+                watchdog.evaluated(
+                    {
+                        "step": scored,
+                        "version": scored,
+                        "evaluation": True,
+                        "eval_accuracy": accuracy[scored],
+                        "eval_items": 200,
+                    }
+                )
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("held-out falling")]
-    assert len(warnings) == 1 and "best 0.480 at step 0" in warnings[0] and "the starting model was better" in warnings[0]
+    assert (
+        len(warnings) == 1 and "best 0.480 at step 0" in warnings[0] and "the starting model was better" in warnings[0]
+    )
 
 
 def test_the_live_verdict_warns_once_about_a_condition_that_persists_and_remembers_older_evaluations(caplog):
@@ -285,15 +351,25 @@ def test_the_live_verdict_warns_again_when_a_condition_comes_back_or_its_advice_
     def finding(change):
         return Finding("trainer-bound", "bottleneck", "gate closed 60%", change, 0.3)
 
-    script = iter([[finding("raise actor.threads to 2")], [finding("raise actor.threads to 2")],
-                   [finding("raise actor.threads to 3")],  # the same advice, another number: quiet
-                   [], [finding("raise actor.threads to 2")], [finding("raise actor.threads to 2")],  # back
-                   [finding("lower gconfig.n_samples to 4")]])  # another change
+    script = iter(
+        [
+            [finding("raise actor.threads to 2")],
+            [finding("raise actor.threads to 2")],
+            [finding("raise actor.threads to 3")],  # the same advice, another number: quiet
+            [],
+            [finding("raise actor.threads to 2")],
+            [finding("raise actor.threads to 2")],  # back
+            [finding("lower gconfig.n_samples to 4")],
+        ]
+    )  # another change
     monkeypatch.setattr(watchdog, "diagnose", lambda records, settings: Verdict(next(script), None, settings))
     live = watchdog.LiveVerdict({"max_staleness": 2}, every=1)
     with caplog.at_level("WARNING", logger="asyncrl.telemetry.watchdog"):
         for step in range(1, 8):
             live.check({"step": step, "version": step})
     warnings = [r.getMessage() for r in caplog.records]
-    assert [w.split(" -> ")[1] for w in warnings] == ["raise actor.threads to 2", "raise actor.threads to 2",
-                                                      "lower gconfig.n_samples to 4"], warnings
+    assert [w.split(" -> ")[1] for w in warnings] == [
+        "raise actor.threads to 2",
+        "raise actor.threads to 2",
+        "lower gconfig.n_samples to 4",
+    ], warnings

@@ -1,5 +1,6 @@
-"""Run-health checks (asyncrl.telemetry.watchdog): non-finite updates are skipped, then the run stops with a finite checkpoint;
-a reward that always fails stops the run or warns; no learning signal is said once; steps are counted in a row."""
+"""Run-health checks (asyncrl.telemetry.watchdog): non-finite updates are skipped, then the run stops with a finite
+checkpoint; a reward that always fails stops the run or warns; no learning signal is said once; steps are counted in a
+row."""
 
 import logging
 import math
@@ -9,20 +10,34 @@ import torch
 
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
-from asyncrl.loop.controller import run
 from asyncrl.launch.build import assemble
 from asyncrl.launch.train import train
+from asyncrl.loop.controller import run
 from asyncrl.telemetry.metrics import read_metrics
 from asyncrl.telemetry.watchdog import TrainingHalted, Watchdog
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=4", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=12",
-        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8", "reward.workers=0",
-        "reward.fn=rewards_for_tests:digit_count_reward", *extra,
-    ])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=4",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=12",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.workers=0",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            *extra,
+        ],
+    )
 
 
 def _nan_loss(x, **kw):
@@ -46,17 +61,27 @@ def test_non_finite_updates_are_skipped_then_the_run_stops_with_a_finite_checkpo
 
 @pytest.mark.slow
 def test_a_reward_that_always_fails_stops_the_run(tmp_path, tiny_model_dir):
-    cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward", "watchdog.reward_failure_steps=2")
-    with pytest.raises(TrainingHalted, match="every reward call of the run failed .*The first failure: reward "
-                                             "function failed .*this reward always fails.* on item "):
+    cfg = _cfg(
+        tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward", "watchdog.reward_failure_steps=2"
+    )
+    with pytest.raises(
+        TrainingHalted,
+        match="every reward call of the run failed .*The first failure: reward "
+        "function failed .*this reward always fails.* on item ",
+    ):
         train(cfg)  # at the first step: no call ever succeeded, so the reward function is broken
     assert (tmp_path / "asyncrl" / "default" / "checkpoints" / "step1").is_dir()  # something to resume from
 
 
 @pytest.mark.slow
 def test_a_reward_that_always_fails_can_warn_instead(tmp_path, tiny_model_dir, caplog):
-    cfg = _cfg(tmp_path, tiny_model_dir, "reward.fn=rewards_for_tests:raising_reward",
-               "watchdog.reward_failure_steps=2", "watchdog.reward_failure_action=warn")
+    cfg = _cfg(
+        tmp_path,
+        tiny_model_dir,
+        "reward.fn=rewards_for_tests:raising_reward",
+        "watchdog.reward_failure_steps=2",
+        "watchdog.reward_failure_action=warn",
+    )
     with caplog.at_level(logging.WARNING, logger="asyncrl.telemetry.watchdog"):
         assert train(cfg)["version"] == 4
     assert sum("every reward call" in r.message for r in caplog.records) == 4  # steps 1 (the first batch) to 4

@@ -51,8 +51,10 @@ def test_actor_values_are_checked_with_the_key_named():
         (dict(loss_agg_mode="seq-mean"), "actor.loss_agg_mode 'seq-mean' is not one of"),
         (dict(kl_estimator="k4"), "actor.kl_estimator"),
         (dict(behav_imp_weight_metric="kl_k3"), "behav_imp_weight_mode=mask"),
-        (dict(behav_imp_weight_metric="kl_k3", behav_imp_weight_mode="mask", behav_imp_weight_floor=6.0),
-         "behav_imp_weight_floor exceeds"),
+        (
+            dict(behav_imp_weight_metric="kl_k3", behav_imp_weight_mode="mask", behav_imp_weight_floor=6.0),
+            "behav_imp_weight_floor exceeds",
+        ),
         (dict(behav_imp_weight_floor=6.0), "behav_imp_weight_floor=6.0 must be < 1"),
         (dict(overlong_reward_penalty=True), "overlong_tokens > 0"),
         (dict(overlong_reward_penalty=True, overlong_tokens=100), "exceeds gconfig.max_new_tokens=64"),
@@ -64,22 +66,28 @@ def test_actor_values_are_checked_with_the_key_named():
             _validate(**kw)
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["actor.behav_imp_weight_cap=0.5", "actor.behav_imp_weight_mode=mask"], "drops every on-policy token"),
-    (["actor.behav_imp_weight_cap=0"], "zeroes all learning"),
-    (["actor.behav_imp_weight_cap=1.0"], "shrinks the weight of every on-policy token"),
-    (["actor.behav_imp_weight_floor=1.0"], "floor at or above 1"),
-    (["actor.behav_imp_weight_level=sequence", "actor.behav_imp_weight_agg=max"], "clamping it changes nothing"),
-    (["actor.lr=2"], "above 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["actor.behav_imp_weight_cap=0.5", "actor.behav_imp_weight_mode=mask"], "drops every on-policy token"),
+        (["actor.behav_imp_weight_cap=0"], "zeroes all learning"),
+        (["actor.behav_imp_weight_cap=1.0"], "shrinks the weight of every on-policy token"),
+        (["actor.behav_imp_weight_floor=1.0"], "floor at or above 1"),
+        (["actor.behav_imp_weight_level=sequence", "actor.behav_imp_weight_agg=max"], "clamping it changes nothing"),
+        (["actor.lr=2"], "above 1"),
+    ],
+)
 def test_off_policy_guardrails(overrides, match):
     with pytest.raises(ConfigError, match=match):
         configlib.load(TrainConfig, None, overrides)
 
 
 def test_a_kl_cap_below_one_is_fine():
-    configlib.load(TrainConfig, None, ["actor.behav_imp_weight_metric=kl_k3", "actor.behav_imp_weight_mode=mask",
-                                       "actor.behav_imp_weight_cap=0.05"])
+    configlib.load(
+        TrainConfig,
+        None,
+        ["actor.behav_imp_weight_metric=kl_k3", "actor.behav_imp_weight_mode=mask", "actor.behav_imp_weight_cap=0.05"],
+    )
 
 
 def test_critic_path_without_a_critic_is_refused():

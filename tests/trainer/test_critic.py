@@ -10,6 +10,7 @@ from asyncrl.algo.advantages import gae
 from asyncrl.algo.algorithm import Algorithm
 from asyncrl.trainer import PolicyTrainer, build_trainer
 from asyncrl.trainer.config import ActorConfig
+
 from conftest import make_model
 from trainers_for_tests import make_batch
 
@@ -46,8 +47,14 @@ def test_a_saved_critic_loads_back_through_critic_path(tiny_model_dir, tmp_path,
 
     batch = make_batch([12, 14, 10, 16], group_size=2)
     cfg = ActorConfig(critic=kind, adv_estimator="gae", lr=1e-2, critic_lr=1e-2)
-    trainer = build_trainer(cfg, load_model(tiny_model_dir), model_path=tiny_model_dir, temperature=1.0,
-                            autocast_dtype=None, max_new_tokens=16)
+    trainer = build_trainer(
+        cfg,
+        load_model(tiny_model_dir),
+        model_path=tiny_model_dir,
+        temperature=1.0,
+        autocast_dtype=None,
+        max_new_tokens=16,
+    )
     for _ in range(2):
         trainer.step(batch)
     values = trainer.values(batch)
@@ -59,9 +66,15 @@ def test_a_saved_critic_loads_back_through_critic_path(tiny_model_dir, tmp_path,
 
     cfg.critic_path = str(critic_dir)
     policy = trainer.model if kind == "value_head" else load_model(tiny_model_dir)
-    restored = build_trainer(cfg, policy, model_path=tiny_model_dir, temperature=1.0, autocast_dtype=None,
-                             max_new_tokens=16)
+    restored = build_trainer(
+        cfg, policy, model_path=tiny_model_dir, temperature=1.0, autocast_dtype=None, max_new_tokens=16
+    )
     assert torch.allclose(restored.values(batch), values, atol=1e-6)
     with pytest.raises(FileNotFoundError, match="critic_path"):
-        build_trainer(ActorConfig(critic=kind, critic_path=str(tmp_path)), load_model(tiny_model_dir),
-                      model_path=tiny_model_dir, temperature=1.0, autocast_dtype=None)
+        build_trainer(
+            ActorConfig(critic=kind, critic_path=str(tmp_path)),
+            load_model(tiny_model_dir),
+            model_path=tiny_model_dir,
+            temperature=1.0,
+            autocast_dtype=None,
+        )

@@ -6,6 +6,7 @@ import math
 import torch
 
 from asyncrl.trainer import PolicyTrainer
+
 from conftest import make_model
 from trainers_for_tests import make_batch, varied_batch
 

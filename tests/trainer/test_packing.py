@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from asyncrl.trainer.packing import check_packing, first_fit_decreasing, pack, packed_forward, plan_micro_batches, unpack
+from asyncrl.trainer.packing import (
+    check_packing,
+    first_fit_decreasing,
+    pack,
+    packed_forward,
+    plan_micro_batches,
+    unpack,
+)
 
 
 def test_ffd_by_hand():

@@ -14,6 +14,7 @@ from asyncrl.algo.algorithm import Algorithm
 from asyncrl.algo.kl import k1, k3
 from asyncrl.trainer import PolicyTrainer
 from asyncrl.types import Batch
+
 from conftest import make_model
 from trainers_for_tests import make_batch
 
@@ -121,9 +122,16 @@ def _bandit(algo: Algorithm, steps: int = 6, **trainer_kw) -> tuple[float, float
         ids = torch.cat([prompt.repeat(G * n, 1), tokens[:, None]], 1)
         loss_mask = torch.zeros(G * n, 3)
         loss_mask[:, 2] = 1
-        batch = Batch(ids, torch.ones_like(ids), loss_mask, loss_mask * logp[tokens][:, None],
-                      torch.where(loss_mask > 0, step, -1), (tokens < 160).float(), torch.arange(G * n) // n,
-                      torch.zeros(G * n, dtype=torch.bool))
+        batch = Batch(
+            ids,
+            torch.ones_like(ids),
+            loss_mask,
+            loss_mask * logp[tokens][:, None],
+            torch.where(loss_mask > 0, step, -1),
+            (tokens < 160).float(),
+            torch.arange(G * n) // n,
+            torch.zeros(G * n, dtype=torch.bool),
+        )
         if step < steps:
             trainer.step(batch, version=step)
     return probs[0], probs[-1]
@@ -152,6 +160,7 @@ def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_appli
     from asyncrl.data.collate import collate
     from asyncrl.trainer import PolicyTrainer
     from asyncrl.types import Trajectory, TrajectoryGroup
+
     from conftest import make_model
 
     calls = []
@@ -163,8 +172,10 @@ def test_a_non_finite_minibatch_ends_the_step_and_earlier_minibatches_stay_appli
 
     model = make_model(320)
     trainer = PolicyTrainer(model, Algorithm(loss_fn=nan_after_first), ppo_n_minibatches=3, lr=1e-2)
-    groups = [TrajectoryGroup([Trajectory([1, 2, 3], [4, 5, 6], [-1.0] * 3, [0] * 3, float(r)) for r in (0, 1, 0)])
-              for _ in range(2)]
+    groups = [
+        TrajectoryGroup([Trajectory([1, 2, 3], [4, 5, 6], [-1.0] * 3, [0] * 3, float(r)) for r in (0, 1, 0)])
+        for _ in range(2)
+    ]
     batch = collate(groups, pad_id=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     stats = trainer.step(batch)

@@ -8,26 +8,27 @@ import os
 import pytest
 import torch
 
+from asyncrl.api.weights import WeightSyncError
 from asyncrl.engine.local import LocalEngine
-from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.remote import RemoteEngine
+from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.engine.spawn import asyncrl_server
 from asyncrl.models.hf import build_tiny_model, load_model
-from asyncrl.weights.publish import DiskPublisher, DistPublisher, InProcessPublisher
-from asyncrl.api.weights import WeightSyncError
 from asyncrl.types import SamplingParams
+from asyncrl.weights.publish import DiskPublisher, DistPublisher, InProcessPublisher
+
 from conftest import make_model
 
 
 def _greedy(engine, prompt, n=8):
-    (c,), = engine.generate_batch([prompt], SamplingParams(max_new_tokens=n, greedy=True))
+    ((c,),) = engine.generate_batch([prompt], SamplingParams(max_new_tokens=n, greedy=True))
     return c
 
 
 def _hf_greedy(model, prompt, n=8):
     ids = torch.tensor([prompt])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 def test_disk_publisher_updates_a_local_engine_and_keeps_two_versions(tmp_path):
@@ -73,8 +74,7 @@ def test_dist_broadcast_to_a_server_process(tiny_model_dir, tokenizer, tmp_path)
     is the new model's, every token tagged with the new version; a dead server fails the next publish loudly."""
     old = load_model(tiny_model_dir)
     new = build_tiny_model(tokenizer, hidden_size=64, num_layers=2, intermediate_size=128, seed=5)
-    server = asyncrl_server(tiny_model_dir, "--max-len", "128", "--threads", "1",
-                            log_path=str(tmp_path / "server.log"))
+    server = asyncrl_server(tiny_model_dir, "--max-len", "128", "--threads", "1", log_path=str(tmp_path / "server.log"))
     engine = RemoteEngine([server.url]).start()
     publisher = DistPublisher([engine], backend="gloo", bucket_mb=1, timeout_s=30)
     prompt = [5, 17, 42, 99]

@@ -3,7 +3,9 @@ served model does not take are refused before anything is allocated."""
 
 import threading
 import time
+
 import pytest
+
 from asyncrl.weights.receive import DistReceiver
 
 
@@ -46,10 +48,12 @@ def test_the_receiver_refuses_tensors_the_served_model_does_not_take():
     from asyncrl.weights.receive import DistReceiver
 
     receiver = DistReceiver(lambda state, version: None, shapes={"lm_head.weight": (8, 4)})
-    for name, dtype, shape, named in (("junk0", "float32", [16 << 20], "not a weight of the served model"),
-                                      ("lm_head.weight", "float32", [2**62], "has shape"),
-                                      ("lm_head.weight", "qint8", [8, 4], "not a floating-point dtype"),
-                                      ("lm_head.weight", "bogus", [8, 4], "unknown dtype")):
+    for name, dtype, shape, named in (
+        ("junk0", "float32", [16 << 20], "not a weight of the served model"),
+        ("lm_head.weight", "float32", [2**62], "has shape"),
+        ("lm_head.weight", "qint8", [8, 4], "not a floating-point dtype"),
+        ("lm_head.weight", "bogus", [8, 4], "unknown dtype"),
+    ):
         with pytest.raises(ValueError, match=named):
             receiver.receive([name], [dtype], [shape], None, 1)
     assert receiver._buffers == {}

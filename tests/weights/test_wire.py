@@ -2,9 +2,12 @@
 buckets that keep the order and respect their size."""
 
 import os
+
 import pytest
 import torch
+
 from asyncrl.weights.wire import buckets, read_weights, write_weights
+
 from conftest import make_model
 
 

@@ -7,11 +7,14 @@ from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 
 
-@pytest.mark.parametrize("name, match", [
-    ("workflows_for_tests:Nope", "has no 'Nope'"),
-    ("no_such_module:Flow", "cannot import module"),
-    ("agentic", "neither a registered workflow"),
-])
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("workflows_for_tests:Nope", "has no 'Nope'"),
+        ("no_such_module:Flow", "cannot import module"),
+        ("agentic", "neither a registered workflow"),
+    ],
+)
 def test_bad_workflow_names_are_config_errors(name, match):
     with pytest.raises(ConfigError, match=f"workflow.name: .*{match}"):
         configlib.load(TrainConfig, None, [f"workflow.name={name}"])

@@ -10,12 +10,26 @@ from asyncrl.telemetry.metrics import read_metrics
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(TrainConfig, None, [
-        f"model.path={model_path}", f"output_dir={tmp_path}", "progress_bar=false", "report=false",
-        "total_train_steps=3", "train_dataset.batch_size=2", "gconfig.n_samples=2", "gconfig.max_new_tokens=16",
-        "valid_dataset.size=4", "evaluator.freq_steps=0", "rollout.max_slots=8",
-        "reward.fn=rewards_for_tests:digit_count_reward", "reward.workers=0", *extra,
-    ])
+    return configlib.load(
+        TrainConfig,
+        None,
+        [
+            f"model.path={model_path}",
+            f"output_dir={tmp_path}",
+            "progress_bar=false",
+            "report=false",
+            "total_train_steps=3",
+            "train_dataset.batch_size=2",
+            "gconfig.n_samples=2",
+            "gconfig.max_new_tokens=16",
+            "valid_dataset.size=4",
+            "evaluator.freq_steps=0",
+            "rollout.max_slots=8",
+            "reward.fn=rewards_for_tests:digit_count_reward",
+            "reward.workers=0",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.slow
@@ -23,8 +37,12 @@ def test_a_user_workflow_named_by_import_path_runs_end_to_end(tmp_path, tiny_mod
     import workflows_for_tests
 
     workflows_for_tests.ShortAnswerWorkflow.runs = 0
-    cfg = _cfg(tmp_path, tiny_model_dir, "workflow.name=workflows_for_tests:ShortAnswerWorkflow",
-               "workflow.kwargs={bonus: 2.0}")
+    cfg = _cfg(
+        tmp_path,
+        tiny_model_dir,
+        "workflow.name=workflows_for_tests:ShortAnswerWorkflow",
+        "workflow.kwargs={bonus: 2.0}",
+    )
     last = train(cfg)
     steps = [r for r in read_metrics(tmp_path / "asyncrl" / "default") if r["step"] > 0]
     assert last["version"] == 3 and len(steps) == 3
@@ -32,12 +50,18 @@ def test_a_user_workflow_named_by_import_path_runs_end_to_end(tmp_path, tiny_mod
     assert all(0 < r["reward_mean"] <= 2.0 for r in steps) and last["reward_calls"] == 0
 
 
-def test_workflow_kwargs_it_refuses_are_a_one_line_refusal_before_anything_is_created(tmp_path, tiny_model_dir,
-                                                                                       capsys):
+def test_workflow_kwargs_it_refuses_are_a_one_line_refusal_before_anything_is_created(tmp_path, tiny_model_dir, capsys):
     from asyncrl import cli
 
-    code = cli.main(["train", f"model.path={tiny_model_dir}", f"output_dir={tmp_path / 'out'}",
-                     "workflow.name=workflows_for_tests:ShortAnswerWorkflow", "workflow.kwargs={bogus: 1}"])
+    code = cli.main(
+        [
+            "train",
+            f"model.path={tiny_model_dir}",
+            f"output_dir={tmp_path / 'out'}",
+            "workflow.name=workflows_for_tests:ShortAnswerWorkflow",
+            "workflow.kwargs={bogus: 1}",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "workflow: cannot build" in err[0] and "bogus" in err[0]
     assert not (tmp_path / "out").exists()

@@ -23,10 +23,16 @@ from asyncrl.types import SamplingParams, WeightUpdate
 log = logging.getLogger(__name__)
 
 
-
-async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *, options: dict | None = None,
-                            success_threshold: float = 1.0, client_factory=InProcessClient,
-                            timeout_s: float | None = None) -> dict:
+async def evaluate_episodes(
+    proxy: AgentProxy,
+    items: list[dict],
+    episode_fn,
+    *,
+    options: dict | None = None,
+    success_threshold: float = 1.0,
+    client_factory=InProcessClient,
+    timeout_s: float | None = None,
+) -> dict:
     """Run ``episode_fn(client, item, **options)`` once per item, all at once, each with its own key on
     ``proxy`` (whose engine and sampling are the evaluation's) and a client from ``client_factory(proxy, key)``.
 
@@ -48,8 +54,13 @@ async def evaluate_episodes(proxy: AgentProxy, items: list[dict], episode_fn, *,
             score, failed = 0.0, True
             if not logged:
                 logged.append(e)
-                log.warning("evaluation: the episode of item %s failed (%s: %s); it scores 0, and further "
-                            "failures are counted in eval_episode_failures", item.get("id"), type(e).__name__, e)
+                log.warning(
+                    "evaluation: the episode of item %s failed (%s: %s); it scores 0, and further "
+                    "failures are counted in eval_episode_failures",
+                    item.get("id"),
+                    type(e).__name__,
+                    e,
+                )
         finally:
             episode = proxy.close(key)
         return score, failed, len(episode.calls), sum(len(c.output_ids) for c in episode.calls)
@@ -74,26 +85,51 @@ def make_proxy(engine, tokenizer, params: SamplingParams, max_len: int, tool_par
     return AgentProxy(ChatRenderer(tokenizer, stop), params, max_len, tool_parser=tool_parser, engine=engine)
 
 
-def evaluate_agent(engine, tokenizer, items: list[dict], episode_fn, params: SamplingParams, max_len: int, *,
-                   options: dict | None = None, tool_parser: str = "hermes", success_threshold: float = 1.0,
-                   timeout_s: float | None = None) -> dict:
+def evaluate_agent(
+    engine,
+    tokenizer,
+    items: list[dict],
+    episode_fn,
+    params: SamplingParams,
+    max_len: int,
+    *,
+    options: dict | None = None,
+    tool_parser: str = "hermes",
+    success_threshold: float = 1.0,
+    timeout_s: float | None = None,
+) -> dict:
     """:func:`evaluate_episodes` from a thread without a running event loop (the trainer's, SFT's, a script's):
     ``engine`` started, ``tokenizer`` the calling thread's own, ``max_len`` the engine's context per sequence.
     Tool latency options are dropped (they only slow evaluation down)."""
     episode_fn = _resolve(episode_fn)
     options = {k: v for k, v in (options or {}).items() if k not in LATENCY_OPTIONS}
     proxy = make_proxy(engine, tokenizer, params, max_len, tool_parser)
-    return asyncio.run(evaluate_episodes(proxy, items, episode_fn, options=options,
-                                         success_threshold=success_threshold, timeout_s=timeout_s))
+    return asyncio.run(
+        evaluate_episodes(
+            proxy, items, episode_fn, options=options, success_threshold=success_threshold, timeout_s=timeout_s
+        )
+    )
 
 
 class AgentEvaluator:
     """Held-out accuracy of the trainer's weights at a given version, by running the agent episodes on an
     engine of its own (a drop-in for :class:`asyncrl.loop.evaluate.Evaluator` when ``workflow.name`` is agent)."""
 
-    def __init__(self, engine, tokenizer, items: list[dict], episode, params: SamplingParams, max_len: int, weights,
-                 *, options: dict | None = None, tool_parser: str = "hermes", success_threshold: float = 1.0,
-                 timeout_s: float | None = None):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        items: list[dict],
+        episode,
+        params: SamplingParams,
+        max_len: int,
+        weights,
+        *,
+        options: dict | None = None,
+        tool_parser: str = "hermes",
+        success_threshold: float = 1.0,
+        timeout_s: float | None = None,
+    ):
         self.engine, self.tokenizer, self.items, self.episode_fn = engine, tokenizer, items, _resolve(episode)
         self.params, self.max_len, self.weights = params, max_len, weights
         self.options, self.tool_parser, self.success_threshold = dict(options or {}), tool_parser, success_threshold
@@ -104,9 +140,18 @@ class AgentEvaluator:
         if version != self.installed:
             self.engine.update_weights(WeightUpdate(version, state_dict=self.weights()))
             self.installed = version
-        return evaluate_agent(self.engine, self.tokenizer, self.items, self.episode_fn, self.params, self.max_len,
-                              options=self.options, tool_parser=self.tool_parser,
-                              success_threshold=self.success_threshold, timeout_s=self.timeout_s)
+        return evaluate_agent(
+            self.engine,
+            self.tokenizer,
+            self.items,
+            self.episode_fn,
+            self.params,
+            self.max_len,
+            options=self.options,
+            tool_parser=self.tool_parser,
+            success_threshold=self.success_threshold,
+            timeout_s=self.timeout_s,
+        )
 
 
 def _resolve(episode):
@@ -147,13 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.models.hf import load_model, load_tokenizer
 
     torch.set_num_threads(args.threads)
-    gen, _ = make_task(args.task, {"min_terms": args.min_terms, "max_terms": args.max_terms,
-                                   "max_operand": args.max_operand})
+    gen, _ = make_task(
+        args.task, {"min_terms": args.min_terms, "max_terms": args.max_terms, "max_operand": args.max_operand}
+    )
     items = gen.split(args.seed, args.size)
     tokenizer, model = load_tokenizer(args.model), load_model(args.model)
     max_len = min(model.config.max_position_embeddings, 1024)
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, greedy=not args.sample,
-                            stop_token_ids=(tokenizer.eos_token_id,))
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens, greedy=not args.sample, stop_token_ids=(tokenizer.eos_token_id,)
+    )
     engine = LocalEngine(model, max_slots=64, max_len=max_len, stop_token_ids=params.stop_token_ids).start()
     try:
         episode_fn = _resolve(gen.episode)

@@ -100,8 +100,17 @@ async def call_tool(item: dict, name: str, arguments, *, python: bool = True) ->
 
 
 # ---- the episode ---------------------------------------------------------------------------------------
-async def episode(client, item: dict, *, max_turns: int = 6, python: bool = True, tool_latency_s: float = 0.0,
-                  tool_latency_p99_s: float = 0.0, max_tokens: int | None = None, seed: int | None = None) -> float:
+async def episode(
+    client,
+    item: dict,
+    *,
+    max_turns: int = 6,
+    python: bool = True,
+    tool_latency_s: float = 0.0,
+    tool_latency_p99_s: float = 0.0,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+) -> float:
     """One attempt at ``item`` through ``client`` (an ``openai.AsyncOpenAI`` or the in-process client): the
     question with the tools, the model's tool calls run and fed back, up to ``max_turns`` LLM calls. Returns 1.0
     if the first reply without a tool call states the right answer (``The answer is N.``), else 0.0; a
@@ -134,5 +143,3 @@ async def episode(client, item: dict, *, max_turns: int = 6, python: bool = True
 
 def _status(error: Exception) -> int | None:
     return getattr(error, "status", None) or getattr(error, "status_code", None)
-
-

@@ -21,8 +21,10 @@ def transplant(model, tokenizer, source, source_tokenizer) -> int:
         if name in vocab_keys:
             continue
         if name not in source_state or source_state[name].shape != tensor.shape:
-            raise ValueError(f"cannot warm-start: the source model has no weight {name} of shape "
-                             f"{tuple(tensor.shape)} (give a source of the same shape)")
+            raise ValueError(
+                f"cannot warm-start: the source model has no weight {name} of shape "
+                f"{tuple(tensor.shape)} (give a source of the same shape)"
+            )
     old = source_tokenizer.get_vocab()
     pairs = [(i, old[token]) for token, i in tokenizer.get_vocab().items() if token in old]
     with torch.no_grad():

@@ -14,8 +14,9 @@ from __future__ import annotations
 from asyncrl.agent.chat import ChatRenderer
 
 
-def transcript_ids(renderer: ChatRenderer, messages: list[dict], tools: list[dict] | None = None
-                   ) -> tuple[list[int], list[int]]:
+def transcript_ids(
+    renderer: ChatRenderer, messages: list[dict], tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
     """(token ids of the whole conversation, a 0/1 mask marking the assistant tokens to train on)."""
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None or first == 0:
@@ -33,7 +34,7 @@ def transcript_ids(renderer: ChatRenderer, messages: list[dict], tools: list[dic
         while j < len(messages) and messages[j]["role"] != "assistant":
             j += 1
         if j > i + 1:
-            bridge = renderer.continuation(messages[i + 1:j], tools)
+            bridge = renderer.continuation(messages[i + 1 : j], tools)
             ids += bridge
             mask += [0] * len(bridge)
         elif j < len(messages):

@@ -11,7 +11,8 @@ JSON / Parquet file or saved ``datasets`` directory with the same row formats an
   turns only, each its content plus the end-of-turn token (:func:`chat_example`).
 - agentic built-in tasks (``lookup``: items carry a ``transcript``): whole multi-turn conversations, tokenised
   exactly as the agent proxy sends them at RL time (:func:`asyncrl.agent.tasks.transcripts.transcript_ids`),
-  evaluated by running the task's episode function (:mod:`asyncrl.agent.tasks.evaluate`; :mod:`asyncrl.commands.sft.agent`).
+  evaluated by running the task's episode function (:mod:`asyncrl.agent.tasks.evaluate`;
+  :mod:`asyncrl.commands.sft.agent`).
 
 Examples longer than ``max_length`` are skipped and counted (``sft_skipped_long``; :mod:`.examples`). A step's
 loss is the mean over its target tokens, computed in micro-batches of at most ``MICRO_BATCH_TOKENS`` positions,
@@ -20,7 +21,7 @@ packed side by side (``pack``; :mod:`asyncrl.trainer.packing`) or padded: the sa
 Held-out answers are scored by ``reward.fn`` or the data's own verifier. ``OUTPUT/sft_metrics.jsonl`` holds a
 record per step; checkpoints go to ``OUTPUT`` at the end, ``OUTPUT/stepN`` every ``saver.freq_steps`` steps and
 ``OUTPUT/best`` at each evaluation better than those before (with ``model.lora``: the adapter, and the merged model
-in ``merged/`` beside it; see :mod:`asyncrl.models.lora`); a step checkpoint also holds ``sft_state.pt`` (trained weights,
-optimizer, data position, RNG), from which the same command resumes a stopped run (``resume=auto``,
+in ``merged/`` beside it; see :mod:`asyncrl.models.lora`); a step checkpoint also holds ``sft_state.pt`` (trained
+weights, optimizer, data position, RNG), from which the same command resumes a stopped run (``resume=auto``,
 :mod:`asyncrl.commands.sft.state`) with the losses it would have had. The training stream is seeded by ``seed``
 (``train_dataset.seed`` is not used) and steps take ``train_dataset.batch_size`` examples."""

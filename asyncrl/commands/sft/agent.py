@@ -8,8 +8,8 @@ import dataclasses
 from asyncrl.api.workflow import AgenticTask
 from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
-from asyncrl.data.datasets import make_task
 from asyncrl.data.config import task_options
+from asyncrl.data.datasets import make_task
 from asyncrl.engine.local import LocalEngine
 from asyncrl.types import SamplingParams
 
@@ -34,8 +34,9 @@ class AgentTask:
         return transcript_ids(self.renderer, item["transcript"], self.tools)
 
     def scorer(self, items: list[dict], max_new_tokens: int, max_len: int) -> "_AgentScorer":
-        params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True,
-                                stop_token_ids=(self.tokenizer.eos_token_id,))
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens, greedy=True, stop_token_ids=(self.tokenizer.eos_token_id,)
+        )
         return _AgentScorer(self, items, params, max_len)
 
 
@@ -53,8 +54,7 @@ class _AgentScorer:
 
         engine = scoring_engine(model, self.max_len, 64)
         try:
-            return evaluate_agent(engine, self.task.tokenizer, self.items, self.task.episode, self.params,
-                                  self.max_len)
+            return evaluate_agent(engine, self.task.tokenizer, self.items, self.task.episode, self.params, self.max_len)
         finally:
             engine.stop()
 
@@ -68,14 +68,16 @@ def agent_task(cfg: SFTConfig, tokenizer) -> AgentTask | None:
     path = cfg.train_dataset.path
     if (path and not path.startswith("builtin:")) or cfg.train_dataset.mixture:
         return None
-    name = path[len("builtin:"):] or cfg.task.name
+    name = path[len("builtin:") :] or cfg.task.name
     gen, _ = make_task(name, task_options(cfg.task, name))
     if not isinstance(gen, AgenticTask):
         return None
     if not _renders_tools(tokenizer, gen.tools):
-        raise ConfigError(f"model.path: task '{name}' trains on tool-use transcripts, and this model's chat "
-                          "template does not show the tools (make the model with `asyncrl init-model --task "
-                          f"{name}`)")
+        raise ConfigError(
+            f"model.path: task '{name}' trains on tool-use transcripts, and this model's chat "
+            "template does not show the tools (make the model with `asyncrl init-model --task "
+            f"{name}`)"
+        )
     return AgentTask(tokenizer, gen.tools, gen.episode)
 
 

@@ -84,8 +84,10 @@ def item_example(tokenizer, item: dict) -> tuple[Example, int]:
         except ValueError as e:
             raise NoTarget(str(e)) from None
         if not any(mask):
-            raise NoTarget(f"none of its {untrained} assistant turn(s) is rendered by the chat template as it "
-                           "is within the whole conversation")
+            raise NoTarget(
+                f"none of its {untrained} assistant turn(s) is rendered by the chat template as it "
+                "is within the whole conversation"
+            )
         return (ids, mask), untrained
     target = item.get("solution") or item.get("answer")
     if target is None or not str(target).strip():
@@ -114,8 +116,14 @@ class Examples:
     """Training examples from the item stream: items with nothing to train on and examples longer than
     ``max_length`` are skipped, counted and logged once each; a source that yields none is an error."""
 
-    def __init__(self, items: Iterator[dict], build: Callable[[dict], tuple[Example, int]], max_length: int,
-                 data_stats: Callable[[], dict], source: str):
+    def __init__(
+        self,
+        items: Iterator[dict],
+        build: Callable[[dict], tuple[Example, int]],
+        max_length: int,
+        data_stats: Callable[[], dict],
+        source: str,
+    ):
         self.items, self.build, self.max_length, self.data_stats = items, build, max_length, data_stats
         self.source = source
         self.counts = {"sft_skipped_long": 0, "sft_skipped_no_target": 0, "sft_turns_untrained": 0}
@@ -138,20 +146,29 @@ class Examples:
                 self._skip("sft_skipped_no_target", f"item {_name(item)} has nothing to train on: {e}")
             else:
                 if untrained:
-                    self._count("sft_turns_untrained", f"item {_name(item)}: {untrained} assistant turn(s) left "
-                                "untrained, as the chat template renders them differently within the whole "
-                                "conversation", untrained)
+                    self._count(
+                        "sft_turns_untrained",
+                        f"item {_name(item)}: {untrained} assistant turn(s) left "
+                        "untrained, as the chat template renders them differently within the whole "
+                        "conversation",
+                        untrained,
+                    )
                 if len(example[0]) <= self.max_length:
                     out.append(example)
                     in_a_row, epoch = 0, self._epoch()
                     continue
-                self._skip("sft_skipped_long", f"an example of {len(example[0])} tokens is longer than max_length="
-                           f"{self.max_length} (0 = the model's context)")
+                self._skip(
+                    "sft_skipped_long",
+                    f"an example of {len(example[0])} tokens is longer than max_length="
+                    f"{self.max_length} (0 = the model's context)",
+                )
             in_a_row += 1
             if in_a_row >= MAX_SKIPS_IN_A_ROW or self._epoch() >= epoch + 2:  # a whole pass found nothing
-                raise ConfigError(f"{self.source}: no usable training example in {in_a_row} items in a row "
-                                  f"({self._counts_text()}): give rows a target (a solution / response or answer "
-                                  "column, or chat messages ending with an assistant turn) or raise max_length")
+                raise ConfigError(
+                    f"{self.source}: no usable training example in {in_a_row} items in a row "
+                    f"({self._counts_text()}): give rows a target (a solution / response or answer "
+                    "column, or chat messages ending with an assistant turn) or raise max_length"
+                )
         return out
 
     def _skip(self, key: str, message: str) -> None:

@@ -14,8 +14,15 @@ from asyncrl.trainer.packing import micro_batches, pack, packed_forward, plan_mi
 MICRO_BATCH_TOKENS = 16_384  # positions (padding included) in one forward pass: bounds activation memory
 
 
-def micro_batch_losses(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, *,
-                       pack_rows: bool, max_tokens: int = MICRO_BATCH_TOKENS) -> Iterator[torch.Tensor]:
+def micro_batch_losses(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    pack_rows: bool,
+    max_tokens: int = MICRO_BATCH_TOKENS,
+) -> Iterator[torch.Tensor]:
     """The mean negative log-likelihood of the target tokens of a padded batch (``sft_batch``), one term per
     micro-batch: their sum is the loss; back-propagate each as it comes, so that one micro-batch's activations
     are held at a time. A micro-batch computes at most ``max_tokens`` positions. With ``pack_rows`` its

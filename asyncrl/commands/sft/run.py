@@ -54,13 +54,21 @@ def sft(cfg: SFTConfig) -> dict:
         except RuntimeError as e:
             raise ConfigError(f"pack: {str(e).replace('actor.pack_sequences=false', 'pack=false')}") from None
     # prompts need room for a target here; held-out ones for max_new_tokens (checked by _eval_items)
-    data = dataset_from_config(cfg.task, dataclasses.replace(cfg.train_dataset, seed=cfg.seed), cfg.valid_dataset,
-                               tokenizer=tokenizer, default_max_prompt_tokens=context - 1)
+    data = dataset_from_config(
+        cfg.task,
+        dataclasses.replace(cfg.train_dataset, seed=cfg.seed),
+        cfg.valid_dataset,
+        tokenizer=tokenizer,
+        default_max_prompt_tokens=context - 1,
+    )
     agent = agent_task(cfg, tokenizer)
     build = (lambda item: (agent.example(item), 0)) if agent else (lambda item: item_example(tokenizer, item))
     examples = Examples(data.train, build, _max_length(cfg.max_length, context), data.stats, _source_key(cfg))
-    score = (agent.scorer(data.valid, cfg.gconfig.max_new_tokens, context) if agent else
-             _Scorer(cfg, tokenizer, data.valid, data.reward_fn, context))
+    score = (
+        agent.scorer(data.valid, cfg.gconfig.max_new_tokens, context)
+        if agent
+        else _Scorer(cfg, tokenizer, data.valid, data.reward_fn, context)
+    )
     try:
         out = Path(cfg.output_dir)  # created once the model and the data are known good
         try:
@@ -76,24 +84,41 @@ def sft(cfg: SFTConfig) -> dict:
             from asyncrl.models.lora import apply_lora
 
             model = apply_lora(model, **dataclasses.asdict(cfg.model.lora))
-        record = _train(cfg, model, tokenizer, examples, data.stats, score,
-                        _EngineModel(model, model_path, lora), out, start)
+        record = _train(
+            cfg, model, tokenizer, examples, data.stats, score, _EngineModel(model, model_path, lora), out, start
+        )
     finally:
         score.close()
     examples.summary()
     save_model(model, tokenizer, out, lora)
     held_out = f", held-out accuracy {record['eval_accuracy']:.3f}" if "eval_accuracy" in record else ""
-    log.info("sft done: %d steps in %.0f s, loss %.4f%s; the model is in %s", record["step"], record["elapsed_s"],
-             record["loss"], held_out, out)
+    log.info(
+        "sft done: %d steps in %.0f s, loss %.4f%s; the model is in %s",
+        record["step"],
+        record["elapsed_s"],
+        record["loss"],
+        held_out,
+        out,
+    )
     best = best_before(out, record["step"] + 1)
     if best is not None:
-        log.info("the best held-out model (%.3f at step %d) is in %s", best["eval_accuracy"], best["step"],
-                 out / BEST_DIR)
+        log.info(
+            "the best held-out model (%.3f at step %d) is in %s", best["eval_accuracy"], best["step"], out / BEST_DIR
+        )
     return record
 
 
-def _train(cfg: SFTConfig, model, tokenizer, examples: "Examples", data_stats, score, engine_model, out: Path,
-           start: Path | None = None) -> dict:
+def _train(
+    cfg: SFTConfig,
+    model,
+    tokenizer,
+    examples: "Examples",
+    data_stats,
+    score,
+    engine_model,
+    out: Path,
+    start: Path | None = None,
+) -> dict:
     """The optimizer steps, with evaluations, step checkpoints and a metrics record per step; the last record.
     From ``start`` (a step checkpoint): its weights, optimizer, data position and RNG, and the metrics up to it."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -105,8 +130,13 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "Examples", data_stats, s
         (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in kept))
         record = kept[-1] if kept else {}
         t0 -= float(record.get("elapsed_s", 0.0))
-        log.info("sft: resuming from %s (step %d of %d)%s; resume=fresh starts over", start, first - 1,
-                 cfg.total_train_steps, ": nothing left to train" if first > cfg.total_train_steps else "")
+        log.info(
+            "sft: resuming from %s (step %d of %d)%s; resume=fresh starts over",
+            start,
+            first - 1,
+            cfg.total_train_steps,
+            ": nothing left to train" if first > cfg.total_train_steps else "",
+        )
     best = best_before(out, first, evaluation_key(cfg))
     best_accuracy = best["eval_accuracy"] if best else -math.inf
     model.train()
@@ -125,8 +155,15 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "Examples", data_stats, s
                 loss += part.item()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
-            record = {"step": step, "loss": loss, "tokens": int(mask.sum()), "lr": lr, **examples.counts,
-                      **data_stats(), "elapsed_s": time.perf_counter() - t0}
+            record = {
+                "step": step,
+                "loss": loss,
+                "tokens": int(mask.sum()),
+                "lr": lr,
+                **examples.counts,
+                **data_stats(),
+                "elapsed_s": time.perf_counter() - t0,
+            }
             if step == cfg.total_train_steps or (cfg.evaluator.freq_steps and step % cfg.evaluator.freq_steps == 0):
                 model.eval()
                 record.update(score(engine_model()))
@@ -134,8 +171,11 @@ def _train(cfg: SFTConfig, model, tokenizer, examples: "Examples", data_stats, s
                 if record["eval_accuracy"] > best_accuracy:
                     best_accuracy = record["eval_accuracy"]
                     save_best(model, tokenizer, out, step, best_accuracy, engine_model.lora, evaluation_key(cfg))
-                _say(bar, f"sft step {step} | loss {loss:.4f} | eval_acc {record['eval_accuracy']:.3f} | "
-                          f"{record['elapsed_s']:.0f}s")
+                _say(
+                    bar,
+                    f"sft step {step} | loss {loss:.4f} | eval_acc {record['eval_accuracy']:.3f} | "
+                    f"{record['elapsed_s']:.0f}s",
+                )
             elif step % cfg.log_every == 0:
                 _say(bar, f"sft step {step} | loss {loss:.4f} | {record['elapsed_s']:.0f}s")
             if bar is not None:
@@ -175,8 +215,12 @@ def _source_key(cfg: SFTConfig) -> str:
 
 def _max_length(configured: int, context: int) -> int:
     if configured > context:
-        log.warning("max_length=%d is more than the model's context of %d tokens; examples are limited to %d",
-                    configured, context, context)
+        log.warning(
+            "max_length=%d is more than the model's context of %d tokens; examples are limited to %d",
+            configured,
+            context,
+            context,
+        )
     return min(configured or context, context)
 
 
@@ -190,11 +234,14 @@ class _Scorer:
 
         self.tokenizer, self.context = tokenizer, context
         self.items = _eval_items(valid, tokenizer, context - cfg.gconfig.max_new_tokens)
-        self.params = SamplingParams(max_new_tokens=cfg.gconfig.max_new_tokens, greedy=True,
-                                     stop_token_ids=(tokenizer.eos_token_id,))
+        self.params = SamplingParams(
+            max_new_tokens=cfg.gconfig.max_new_tokens, greedy=True, stop_token_ids=(tokenizer.eos_token_id,)
+        )
         if not cfg.reward.fn and default_fn is math_reward and any(not it.get("answer") for it in self.items):
-            log.warning("some held-out items have no 'answer' for the default verifier, so they score 0 (counted in "
-                        "eval_reward_errors): give the rows an answer column or set reward.fn")
+            log.warning(
+                "some held-out items have no 'answer' for the default verifier, so they score 0 (counted in "
+                "eval_reward_errors): give the rows an answer column or set reward.fn"
+            )
         self.reward = build_reward_service(cfg.reward, default_fn)
         self.default, self.threshold = cfg.reward.default, cfg.evaluator.success_threshold
 
@@ -202,8 +249,9 @@ class _Scorer:
         longest = max(len(it["prompt_ids"]) for it in self.items)
         engine = scoring_engine(model, min(self.context, longest + self.params.max_new_tokens), len(self.items))
         try:
-            return evaluate(engine, self.tokenizer, self.items, self.reward.eval_fn, self.params, self.default,
-                            self.threshold)
+            return evaluate(
+                engine, self.tokenizer, self.items, self.reward.eval_fn, self.params, self.default, self.threshold
+            )
         finally:
             engine.stop()
 
@@ -222,11 +270,17 @@ def _eval_items(valid: list[dict], tokenizer, max_prompt: int) -> list[dict]:
             continue
         items.append(it)
     if dropped:
-        log.warning("evaluation: %d held-out prompt(s) are over %d tokens (the model's context minus "
-                    "max_new_tokens) and are not evaluated", dropped, max_prompt)
+        log.warning(
+            "evaluation: %d held-out prompt(s) are over %d tokens (the model's context minus "
+            "max_new_tokens) and are not evaluated",
+            dropped,
+            max_prompt,
+        )
     if not items:
-        raise ConfigError(f"valid_dataset: every held-out prompt is longer than {max_prompt} tokens (the model's "
-                          "context minus max_new_tokens): lower max_new_tokens or give shorter held-out prompts")
+        raise ConfigError(
+            f"valid_dataset: every held-out prompt is longer than {max_prompt} tokens (the model's "
+            "context minus max_new_tokens): lower max_new_tokens or give shorter held-out prompts"
+        )
     return items
 
 

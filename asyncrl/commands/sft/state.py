@@ -21,14 +21,24 @@ from asyncrl.configlib import ConfigError
 METRICS_FILE = "sft_metrics.jsonl"  # OUTPUT/sft_metrics.jsonl: a record per step
 STATE_FILE = "sft_state.pt"  # in a step checkpoint: what a resume needs beyond the weights
 BEST_DIR, BEST_FILE = "best", "best.json"  # OUTPUT/best: the model of the best held-out evaluation so far
-RESUME_SETTABLE = ("output_dir", "total_train_steps", "log_every", "evaluator.", "saver.", "progress_bar", "resume",
-                   "actor.threads")
+RESUME_SETTABLE = (
+    "output_dir",
+    "total_train_steps",
+    "log_every",
+    "evaluator.",
+    "saver.",
+    "progress_bar",
+    "resume",
+    "actor.threads",
+)
 """Keys a resumed SFT run may change: how long it runs and how it is watched, evaluated, saved and threaded."""
 
 
 def _step_points(out: Path) -> list[Path]:
-    return sorted((p for p in out.glob("step*") if (p / STATE_FILE).is_file() and p.name[4:].isdigit()),
-                  key=lambda p: int(p.name[4:]))
+    return sorted(
+        (p for p in out.glob("step*") if (p / STATE_FILE).is_file() and p.name[4:].isdigit()),
+        key=lambda p: int(p.name[4:]),
+    )
 
 
 def start_over(out: Path, model_path: str = "") -> None:
@@ -41,8 +51,10 @@ def start_over(out: Path, model_path: str = "") -> None:
     out = out.resolve()  # output_dir=. has no name of its own
     model = Path(model_path).resolve() if model_path and Path(model_path).exists() else None  # not a hub name
     if model is not None and (model == out or out in model.parents):
-        raise ConfigError(f"model.path '{model_path}' is inside output_dir '{out}', which holds an earlier SFT run "
-                          "that starting over moves aside: write this run to another output_dir")
+        raise ConfigError(
+            f"model.path '{model_path}' is inside output_dir '{out}', which holds an earlier SFT run "
+            "that starting over moves aside: write this run to another output_dir"
+        )
     aside = out.with_name(f"{out.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     aside.mkdir()
     for entry in out.iterdir():  # its contents, not the directory: it may be the working directory
@@ -61,14 +73,17 @@ def resume_point(cfg: SFTConfig, out: Path) -> Path | None:
     try:
         saved = yaml.safe_load((out / "sft_config.yaml").read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read {out / 'sft_config.yaml'} of the run to resume: {e}; set resume=fresh to "
-                          "start over") from e
+        raise ConfigError(
+            f"cannot read {out / 'sft_config.yaml'} of the run to resume: {e}; set resume=fresh to start over"
+        ) from e
     a, b = configlib.flat(saved), configlib.flat(configlib.to_dict(cfg))
     changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not k.startswith(RESUME_SETTABLE)]
     if changed:
-        raise ConfigError(f"{out} holds an SFT run with another configuration ("
-                          + "; ".join(f"{k}: {a.get(k)} -> {b.get(k)}" for k in changed[:8])
-                          + "): resume it with the same keys, or set resume=fresh to start over")
+        raise ConfigError(
+            f"{out} holds an SFT run with another configuration ("
+            + "; ".join(f"{k}: {a.get(k)} -> {b.get(k)}" for k in changed[:8])
+            + "): resume it with the same keys, or set resume=fresh to start over"
+        )
     return points[-1]
 
 
@@ -77,9 +92,17 @@ def save_step(model, tokenizer, optimizer, examples, out: Path, step: int, lora:
     final, tmp = out / f"step{step}", out / f".step{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tokenizer, tmp, lora)
-    torch.save({"step": step, "trained": {n: p.detach() for n, p in model.named_parameters() if p.requires_grad},
-                "optimizer": optimizer.state_dict(), "items_read": examples.items_read,
-                "counts": dict(examples.counts), "rng": torch.get_rng_state()}, tmp / STATE_FILE)
+    torch.save(
+        {
+            "step": step,
+            "trained": {n: p.detach() for n, p in model.named_parameters() if p.requires_grad},
+            "optimizer": optimizer.state_dict(),
+            "items_read": examples.items_read,
+            "counts": dict(examples.counts),
+            "rng": torch.get_rng_state(),
+        },
+        tmp / STATE_FILE,
+    )
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
 
@@ -97,8 +120,7 @@ def save_best(model, tokenizer, out: Path, step: int, accuracy: float, lora: boo
     final, tmp = out / BEST_DIR, out / f".{BEST_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tokenizer, tmp, lora)
-    (tmp / BEST_FILE).write_text(json.dumps({"step": step, "eval_accuracy": accuracy, "evaluation": evaluation})
-                                 + "\n")
+    (tmp / BEST_FILE).write_text(json.dumps({"step": step, "eval_accuracy": accuracy, "evaluation": evaluation}) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
 
@@ -114,8 +136,12 @@ def best_before(out: Path, first: int, evaluation: dict | None = None) -> dict |
             if evaluation is not None and best.get("evaluation", evaluation) != evaluation:
                 logging.getLogger(__name__).warning(
                     "%s was evaluated with %s, this run evaluates with %s: its accuracy %.3f is not compared, and "
-                    "the next evaluation replaces it", out / BEST_DIR, best.get("evaluation"), evaluation,
-                    best["eval_accuracy"])
+                    "the next evaluation replaces it",
+                    out / BEST_DIR,
+                    best.get("evaluation"),
+                    evaluation,
+                    best["eval_accuracy"],
+                )
                 return None
             return best
     except (OSError, ValueError, KeyError, TypeError):

@@ -15,6 +15,7 @@ from asyncrl.agent.tasks.lookup import episode
 from asyncrl.agent.tasks.transcripts import assistant_ids
 from asyncrl.data.lookup import LookupTask
 from asyncrl.types import Completion, SamplingParams
+
 from conftest import ROOT
 
 
@@ -61,11 +62,13 @@ def test_the_shipped_tiny_agent_looks_numbers_up_and_solves_some_held_out_proble
     recipe = yaml.safe_load((Path(path) / "sft_config.yaml").read_text())["task"]
     guessed = set(recipe["direct_things"])
     task = yaml.safe_load((ROOT / "examples" / "agent_lookup.yaml").read_text())["task"]
-    assert {k: task[k] for k in ("min_terms", "max_terms", "max_operand")} == \
-        {k: recipe[k] for k in ("min_terms", "max_terms", "max_operand")}  # RL's task is the one it learnt
+    assert {k: task[k] for k in ("min_terms", "max_terms", "max_operand")} == {
+        k: recipe[k] for k in ("min_terms", "max_terms", "max_operand")
+    }  # RL's task is the one it learnt
     tokenizer, model = load_tokenizer(path), load_model(path)
-    items = LookupTask(min_terms=task["min_terms"], max_terms=task["max_terms"],
-                       max_operand=task["max_operand"]).split(10_000, 48)
+    items = LookupTask(min_terms=task["min_terms"], max_terms=task["max_terms"], max_operand=task["max_operand"]).split(
+        10_000, 48
+    )
     outcomes = []
 
     async def counting(client, item):

@@ -13,6 +13,7 @@ import pytest
 from asyncrl.agent.tasks import lookup
 from asyncrl.data import lookup as lookup_task
 from asyncrl.data.lookup import LookupTask, tool_call_text
+
 from engines_for_tests import assistant_texts, play_lookup
 
 

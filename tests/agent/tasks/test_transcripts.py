@@ -4,6 +4,7 @@ records when an agent writes them."""
 from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.tasks.transcripts import transcript_ids
 from asyncrl.data.lookup import TOOLS, LookupTask
+
 from engines_for_tests import assistant_texts, play_lookup
 
 
@@ -17,4 +18,4 @@ def test_sft_transcript_tokens_equal_what_the_proxy_sends_and_records(agent_toke
         assert [0] * len(sample.prompt_ids) + sample.loss_mask == mask
         assert recorded.history_edits == 0
         for call in recorded.calls:  # each call's prompt is a prefix of the SFT sequence
-            assert ids[:len(call.prompt_ids)] == call.prompt_ids
+            assert ids[: len(call.prompt_ids)] == call.prompt_ids

@@ -3,10 +3,13 @@ reads them, the loss mask on the response / assistant tokens only (tool calls in
 the template renders differently left out), bad rows named by file and line."""
 
 import logging
+
 import pytest
+
+from asyncrl.commands.sft.examples import chat_example, item_example, sft_batch
 from asyncrl.configlib import ConfigError
 from asyncrl.data.formats import prompt_of
-from asyncrl.commands.sft.examples import chat_example, item_example, sft_batch
+
 from sft_for_tests import CHATS, PAIRS, TEMPLATES, build, spans, write_jsonl
 
 
@@ -60,15 +63,19 @@ def test_chat_rows_from_parquet(tmp_path, tokenizer):
     assert [m["role"] for m in item["messages"]] == ["system", "user", "assistant", "user", "assistant"]
     assert all(set(m) == {"role", "content"} for m in item["messages"])
     (ids, mask), _ = item_example(tokenizer, item)
-    assert [tokenizer.decode(r, skip_special_tokens=True) for r in spans(ids, mask)] == \
-        [m["content"] for m in item["messages"] if m["role"] == "assistant"]
+    assert [tokenizer.decode(r, skip_special_tokens=True) for r in spans(ids, mask)] == [
+        m["content"] for m in item["messages"] if m["role"] == "assistant"
+    ]
 
 
 def test_chat_rows_in_sharegpt_form_and_templated(tmp_path, tokenizer):
-    rows = [{"conversations": [{"from": "human", "value": f"Add {i} and 1."}, {"from": "gpt", "value": f"{i + 1}"}]}
-            for i in range(10)]
-    item = next(build(write_jsonl(tmp_path / "share.jsonl", rows), tokenizer,
-                      prompt_template="{question} Be brief.").train)
+    rows = [
+        {"conversations": [{"from": "human", "value": f"Add {i} and 1."}, {"from": "gpt", "value": f"{i + 1}"}]}
+        for i in range(10)
+    ]
+    item = next(
+        build(write_jsonl(tmp_path / "share.jsonl", rows), tokenizer, prompt_template="{question} Be brief.").train
+    )
     assert item["messages"][0]["role"] == "user" and item["messages"][1]["role"] == "assistant"
     assert item["question"].endswith(" Be brief.") and item["messages"][0]["content"] == item["question"]
 
@@ -94,10 +101,12 @@ def test_an_assistant_turn_with_only_a_tool_call_is_trained(tokenizer):
     """OpenAI-format agent data: the turn that calls the tool has empty content; calling it is what is learnt."""
     tok = _with_template(tokenizer, "qwen2.5.jinja")
     call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Paris"}}}
-    messages = [{"role": "user", "content": "Weather in Paris?"},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-                {"role": "assistant", "content": "It is sunny."}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny."},
+    ]
     ids, mask, untrained = chat_example(tok, messages)
     runs = [tok.decode(r) for r in spans(ids, mask)]
     assert untrained == 0 and len(runs) == 2 and "<tool_call>" in runs[0] and "weather" in runs[0]
@@ -110,18 +119,27 @@ def test_an_assistant_turn_marked_weight_0_is_not_trained(tokenizer):
     from asyncrl.data.formats import chat_messages
 
     tok = _with_template(tokenizer, "qwen2.5.jinja")
-    messages = chat_messages([{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
-                              {"role": "assistant", "content": "bad", "weight": 0}, {"role": "user", "content": "q2"},
-                              {"role": "assistant", "content": "good", "weight": 1}])
+    messages = chat_messages(
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "bad", "weight": 0},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "good", "weight": 1},
+        ]
+    )
     ids, mask, untrained = chat_example(tok, messages)
     assert untrained == 0 and [tok.decode(r, skip_special_tokens=True) for r in spans(ids, mask)] == ["good"]
 
 
 def test_chat_turns_the_template_renders_differently_are_left_untrained(tokenizer):
     tok = _with_template(tokenizer, "qwen3.jinja")  # drops earlier turns' reasoning once a new query follows
-    messages = [{"role": "user", "content": "Add 2 and 3."},
-                {"role": "assistant", "content": "<think>\n2+3</think>\n\n5."},
-                {"role": "user", "content": "And 2 and 4?"}, {"role": "assistant", "content": "6."}]
+    messages = [
+        {"role": "user", "content": "Add 2 and 3."},
+        {"role": "assistant", "content": "<think>\n2+3</think>\n\n5."},
+        {"role": "user", "content": "And 2 and 4?"},
+        {"role": "assistant", "content": "6."},
+    ]
     ids, mask, untrained = chat_example(tok, messages)
     assert untrained == 1
     [run] = spans(ids, mask)
@@ -129,10 +147,17 @@ def test_chat_turns_the_template_renders_differently_are_left_untrained(tokenize
 
 
 def test_bad_rows_are_named_by_file_and_line(tmp_path, tokenizer, caplog):
-    rows = CHATS[:9] + [{"messages": [{"role": "user", "content": "hi"}]},  # line 10: no assistant turn
-                        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                                      {"role": "user", "content": "and?"}]},  # line 11: ends with a user turn
-                        {"messages": [{"role": "robot", "content": "hi"}]}]  # line 12: unknown role
+    rows = CHATS[:9] + [
+        {"messages": [{"role": "user", "content": "hi"}]},  # line 10: no assistant turn
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo"},
+                {"role": "user", "content": "and?"},
+            ]
+        },  # line 11: ends with a user turn
+        {"messages": [{"role": "robot", "content": "hi"}]},
+    ]  # line 12: unknown role
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
     with caplog.at_level(logging.WARNING, logger="asyncrl.data"):
         data = build(path, tokenizer)

@@ -1,9 +1,11 @@
 """SFT's loss (asyncrl.commands.sft.loss): packed micro-batches give the padded loss and gradients."""
 
 import torch
-from asyncrl.trainer.packing import plan_micro_batches
-from asyncrl.commands.sft.loss import MICRO_BATCH_TOKENS, micro_batch_losses
+
 from asyncrl.commands.sft.examples import sft_batch
+from asyncrl.commands.sft.loss import MICRO_BATCH_TOKENS, micro_batch_losses
+from asyncrl.trainer.packing import plan_micro_batches
+
 from conftest import make_model
 
 
@@ -21,8 +23,10 @@ def test_packed_loss_and_gradients_equal_the_padded_ones():
     results = []
     for pack_rows, max_tokens in ((False, MICRO_BATCH_TOKENS), (True, MICRO_BATCH_TOKENS), (True, 64), (False, 64)):
         model.zero_grad()
-        loss = sum(part.backward() or part.detach() for part in micro_batch_losses(
-            model, *batch, pack_rows=pack_rows, max_tokens=max_tokens))
+        loss = sum(
+            part.backward() or part.detach()
+            for part in micro_batch_losses(model, *batch, pack_rows=pack_rows, max_tokens=max_tokens)
+        )
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         results.append((loss, grads))
     (loss0, grads0) = results[0]

@@ -5,10 +5,13 @@ over never moves the model a run trains from."""
 import json
 import logging
 from pathlib import Path
+
 import pytest
 import torch
-from asyncrl.configlib import ConfigError
+
 from asyncrl.commands.sft.run import sft
+from asyncrl.configlib import ConfigError
+
 from sft_for_tests import PAIRS, config, metrics, write_jsonl
 
 
@@ -31,8 +34,9 @@ def test_save_every_writes_step_checkpoints_loadable_with_transformers(tmp_path,
 def test_the_best_held_out_model_is_kept_and_survives_a_resume(tmp_path, tiny_model_dir, monkeypatch):
     """OUTPUT/best is the model of the best evaluation so far (best.json: step and accuracy), loadable; a resumed
     run keeps a best saved before its resume point and replaces one saved at steps it trains again."""
-    import asyncrl.commands.sft.run as sft_module
     from transformers import AutoModelForCausalLM
+
+    import asyncrl.commands.sft.run as sft_module
 
     accuracies = iter([0.2, 0.6, 0.4, 0.5, 0.3, 0.7])
 
@@ -41,28 +45,65 @@ def test_the_best_held_out_model_is_kept_and_survives_a_resume(tmp_path, tiny_mo
 
     monkeypatch.setattr(sft_module._Scorer, "__call__", scored)
     path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
-    cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=4", "saver.freq_steps=2",
-                 "evaluator.freq_steps=1")
+    cfg = config(
+        tmp_path,
+        tiny_model_dir,
+        f"train_dataset.path={path}",
+        "total_train_steps=4",
+        "saver.freq_steps=2",
+        "evaluator.freq_steps=1",
+    )
     sft(cfg)  # evaluations 0.2, 0.6, 0.4, 0.5 at steps 1-4
     best = Path(cfg.output_dir) / "best"
-    assert json.loads((best / "best.json").read_text()) == {"step": 2, "eval_accuracy": 0.6, "evaluation": {
-        "greedy": True, "success_threshold": 1.0}}
+    assert json.loads((best / "best.json").read_text()) == {
+        "step": 2,
+        "eval_accuracy": 0.6,
+        "evaluation": {"greedy": True, "success_threshold": 1.0},
+    }
     step2 = AutoModelForCausalLM.from_pretrained(Path(cfg.output_dir) / "step2").state_dict()
-    assert all(torch.equal(a, b) for a, b in zip(AutoModelForCausalLM.from_pretrained(best).state_dict().values(),
-                                                 step2.values()))
-    sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
-               "evaluator.freq_steps=1"))  # resumes at step 5: 0.3, then 0.7 at step 6
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(AutoModelForCausalLM.from_pretrained(best).state_dict().values(), step2.values())
+    )
+    sft(
+        config(
+            tmp_path,
+            tiny_model_dir,
+            f"train_dataset.path={path}",
+            "total_train_steps=6",
+            "saver.freq_steps=2",
+            "evaluator.freq_steps=1",
+        )
+    )  # resumes at step 5: 0.3, then 0.7 at step 6
     assert json.loads((best / "best.json").read_text())["eval_accuracy"] == 0.7
     (best / "best.json").write_text(json.dumps({"step": 5, "eval_accuracy": 0.9}))  # as if saved after step 4
     accuracies = iter([0.1, 0.05])
-    sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
-               "evaluator.freq_steps=1"))  # resumes from step6: nothing to train, the best stays
+    sft(
+        config(
+            tmp_path,
+            tiny_model_dir,
+            f"train_dataset.path={path}",
+            "total_train_steps=6",
+            "saver.freq_steps=2",
+            "evaluator.freq_steps=1",
+        )
+    )  # resumes from step6: nothing to train, the best stays
     assert json.loads((best / "best.json").read_text())["step"] == 5
     (Path(cfg.output_dir) / "step6" / "sft_state.pt").unlink()  # now it resumes at step 5, which it trains again
-    sft(config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2",
-               "evaluator.freq_steps=1"))
+    sft(
+        config(
+            tmp_path,
+            tiny_model_dir,
+            f"train_dataset.path={path}",
+            "total_train_steps=6",
+            "saver.freq_steps=2",
+            "evaluator.freq_steps=1",
+        )
+    )
     assert {k: v for k, v in json.loads((best / "best.json").read_text()).items() if k != "evaluation"} == {
-        "step": 5, "eval_accuracy": 0.1}
+        "step": 5,
+        "eval_accuracy": 0.1,
+    }
 
 
 def test_a_best_model_evaluated_under_other_settings_is_not_compared(tmp_path, caplog):
@@ -72,25 +113,29 @@ def test_a_best_model_evaluated_under_other_settings_is_not_compared(tmp_path, c
 
     best = tmp_path / "best"
     best.mkdir()
-    (best / "best.json").write_text(json.dumps({"step": 4, "eval_accuracy": 0.9, "evaluation": {
-        "greedy": True, "success_threshold": 1.0}}))
+    (best / "best.json").write_text(
+        json.dumps({"step": 4, "eval_accuracy": 0.9, "evaluation": {"greedy": True, "success_threshold": 1.0}})
+    )
     assert best_before(tmp_path, 5, {"greedy": True, "success_threshold": 1.0})["eval_accuracy"] == 0.9
     assert best_before(tmp_path, 5, {"greedy": False, "success_threshold": 1.0}) is None
     assert best.is_dir() and "is not compared, and the next evaluation replaces it" in caplog.text
 
 
-def test_a_stopped_sft_run_resumes_from_its_step_checkpoint_with_the_same_losses(tmp_path, tiny_model_dir,
-                                                                                   monkeypatch, caplog):
+def test_a_stopped_sft_run_resumes_from_its_step_checkpoint_with_the_same_losses(
+    tmp_path, tiny_model_dir, monkeypatch, caplog
+):
     """Stopped after step 4 (saved at 2 and 4), the same command continues at step 5 from the weights, optimizer,
     data position and RNG of step 4: every loss equals the uninterrupted run's, each step is logged once."""
     import asyncrl.commands.sft.run as sft_module
 
     path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
-    whole = config(tmp_path / "whole", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6",
-                   "saver.freq_steps=2")
+    whole = config(
+        tmp_path / "whole", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2"
+    )
     sft(whole)
-    cut = config(tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6",
-                 "saver.freq_steps=2")
+    cut = config(
+        tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=2"
+    )
     real_batch, calls = sft_module.sft_batch, []
 
     def stop_at_step_5(*args):
@@ -113,10 +158,19 @@ def test_a_stopped_sft_run_resumes_from_its_step_checkpoint_with_the_same_losses
     assert [r["loss"] for r in resumed] == [r["loss"] for r in uninterrupted]
     assert resumed[-1]["elapsed_s"] >= resumed[3]["elapsed_s"]
     with pytest.raises(ConfigError, match=r"another configuration \(actor.lr: 0.003 -> 0.001\).*resume=fresh"):
-        sft(config(tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=8",
-                   "saver.freq_steps=2", "actor.lr=1e-3"))
-    fresh = config(tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=2",
-                   "resume=fresh")
+        sft(
+            config(
+                tmp_path / "cut",
+                tiny_model_dir,
+                f"train_dataset.path={path}",
+                "total_train_steps=8",
+                "saver.freq_steps=2",
+                "actor.lr=1e-3",
+            )
+        )
+    fresh = config(
+        tmp_path / "cut", tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=2", "resume=fresh"
+    )
     sft(fresh)
     assert [r["step"] for r in metrics(fresh.output_dir)] == [1, 2]
     # the run started over holds none of the earlier run's step checkpoints (moved aside with it): the same

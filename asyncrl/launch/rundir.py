@@ -1,0 +1,69 @@
+"""The run directory and what it records about the run beside its metrics: ``config.yaml`` (the resolved
+config), ``machine.json`` (where it ran), and the settings the verdict's rules read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from asyncrl import configlib
+from asyncrl.cluster.cores import cpu_model, process_cores
+from asyncrl.config import TrainConfig
+from asyncrl.configlib import ConfigError
+from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
+from asyncrl.loop.checkpoint import RunState
+from asyncrl.report.diagnose import MACHINE_FILE
+
+
+def make_run_dir(cfg: TrainConfig, start: RunState) -> Path:
+    """``output_dir/experiment_name/trial_name`` with the resolved config in it: a resumed run's files cut back
+    to its checkpoint, else an earlier run moved aside."""
+    run_dir = run_dir_of(cfg)
+    try:
+        if start.version:
+            truncate_run_files(run_dir, start.version, start.timeline_s)
+        else:
+            start_fresh(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # e.g. a file where a directory should be
+        raise ConfigError(f"output_dir: cannot create the run directory '{run_dir}': {e.strerror or e}") from e
+    configlib.dump(cfg, run_dir / "config.yaml")
+    write_machine(cfg, run_dir)
+    return run_dir
+
+
+def write_machine(cfg: TrainConfig, run_dir: Path) -> None:
+    """``run_dir/machine.json``: where the run (last) ran, which its config alone does not say
+    (``cluster.device=auto`` resolves on the machine): the device, the CPU, the process's cores, whether trainer
+    and engine share them (``cpu_split``, null where the split does not apply), torch's version. ``asyncrl
+    diagnose`` reads it, so that a run directory copied to another machine is judged for the machine it ran on."""
+    facts = {
+        "device": cfg.cluster.resolved_device(),
+        "cpu": cpu_model(),
+        "cores": process_cores(),
+        "cpu_split": cfg.cluster.cpu_split if cfg.cpu_split_applies() else None,
+        "torch": torch.__version__,
+    }
+    try:
+        (run_dir / MACHINE_FILE).write_text(json.dumps(facts) + "\n")
+    except OSError as e:
+        raise ConfigError(f"output_dir: cannot write {run_dir / MACHINE_FILE}: {e.strerror or e}") from e
+
+
+def verdict_settings(cfg: TrainConfig) -> dict:
+    """What the verdict's rules know of the configuration (those ``asyncrl diagnose`` reads off a run directory:
+    ``asyncrl.report.diagnose.run_settings``)."""
+    return {
+        "max_staleness": cfg.rollout.max_head_offpolicyness,
+        "n_samples": cfg.gconfig.n_samples,
+        "max_new_tokens": cfg.gconfig.max_new_tokens,
+        "workers": cfg.reward.workers,
+        "lr": cfg.actor.lr,
+        "eval_background": cfg.evaluator.background,
+        "save_background": cfg.saver.background,
+        "transport": cfg.rollout.resolved_transport,
+        "device": cfg.cluster.resolved_device().split(":")[0],
+        **({"cpu_split": cfg.cluster.cpu_split} if cfg.cpu_split_applies() else {}),
+    }

@@ -1,0 +1,140 @@
+"""The verdict's learning-health rules: no learning signal, entropy collapse, clipping, the behaviour-weight cap,
+truncation, train/inference mismatch, staleness at its bound, held-out accuracy falling from its best
+(docs/report.md lists them and how to act on each)."""
+
+from __future__ import annotations
+
+import math
+
+from asyncrl.telemetry.findings import Finding, finite, mean, now
+
+NO_SIGNAL = 0.8  # share of groups whose rewards were all equal
+ENTROPY_FLOOR = 0.02  # mean token entropy (nats) below which sampling has collapsed
+CLIP_FRAC = 0.2  # share of tokens whose ratio was clipped
+CAP_FRAC = 0.05  # share of tokens whose behaviour weight hit its cap (or was masked)
+TRUNCATED = 0.2  # share of samples cut at gconfig.max_new_tokens
+MISMATCH = 0.02  # mean |behaviour - recomputed log-prob| on tokens of the current version (float32: ~1e-6)
+STALE_NEAR = 0.8  # mean staleness over the bound
+HELD_OUT_LAST = 3  # held-out falling: the mean of the last this many evaluations...
+HELD_OUT_SIGMAS = 4.0  # ...this many standard errors of one evaluation below the best one...
+HELD_OUT_DROP = 0.05  # ...and at least this far (the best of many noisy evaluations is itself ~2.4 errors high)
+
+
+def health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
+    if not steps:
+        return []
+    m = {
+        k: mean(steps, k)
+        for k in (
+            "groups_no_signal_frac",
+            "entropy",
+            "clip_frac",
+            "behav_weight_capped_frac",
+            "truncated_frac",
+            "mismatch_abs_mean",
+            "staleness_mean",
+        )
+    }
+    out = []
+    if m["groups_no_signal_frac"] is not None and m["groups_no_signal_frac"] >= NO_SIGNAL:
+        out.append(
+            Finding(
+                "no learning signal",
+                "health",
+                f"{m['groups_no_signal_frac']:.0%} of groups had equal rewards (zero advantages)",
+                "the task is too hard or too easy for the policy: more samples per prompt "
+                f"(gconfig.n_samples{now(s, 'n_samples')}), easier/harder prompts, or check the reward",
+            )
+        )
+    if m["entropy"] is not None and m["entropy"] < ENTROPY_FLOOR:
+        out.append(
+            Finding(
+                "entropy collapse",
+                "health",
+                f"mean token entropy {m['entropy']:.4f} nats",
+                "sampling is nearly greedy, so groups stop differing: lower actor.lr, raise "
+                "gconfig.temperature, or add actor.kl_ctl",
+            )
+        )
+    if m["clip_frac"] is not None and m["clip_frac"] >= CLIP_FRAC:
+        out.append(
+            Finding(
+                "clipping",
+                "health",
+                f"{m['clip_frac']:.0%} of tokens clipped",
+                "updates are too large: lower actor.lr or raise actor.ppo_n_minibatches",
+            )
+        )
+    if m["behav_weight_capped_frac"] is not None and m["behav_weight_capped_frac"] >= CAP_FRAC:
+        out.append(
+            Finding(
+                "behaviour cap",
+                "health",
+                f"{m['behav_weight_capped_frac']:.0%} of tokens hit the behaviour-weight cap",
+                f"samples are too far off-policy: lower η (rollout.max_head_offpolicyness{now(s, 'max_staleness')})"
+                " or raise actor.behav_imp_weight_cap",
+            )
+        )
+    if m["truncated_frac"] is not None and m["truncated_frac"] >= TRUNCATED:
+        out.append(
+            Finding(
+                "truncation",
+                "health",
+                f"{m['truncated_frac']:.0%} of samples cut at max_new_tokens",
+                f"raise gconfig.max_new_tokens{now(s, 'max_new_tokens')} (or reward brevity)",
+            )
+        )
+    if m["mismatch_abs_mean"] is not None and m["mismatch_abs_mean"] >= MISMATCH:
+        out.append(
+            Finding(
+                "train/inference mismatch",
+                "health",
+                f"|behaviour - recomputed log-prob| {m['mismatch_abs_mean']:.4f} on tokens of the current "
+                "version (float32 engines: ~1e-6)",
+                "the engine samples from another distribution than the trainer scores: a low-precision "
+                "engine (model.dtype) or a sampling mismatch; keep actor.behav_imp_weight_cap on",
+            )
+        )
+    max_staleness = (
+        mean(steps, "max_staleness") if not isinstance(s.get("max_staleness"), int) else s["max_staleness"]
+    )  # auto: each step's
+    if max_staleness and m["staleness_mean"] is not None and m["staleness_mean"] >= STALE_NEAR * max_staleness:
+        out.append(
+            Finding(
+                "staleness at its bound",
+                "health",
+                f"mean staleness {m['staleness_mean']:.2f} with η = {max_staleness:g}",
+                "generation runs as far ahead as allowed: fine if the trainer does not wait; a larger η "
+                "trades freshness for speed",
+            )
+        )
+    falling = _held_out_falling(records, s)
+    return out + ([falling] if falling else [])
+
+
+def _held_out_falling(records: list[dict], s: dict) -> Finding | None:
+    """Held-out accuracy well below its best over the last evaluations: the updates undo what the run had learnt
+    (too large a learning rate: at actor.lr=1e-4 the default run fell from 0.440 at step 40 to 0.165 at step 100).
+    An evaluation of n items has a standard error of sqrt(p(1-p)/n); runs from before ``eval_items`` was logged
+    are not read."""
+    evals = [r for r in records if finite(r.get("eval_accuracy")) is not None and r.get("eval_items")]
+    if len(evals) < HELD_OUT_LAST + 1:
+        return None
+    best = max(evals[:-HELD_OUT_LAST], key=lambda r: r["eval_accuracy"])
+    last = sum(r["eval_accuracy"] for r in evals[-HELD_OUT_LAST:]) / HELD_OUT_LAST
+    p, n = best["eval_accuracy"], best["eval_items"]
+    error = math.sqrt(p * (1 - p) / n)
+    if best["eval_accuracy"] - last < max(HELD_OUT_DROP, HELD_OUT_SIGMAS * error):
+        return None
+    return Finding(
+        "held-out falling",
+        "health",
+        f"held-out accuracy {last:.3f} over the last {HELD_OUT_LAST} evaluations, best {p:.3f} at step "
+        f"{best['step']} (one evaluation of {n} items: ±{error:.3f})",
+        f"the updates undo what the run learnt: lower actor.lr{now(s, 'lr')}; "
+        + (
+            "the starting model was better"
+            if best["step"] == 0
+            else f"the checkpoint of step {best['step']} is the one to keep, where it was saved (saver.freq_steps)"
+        ),
+    )
