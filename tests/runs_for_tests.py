@@ -1,5 +1,6 @@
-"""`asyncrl train` as a process, for the tests that kill, signal and resume runs: a prompt file, the command with
-a tiny budget, and what a run directory, a checkpoint and the process tree look like from outside."""
+"""Runs of `asyncrl train` for the tests: the keys of a quick run of a tiny model (in process: ``quick_config``),
+and as a process, for the tests that kill, signal and resume runs: a prompt file, the command with a tiny budget,
+and what a run directory, a checkpoint and the process tree look like from outside."""
 
 import json
 import os
@@ -7,7 +8,50 @@ import subprocess
 import sys
 from pathlib import Path
 
+from asyncrl import configlib
+from asyncrl.config import TrainConfig
+
 from conftest import ROOT, TESTS
+
+QUICK_RUN = (
+    "progress_bar=false",
+    "report=false",
+    "train_dataset.batch_size=2",
+    "gconfig.n_samples=2",
+    "valid_dataset.size=4",
+    "evaluator.freq_steps=0",
+    "rollout.max_slots=8",
+    "reward.fn=rewards_for_tests:digit_count_reward",
+    "reward.workers=0",
+)
+"""What the quick runs of the tests share: two groups of two samples a step, four held-out items, no evaluation
+before the end, the digit-count reward in process. Each test adds its own keys (later keys win)."""
+
+EVALUATED_RUN = (
+    "progress_bar=false",
+    "report=false",
+    "total_train_steps=5",
+    "train_dataset.batch_size=2",
+    "gconfig.n_samples=4",
+    "gconfig.max_new_tokens=24",
+    "valid_dataset.size=8",
+    "evaluator.freq_steps=2",
+    "rollout.max_slots=16",
+    "actor.lr=1e-3",
+    "reward.fn=rewards_for_tests:digit_count_reward",
+)
+"""Five steps of groups of four, evaluated every two steps, the reward in worker processes."""
+
+
+def quick_overrides(tmp_path, model_path, *overrides, base: tuple[str, ...] = QUICK_RUN) -> list[str]:
+    """The override keys of a run of ``model_path`` into ``tmp_path``: ``base``, then ``overrides``."""
+    return [f"model.path={model_path}", f"output_dir={tmp_path}", *base, *overrides]
+
+
+def quick_config(tmp_path, model_path, *overrides, base: tuple[str, ...] = QUICK_RUN) -> TrainConfig:
+    """The ``TrainConfig`` of ``quick_overrides``."""
+    return configlib.load(TrainConfig, None, quick_overrides(tmp_path, model_path, *overrides, base=base))
+
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "trainer.pt", "run.json", "rollouts.pt")
 

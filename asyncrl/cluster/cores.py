@@ -6,13 +6,10 @@ work (a decode step, a micro-batch).
 Why only the trainer borrows: torch runs its operators on OpenMP (libgomp), where every thread that has once run
 an operator on more than one thread keeps its own pool of worker threads, and a pool never shrinks below two.
 Once the process holds more of those workers (plus one) than it has cores, libgomp makes every worker sleep
-between operators instead of waiting briefly for the next, and each operator then pays a wake-up. The engine
-and the trainer each borrowing every core would make two pools on a 2-core machine: measured (2 cores, AMD EPYC
-with AVX-512, the built-in model), a decode step of one sequence on 2 threads took 1.68 ms with the other pool
-there against 0.49 ms without it (64 sequences: 5.2 against 3.5 ms), slower than on one thread (0.58 ms); the
-default run's median step was 1.90 s with both sides borrowing and 1.74 s with the trainer alone borrowing
-(η = 2, steps 3-40). So the shares keep ``trainer's most + engine's - 1 <= cores``; a foreground evaluation
-generates in the trainer's own thread (on its threads and pool), one in a thread of its own on one thread."""
+between operators instead of waiting briefly for the next, and each operator then pays a wake-up: two sides each
+borrowing every core made decode steps 3x slower on 2 cores (docs/report.md, "The shared split"). So the shares
+keep ``trainer's most + engine's - 1 <= cores``; a foreground evaluation generates in the trainer's own thread (on
+its threads and pool), one in a thread of its own on one thread."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ from typing import Callable
 
 # The trainer's micro-batches hold at most this many tokens while it shares the cores: it reads its share
 # before each, so when the engine goes idle mid-step (the staleness gate closed) the trainer takes its core
-# within a fraction of the step, not at the next step. Measured on the default run (2 cores, Intel Xeon
-# AVX-512, steps 11-60): one micro-batch a step 2.58 s, at most 2048 tokens 2.13 s, 1024 tokens 2.06 s.
+# within a fraction of the step, not at the next step (docs/report.md, "The shared split", has the sizes tried).
 SHARED_MB_TOKENS = 1024
 
 

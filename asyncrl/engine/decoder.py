@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 
 def emulated_dtype(dtype: torch.dtype, cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU lacks native arithmetic for the half-precision ``dtype`` (no AVX512-BF16/FP16 or AMX), so
-    that PyTorch emulates it: on an AVX2 CPU bfloat16 generation measured ~30x slower than float32. False for
-    float32 and where the CPU flags cannot be read."""
+    that PyTorch emulates it, many times slower than float32 (docs/engine.md). False for float32 and where the CPU
+    flags cannot be read."""
     if dtype not in NATIVE_FLAGS:
         return False
     try:

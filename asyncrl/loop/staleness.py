@@ -6,25 +6,12 @@ version, when the version is set, so η is constant while a version admits. What
 enforces it: a group admitted at version v is trained by version v + η(v) (``asyncrl.loop.buffer``), so every
 trained token is at most the η of its group's version behind, and never more than the limit.
 
-The control law of ``AutoStaleness`` (docs/report.md): η starts at the limit (a run is as fast as the bound the
-user accepted allows from its first step; starting at 1 cost the first 4 steps 2.5x their time on the slow-tool
-agent benchmark), then, over the last ``window`` steps,
-- the trainer waited for batches (``trainer_wait_s`` over the steps' time outside evaluation and checkpoints,
-  w, above ``wait_high``) while the gate held work back (``gate_closed_s`` > 0): raise η so that the work in
-  flight, (η + 1) groups a version, grows by the trainer's shortfall: η + 1 becomes ⌈(η + 1) / (1 − w)⌉, at
-  least one more and at most three times as many, up to ``limit`` (``raised``); remember that the lower value
-  made the trainer wait;
-- the trainer did not wait (below ``wait_low``) over the last two windows: lower η by one, never to a value at
-  which it waited before (η rises fast and falls slowly: too small an η costs speed at once, too large one only
-  freshness, which the decoupled objective corrects);
-- after a change, the next two steps are skipped (a new η applies from the next version, and its groups are
-  trained the version after) and a full window of steps under it decides the next change; a step that spent
-  over half its time evaluating or checkpointing is not read, nor the two after it (the generator filled the
-  buffer meanwhile: the steps that drain it wait for nothing whatever η is), but the steps before it still
-  count (with an evaluation every 5 steps, dropping them too kept η from ever falling); the first step of a
-  run (it waits for the first batch whatever η is) is not read.
-So η settles at the smallest value that keeps the trainer from waiting; where waiting comes from slow
-generation that a larger η cannot hide (the gate was open), η does not grow.
+The control law of ``AutoStaleness`` (docs/report.md "η that tunes itself" has it in full, with what it was
+measured against): η starts at the limit (speed first), rises at once when the trainer waited behind a closed gate
+(the work in flight grows by the trainer's shortfall), falls by one when the trainer did not wait for two windows
+(never to a value that made it wait), and skips the steps a change, an evaluation or a checkpoint makes
+unrepresentative. So η settles at the smallest value that keeps the trainer from waiting; where waiting comes from
+slow generation that a larger η cannot hide (the gate was open), η does not grow.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ NOWORK_IDLE = 0.3  # ...while the generator idled this much with the gate open
 REWARD_QUEUE = 1.0  # reward calls waited for a worker this many times as long as they ran...
 REWARD_SHARE = 0.1  # ...rewards took this share of the step (call-seconds over wall), and the trainer waited
 LONG_TAIL = 4.0  # the longest response was this many times the mean while the trainer waited
-THREADS_GAIN = 0.4  # the share of the trainer's compute that more threads/ranks save (bench/bottlenecks.py: twice
-# the cores cut a step from 12.2 s to 7.6 s)
+# the share of the trainer's compute that more threads/ranks save (bench/bottlenecks.py: twice the cores cut a step
+# from 12.2 s to 7.6 s)
+THREADS_GAIN = 0.4
 
 
 def bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:

@@ -11,28 +11,11 @@ from asyncrl.config import TrainConfig
 from asyncrl.launch.build import assemble
 from asyncrl.loop.controller import run
 
+from runs_for_tests import quick_config
+
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "total_train_steps=3",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=2",
-            "gconfig.max_new_tokens=16",
-            "valid_dataset.size=4",
-            "evaluator.freq_steps=0",
-            "rollout.max_slots=8",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            "reward.workers=0",
-            *extra,
-        ],
-    )
+    return quick_config(tmp_path, model_path, "total_train_steps=3", "gconfig.max_new_tokens=16", *extra)
 
 
 @pytest.mark.slow
@@ -51,8 +34,6 @@ def test_each_thread_has_its_own_tokenizer(tmp_path, tiny_model_dir):
 
 
 def test_a_run_refuses_an_allocation_its_gpus_cannot_hold_and_pins_servers(monkeypatch):
-    from asyncrl import configlib
-    from asyncrl.config import TrainConfig
     from asyncrl.configlib import ConfigError
     from asyncrl.launch.build import _allocation
 
@@ -66,8 +47,6 @@ def test_a_run_refuses_an_allocation_its_gpus_cannot_hold_and_pins_servers(monke
 
 
 def test_context_is_the_models_own_on_vllm_and_sglang_and_capped_on_the_built_in_engine():
-    from asyncrl import configlib
-    from asyncrl.config import TrainConfig
     from asyncrl.configlib import ConfigError
     from asyncrl.launch.shape import context_len
 
@@ -118,8 +97,6 @@ def test_sharing_the_cores_the_evaluation_runs_in_the_trainers_thread(
 def test_the_live_verdict_knows_what_diagnose_knows_of_the_run():
     """The warnings during a run read the same settings as asyncrl diagnose: the transport, where evaluations and
     checkpoints run, the device (a run on the in-process transport was told to use it; a GPU run, more threads)."""
-    from asyncrl import configlib
-    from asyncrl.config import TrainConfig
     from asyncrl.launch.rundir import verdict_settings
 
     settings = verdict_settings(configlib.load(TrainConfig, None, ["evaluator.background=true", "cluster.device=cpu"]))

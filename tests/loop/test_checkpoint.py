@@ -14,7 +14,7 @@ from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.launch.build import assemble
 
-from runs_for_tests import is_complete, latest_checkpoint, prompt_files, train_command, train_env
+from runs_for_tests import is_complete, latest_checkpoint, prompt_files, quick_config, train_command, train_env
 
 
 class SafetensorLikeError(Exception):
@@ -95,26 +95,7 @@ def test_a_real_full_disk_is_one_line(tmp_path, tiny_model_dir):
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "total_train_steps=4",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=2",
-            "gconfig.max_new_tokens=12",
-            "valid_dataset.size=4",
-            "evaluator.freq_steps=0",
-            "rollout.max_slots=8",
-            "reward.workers=0",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            *extra,
-        ],
-    )
+    return quick_config(tmp_path, model_path, "total_train_steps=4", "gconfig.max_new_tokens=12", *extra)
 
 
 @pytest.mark.parametrize("background", [False, True])

@@ -23,28 +23,11 @@ from asyncrl.telemetry.timeline import Timeline
 from asyncrl.telemetry.watchdog import Watchdog
 from asyncrl.types import Completion, SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate
 
+from runs_for_tests import EVALUATED_RUN, quick_config
+
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "total_train_steps=5",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=4",
-            "gconfig.max_new_tokens=24",
-            "valid_dataset.size=8",
-            "evaluator.freq_steps=2",
-            "rollout.max_slots=16",
-            "actor.lr=1e-3",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            *extra,
-        ],
-    )
+    return quick_config(tmp_path, model_path, *extra, base=EVALUATED_RUN)
 
 
 @pytest.mark.slow
@@ -112,26 +95,7 @@ def test_shipped_model_async_run_improves_nothing_breaks(tmp_path):
 
 
 def _quick_cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "total_train_steps=3",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=2",
-            "gconfig.max_new_tokens=16",
-            "valid_dataset.size=4",
-            "evaluator.freq_steps=0",
-            "rollout.max_slots=8",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            "reward.workers=0",
-            *extra,
-        ],
-    )
+    return quick_config(tmp_path, model_path, "total_train_steps=3", "gconfig.max_new_tokens=16", *extra)
 
 
 @pytest.mark.slow

@@ -7,28 +7,11 @@ from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
 from asyncrl.loop.evaluate import BackgroundEvaluator
 
+from runs_for_tests import quick_config
+
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "total_train_steps=4",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=2",
-            "gconfig.max_new_tokens=12",
-            "valid_dataset.size=4",
-            "evaluator.freq_steps=0",
-            "rollout.max_slots=8",
-            "reward.workers=0",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            *extra,
-        ],
-    )
+    return quick_config(tmp_path, model_path, "total_train_steps=4", "gconfig.max_new_tokens=12", *extra)
 
 
 @pytest.mark.slow

@@ -7,36 +7,17 @@ import time
 
 import pytest
 
-from asyncrl import configlib
-from asyncrl.config import TrainConfig
 from asyncrl.launch.build import assemble
 from asyncrl.loop.buffer import RolloutBuffer
 from asyncrl.loop.controller import run
 from asyncrl.loop.rollout import RolloutFailures, RolloutRunner
 from asyncrl.types import Trajectory, TrajectoryGroup
 
+from runs_for_tests import quick_config
+
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "total_train_steps=3",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=2",
-            "gconfig.max_new_tokens=16",
-            "valid_dataset.size=4",
-            "evaluator.freq_steps=0",
-            "rollout.max_slots=8",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            "reward.workers=0",
-            *extra,
-        ],
-    )
+    return quick_config(tmp_path, model_path, "total_train_steps=3", "gconfig.max_new_tokens=16", *extra)
 
 
 def _three_then_raise(items, raised_at):

@@ -28,6 +28,7 @@ from asyncrl.models.lora import (
 )
 
 from conftest import ROOT, TESTS  # noqa: E402
+from runs_for_tests import quick_config
 from trainers_for_tests import lora_model, varied_batch  # noqa: E402
 
 
@@ -143,27 +144,14 @@ def test_a_target_that_matches_nothing_or_no_layer_is_one_line(monkeypatch):
 
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=2",
-            "gconfig.max_new_tokens=12",
-            "valid_dataset.size=4",
-            "evaluator.freq_steps=0",
-            "rollout.max_slots=8",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            "reward.workers=0",
-            "saver.freq_steps=1",
-            "model.lora.rank=8",
-            "actor.lr=1e-2",
-            *extra,
-        ],
+    return quick_config(
+        tmp_path,
+        model_path,
+        "gconfig.max_new_tokens=12",
+        "saver.freq_steps=1",
+        "model.lora.rank=8",
+        "actor.lr=1e-2",
+        *extra,
     )
 
 

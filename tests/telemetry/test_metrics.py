@@ -6,35 +6,16 @@ import math
 
 import pytest
 
-from asyncrl import configlib
-from asyncrl.config import TrainConfig
 from asyncrl.launch.train import train
 from asyncrl.loop.evaluate import by_source
 from asyncrl.telemetry.metrics import MetricsLogger, read_metrics, source_stats
 from asyncrl.types import Trajectory, TrajectoryGroup
 
+from runs_for_tests import EVALUATED_RUN, quick_config
+
 
 def _cfg(tmp_path, model_path, *extra):
-    return configlib.load(
-        TrainConfig,
-        None,
-        [
-            f"model.path={model_path}",
-            f"output_dir={tmp_path}",
-            "progress_bar=false",
-            "report=false",
-            "total_train_steps=5",
-            "train_dataset.batch_size=2",
-            "gconfig.n_samples=4",
-            "gconfig.max_new_tokens=24",
-            "valid_dataset.size=8",
-            "evaluator.freq_steps=2",
-            "rollout.max_slots=16",
-            "actor.lr=1e-3",
-            "reward.fn=rewards_for_tests:digit_count_reward",
-            *extra,
-        ],
-    )
+    return quick_config(tmp_path, model_path, *extra, base=EVALUATED_RUN)
 
 
 @pytest.mark.slow
