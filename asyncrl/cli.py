@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command: train | sft | rm | eval | serve | report | diagnose | plan | init-model
+"""The ``asyncrl`` command: train | sft | rm | eval | serve | report | diagnose | plan | compare | init-model
 (``asyncrl.commands.eval`` holds eval, ``asyncrl.commands.rm`` rm).
 
 Every start-up refusal (a bad config value, a model directory that is not one, a missing extra) prints one
@@ -44,6 +44,10 @@ SUBCOMMANDS = {  # name: (help, the module with its add_arguments(parser) and ru
     "plan": (
         "predict a run before it starts: step time, tokens/s, waits, staleness (--sweep compares settings)",
         "asyncrl.launch.plan",
+    ),
+    "compare": (
+        "which configuration wins on your task: N arms x S seeds of asyncrl train, a table, a winner only beyond noise",
+        "asyncrl.commands.compare",
     ),
 }
 """Subcommands whose flags live with their module."""

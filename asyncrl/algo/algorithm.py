@@ -28,7 +28,8 @@ class Algorithm:
     kl_fn: Callable | None = None  # KL estimator against the reference model, if there is one
     kl_ctl: float = 0.0
     kl_in_loss: bool = False
-    loglinear_prox: bool = False
+    prox_method: str = "recompute"  # recompute | loglinear (AReaL's) | loglinear_ahead (from the 2nd minibatch)
+    ess_lr: bool = False  # VCPO: each step's learning rate times the ESS of its behaviour weights
     value_eps_clip: float | None = 0.5
     value_loss_coef: float = 0.5
 
@@ -37,6 +38,7 @@ def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
     """The plain ``Algorithm`` for an ``ActorConfig`` (registry look-ups; the config stops here)."""
     from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from asyncrl.algo.offpolicy import BehaviourCorrection
+    from asyncrl.algo.trust import BehaviourTrust
 
     needs_length = cfg.overlong_reward_penalty or (
         cfg.loss_agg_mode == "seq-mean-token-sum-norm" and not cfg.loss_norm_tokens
@@ -66,6 +68,11 @@ def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
             "correction": correction,
             "sapo_tau_pos": cfg.sapo_tau_pos,
             "sapo_tau_neg": cfg.sapo_tau_neg,
+            **(
+                {"m2_budget": cfg.behav_m2_budget or 0.04}
+                if cfg.policy_loss == "m2po"
+                else {"trust": BehaviourTrust(cfg.behav_eps_clip, cfg.behav_prob_delta, cfg.behav_m2_budget)}
+            ),
         },
         agg_options={"norm_tokens": cfg.loss_norm_tokens or max_new_tokens},
         shaping=RewardShaping(
@@ -83,7 +90,8 @@ def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
         kl_fn=KL_ESTIMATORS[cfg.kl_estimator],
         kl_ctl=cfg.kl_ctl,
         kl_in_loss=cfg.use_kl_loss,
-        loglinear_prox=cfg.prox_logp_method == "loglinear",
+        prox_method=cfg.prox_logp_method,
+        ess_lr=cfg.ess_lr_scale,
         value_eps_clip=cfg.value_eps_clip,
         value_loss_coef=cfg.value_loss_coef,
     )

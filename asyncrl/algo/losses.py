@@ -16,16 +16,23 @@ the sequence's mean advantage (GSPO, Zheng et al. 2025, arXiv 2507.18071). The s
 - ``cispo``: CISPO's clipped, stop-gradient IS weight on log π_θ (MiniMax-M1, arXiv 2506.13585);
 - ``pg``: the unclipped importance-sampled policy gradient (-A·u; REINFORCE when on-policy).
 
+The decoupled losses also take the behaviour-anchored trust terms (``trust``: the dual anchor, DPPO's
+probability-difference mask, an M2 budget; :mod:`asyncrl.algo.trust`), which drop a token that has moved too far
+from the policy that sampled it, in the direction its advantage pushes.
+
 ``ppo`` is the naive baseline: PPO's clip anchored on the behaviour policy, with no correction for its age.
+``m2po`` is M2PO as its authors define it: that clip with an adaptive width set by a second-moment budget.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from asyncrl.algo.offpolicy import BehaviourCorrection, behaviour_weight, safe_log_ratio, sequence_mean
+from asyncrl.algo.trust import BehaviourTrust, behaviour_trust, m2_bound
 
 IS_LEVELS = ("token", "sequence")
 
@@ -81,13 +88,15 @@ def clip_surrogate(
     loss = torch.maximum(unclipped_loss, clipped_loss)
     stats = {
         "clip_frac": masked_mean((clipped_loss > unclipped_loss).float(), mask),
+        "clip_delta": masked_mean(loss - unclipped_loss, mask),  # what the clip added to the loss, per token
         "ratio_mean": masked_mean(ratio, mask),
     }
     if c_clip is not None:
         bound = c_clip * advantages.abs()
         dual = (advantages < 0) & (loss > bound)
-        loss = torch.where(dual, bound, loss)
         stats["dual_clip_frac"] = masked_mean(dual.float(), mask)
+        stats["dual_clip_delta"] = masked_mean((loss - bound) * dual, mask)
+        loss = torch.where(dual, bound, loss)
     return loss, stats
 
 
@@ -140,12 +149,16 @@ def _decoupled(
     *,
     importance_sampling_level: str = "token",
     correction: BehaviourCorrection = BehaviourCorrection(),
+    trust: BehaviourTrust = BehaviourTrust(),
     **options,
 ):
     log_ratio, adv = log_ratio_at_level(x.logprobs, x.prox_logprobs, x.advantages, x.mask, importance_sampling_level)
     loss, stats = surrogate(log_ratio, adv, x.mask, logprobs=x.logprobs, **options)
     weight, keep, weight_stats = behaviour_weight(x.prox_logprobs, x.behav_logprobs, x.mask, correction)
-    return loss * weight * keep, {**stats, **weight_stats}
+    raw = safe_log_ratio(x.prox_logprobs.detach().float(), x.behav_logprobs.detach().float()).exp() * x.mask
+    weight_stats["behav_weight_delta"] = masked_mean((loss * (weight * keep - raw)).abs(), x.mask)
+    trusted, trust_stats = behaviour_trust(x.logprobs, x.behav_logprobs, x.advantages, x.mask, loss * weight, trust)
+    return loss * weight * keep * trusted, {**stats, **weight_stats, **trust_stats}
 
 
 def decoupled_ppo(x: LossInputs, **options):
@@ -172,6 +185,32 @@ def pg(x: LossInputs, **options):
     return _decoupled(pg_surrogate, x, **options)
 
 
+def m2po(x: LossInputs, *, m2_budget: float = 0.04, **_):
+    """M2PO as its authors define it (Zheng et al. 2025, arXiv 2510.01161; their code, the shipped script): PPO's
+    clip anchored on the behaviour policy, r = π_θ/π_behav, with bounds [e^-τ, e^τ] set per micro-batch by the
+    second-moment budget (:func:`asyncrl.algo.trust.m2_bound`: no bound while the tokens that moved in their
+    advantage's direction have mean (log r)² ≤ ``m2_budget``); no behaviour weight:
+
+        L_t = max(-A_t·r_t, -A_t·clip(r_t, e^-τ, e^τ)).
+    """
+    log_ratio = safe_log_ratio(x.logprobs, x.behav_logprobs.detach())
+    tau, m2, m2_after = m2_bound(log_ratio, x.advantages, x.mask, m2_budget)
+    ratio = log_ratio.exp()
+    unclipped_loss = -x.advantages * ratio
+    loss = (
+        unclipped_loss
+        if math.isinf(tau)
+        else torch.maximum(unclipped_loss, -x.advantages * ratio.clamp(math.exp(-tau), math.exp(tau)))
+    )
+    return loss * x.mask, {
+        "m2_clip_frac": masked_mean((loss > unclipped_loss).float(), x.mask),
+        "m2_clip_delta": masked_mean(loss - unclipped_loss, x.mask),
+        "m2": m2,
+        "m2_after": m2_after,
+        "ratio_mean": masked_mean(ratio, x.mask),
+    }
+
+
 def ppo(x: LossInputs, *, importance_sampling_level: str = "token", **options):
     """Standard PPO clip anchored on the behaviour policy, with no correction for how old it is: the
     naive baseline that degrades with staleness (AReaL Table 2). Correct only on-policy (η = 0)."""
@@ -180,8 +219,10 @@ def ppo(x: LossInputs, *, importance_sampling_level: str = "token", **options):
     return loss * x.mask, stats
 
 
-POLICY_LOSSES = {"decoupled_ppo": decoupled_ppo, "ppo": ppo, "sapo": sapo, "cispo": cispo, "pg": pg}
-OFF_POLICY_CORRECTED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg"})
+POLICY_LOSSES = {"decoupled_ppo": decoupled_ppo, "ppo": ppo, "sapo": sapo, "cispo": cispo, "pg": pg, "m2po": m2po}
+OFF_POLICY_CORRECTED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg", "m2po"})
+DECOUPLED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg"})
+"""Losses anchored on the proximal policy with the behaviour weight: the behaviour trust terms apply to them."""
 """Losses that correct for stale behaviour policies (safe with rollout.max_head_offpolicyness > 0)."""
 
 

@@ -137,21 +137,29 @@ def behaviour_weight(
 
 
 def loglinear_prox_logprobs(
-    behav_logprobs: torch.Tensor, logprobs: torch.Tensor, versions: torch.Tensor, version: int
+    behav_logprobs: torch.Tensor, logprobs: torch.Tensor, versions: torch.Tensor, version: int, ahead: bool = False
 ) -> torch.Tensor:
-    """Log-linear approximation of the proximal log-probs from per-token versions (AReaL's
-    ``prox_logp_method=loglinear``), which skips the recompute pass:
+    """Log-linear approximation of the proximal log-probs from per-token versions, which skips the recompute pass:
 
         log π_prox ≈ log π_behav + α (log π_θ - log π_behav),   α = clamp((v_prox - v_b) / (v_θ - v_b), 0, 1)
 
-    with v_b the version that generated the token, v_prox = ``version`` (the weights being trained) and
-    v_θ = version + 1 (what the current weights become after this step). A fresh token (v_b = version)
-    gets α = 0 (π_prox = π_behav); one s versions old gets α = s / (s + 1). Positions with version -1
-    (prompt, padding) keep the behaviour log-prob. No gradient flows through the result.
+    with v_b the version that generated the token and v_θ = ``version``, the weights being trained.
+
+    - AReaL's (``prox_logp_method=loglinear``, A-3PO, arXiv 2512.06547): v_prox = version - 1, one step behind
+      the policy being trained, so a token s ≥ 1 versions old gets α = (s - 1)/s and u = π_θ/π_prox =
+      (π_θ/π_behav)^(1/s): the decoupled clip binds on stale tokens even at one optimizer step per batch (at s = 1
+      it is naive PPO's clip); a fresh token (s = 0) gets π_prox = π_behav.
+    - ``ahead`` (``prox_logp_method=loglinear_ahead``): v_prox = version and v_θ = version + 1 (what the weights
+      become after this step): a token s versions old gets α = s/(s + 1). At the first optimizer step of a batch
+      π_θ is the policy being trained, so this acts from the second minibatch on only (the trainer applies it
+      there).
+
+    Positions with version -1 (prompt, padding) keep the behaviour log-prob. No gradient flows through the result.
     """
     vb = versions.double()
-    span = (version + 1) - vb
-    alpha = torch.where((vb >= 0) & (span > 0), (version - vb) / span.clamp(min=1), torch.zeros_like(vb))
+    v_prox, v_theta = (version, version + 1) if ahead else (version - 1, version)
+    span = v_theta - vb
+    alpha = torch.where((vb >= 0) & (span > 0), (v_prox - vb) / span.clamp(min=1), torch.zeros_like(vb))
     alpha = alpha.clamp(0.0, 1.0).float()
     lb, lt = behav_logprobs.detach().float(), logprobs.detach().float()
     approx = lb + alpha * safe_log_ratio(lt, lb)

@@ -161,6 +161,8 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         threads=share and share.trainer_threads,
     )
     say_trainable(cfg, policy)
+    for line in cfg.actor.inert_terms(cfg.rollout.max_staleness):
+        log.info("%s", line)
     if dp is not None:  # the engines above copied the whole model before FSDP sharded it
         trainer.gather_weights()
         trainer = RankedTrainer(trainer, dp)

@@ -14,7 +14,7 @@ from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.launch.resume import run_dir_of, start_fresh, truncate_run_files
 from asyncrl.loop.checkpoint import RunState
-from asyncrl.report.diagnose import MACHINE_FILE
+from asyncrl.report.diagnose import MACHINE_FILE, one_step
 
 
 def make_run_dir(cfg: TrainConfig, start: RunState) -> Path:
@@ -61,6 +61,8 @@ def verdict_settings(cfg: TrainConfig) -> dict:
         "max_new_tokens": cfg.gconfig.max_new_tokens,
         "workers": cfg.reward.workers,
         "lr": cfg.actor.lr,
+        "policy_loss": cfg.actor.policy_loss,
+        "one_step": one_step(cfg.actor.ppo_n_minibatches, cfg.actor.ppo_epochs, cfg.actor.prox_logp_method),
         "eval_background": cfg.evaluator.background,
         "save_background": cfg.saver.background,
         "transport": cfg.rollout.resolved_transport,

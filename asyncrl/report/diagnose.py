@@ -34,6 +34,10 @@ def run_settings(run) -> dict:
         )
         if run.setting(key) is not None
     }
+    settings["policy_loss"] = run.setting("actor.policy_loss") or "decoupled_ppo"
+    settings["one_step"] = one_step(
+        run.setting("actor.ppo_n_minibatches"), run.setting("actor.ppo_epochs"), run.setting("actor.prox_logp_method")
+    )
     settings["eval_background"] = bool(run.setting("evaluator.background"))
     settings["save_background"] = bool(run.setting("saver.background"))
     transport, backend = run.setting("rollout.weight_transport"), run.setting("rollout.backend") or "local"
@@ -47,6 +51,12 @@ def run_settings(run) -> dict:
     elif _split_applied(run):
         settings["cpu_split"] = run.setting("cluster.cpu_split") or "fixed"  # runs from before the key: fixed
     return settings
+
+
+def one_step(minibatches, epochs, prox_logp_method) -> bool:
+    """Whether the proximal policy is the policy being trained (one optimizer step per batch, not AReaL's
+    loglinear proximal policy): the decoupled clip cannot bind there."""
+    return (minibatches or 1) * (epochs or 1) == 1 and prox_logp_method != "loglinear"
 
 
 def _machine(path: Path) -> dict | None:

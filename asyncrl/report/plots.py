@@ -164,6 +164,43 @@ def plot_timeline(run: Run, plt) -> bytes:
     return to_png(fig, plt, tight=False)
 
 
+AUDIT_TERMS = (
+    ("clip_frac", "proximal clip"),
+    ("behav_weight_capped_frac", "behaviour weight cap/mask"),
+    ("behav_clip_frac", "behaviour clip (dual anchor)"),
+    ("prob_mask_frac", "probability mask (DPPO)"),
+    ("m2_mask_frac", "M2 mask"),
+    ("m2_clip_frac", "M2PO clip"),
+    ("dual_clip_frac", "dual clip (c_clip)"),
+)
+
+
+def plot_corrections(run: Run, plt) -> bytes:
+    steps = run.steps
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.4))
+    for key, label in AUDIT_TERMS:
+        if any(r.get(key) for r in steps):
+            ax.plot(*series(steps, "step", key), lw=1.2, label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("fraction of tokens changed")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=8)
+    bx.plot(*series(steps, "step", "ess"), color="k", lw=1.2, label="ESS of behaviour weights")
+    bx.set_ylim(0, 1.05)
+    bx.set_xlabel("training step")
+    bx.set_ylabel("ESS (normalised)")
+    kx = bx.twinx()
+    kx.plot(*series(steps, "step", "behav_kl_stale"), color="#d62728", lw=1, label="KL behaviour/trained, stale")
+    kx.plot(*series(steps, "step", "behav_kl_fresh"), color="#ff7f0e", lw=1, label="KL, fresh tokens (mismatch)")
+    kx.set_ylabel("KL (nats)")
+    handles = bx.get_legend_handles_labels()[0] + kx.get_legend_handles_labels()[0]
+    labels = bx.get_legend_handles_labels()[1] + kx.get_legend_handles_labels()[1]
+    bx.legend(handles, labels, loc="best", fontsize=8)
+    bx.grid(alpha=0.3)
+    return to_png(fig, plt)
+
+
 FIGURES = [
     (
         "learning",
@@ -193,6 +230,16 @@ FIGURES = [
         ),
     ),
     (
+        "corrections",
+        "Off-policy corrections",
+        plot_corrections,
+        (
+            "Left: the share of trained tokens each correction term changed, per step (a term that stays at 0 is "
+            "inert). Right: the effective sample size of the behaviour weights, and the KL between the behaviour "
+            "and the trained policy on stale tokens (drift + mismatch) and on the current version's (mismatch)."
+        ),
+    ),
+    (
         "timeline",
         "Timeline",
         plot_timeline,
@@ -210,6 +257,8 @@ def render_figures(run: Run) -> list[Figure]:
     for name, title, plot, caption in FIGURES:
         if name == "timeline" and not run.spans:
             continue  # runs from before timeline.jsonl existed
+        if name == "corrections" and not any("ess" in r for r in run.steps):
+            continue  # runs from before the audit
         figures.append(Figure(name, title, caption, plot(run, plt)))
     return figures
 

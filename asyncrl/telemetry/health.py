@@ -18,6 +18,9 @@ STALE_NEAR = 0.8  # mean staleness over the bound
 HELD_OUT_LAST = 3  # held-out falling: the mean of the last this many evaluations...
 HELD_OUT_SIGMAS = 4.0  # ...this many standard errors of one evaluation below the best one...
 HELD_OUT_DROP = 0.05  # ...and at least this far (the best of many noisy evaluations is itself ~2.4 errors high)
+ESS_FLOOR = 0.5  # normalised ESS of the behaviour weights below which a few tokens carry the step
+GROWTH = 1.5  # a quantity is growing when the mean of the window's last third is this many times its first third's
+DRIFT_FLOOR = 0.01  # ...and the behaviour/trained KL of stale tokens reaches this (nats)
 
 
 def health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
@@ -109,7 +112,75 @@ def health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
             )
         )
     falling = _held_out_falling(records, s)
-    return out + ([falling] if falling else [])
+    return out + _audit(steps, s) + ([falling] if falling else [])
+
+
+def _audit(steps: list[dict], s: dict) -> list[Finding]:
+    """The correction audit's findings: a proximal clip that cannot bind, behaviour weights that a few tokens
+    dominate, drift from the behaviour policy and update sizes growing step over step."""
+    out = []
+    tokens = sum(r.get("train_tokens", 0) or 0 for r in steps)
+    clipped = [finite(r.get("clip_frac")) for r in steps]
+    decoupled = s.get("policy_loss", "decoupled_ppo") in ("decoupled_ppo", "cispo")
+    if decoupled and s.get("one_step") and clipped and all(c == 0.0 for c in clipped) and s.get("max_staleness"):
+        out.append(
+            Finding(
+                "proximal clip inert",
+                "health",
+                f"actor.eps_clip never bound: 0 of {tokens:,} tokens over the last {len(steps)} steps; at "
+                "ppo_n_minibatches=1 the proximal clip cannot bind (the proximal policy is the one trained)",
+                "stale tokens are bounded by the behaviour-weight cap alone: add a trust region across versions "
+                "(actor.behav_eps_clip=0.2), or train several steps a batch (actor.ppo_n_minibatches=4)",
+            )
+        )
+    ess = mean(steps, "ess")
+    if ess is not None and ess < ESS_FLOOR:
+        out.append(
+            Finding(
+                "behaviour weights concentrated",
+                "health",
+                f"effective sample size of the behaviour weights {ess:.2f} of the tokens (Kish, normalised)",
+                f"a few stale tokens carry each step: lower η (rollout.max_head_offpolicyness"
+                f"{now(s, 'max_staleness')}), scale steps by it (actor.ess_lr_scale=true) or bound the drift "
+                "(actor.behav_eps_clip)",
+            )
+        )
+    drift = _growing(steps, "behav_kl_stale")
+    if drift is not None and drift[1] >= DRIFT_FLOOR:
+        out.append(
+            Finding(
+                "drift growing",
+                "health",
+                f"KL(behaviour ‖ trained) on stale tokens {drift[0]:.4f} -> {drift[1]:.4f} nats over the last "
+                f"{len(steps)} steps (on fresh tokens, the engine mismatch alone: "
+                f"{mean(steps, 'behav_kl_fresh') or 0.0:.2g})",
+                "the policy moves away from the samples it trains on faster than it regenerates them: lower η or "
+                "actor.lr, or bound the drift (actor.behav_eps_clip)",
+            )
+        )
+    growth = _growing(steps, "update_norm")
+    if growth is not None:
+        out.append(
+            Finding(
+                "updates growing",
+                "health",
+                f"the size of an update grew from {growth[0]:.3g} to {growth[1]:.3g} over the last {len(steps)} steps",
+                f"the run is leaving its stable region: lower actor.lr{now(s, 'lr')} (or raise "
+                "actor.ppo_n_minibatches, smaller steps each)",
+            )
+        )
+    return out
+
+
+def _growing(steps: list[dict], key: str) -> tuple[float, float] | None:
+    """(the mean of the first third, of the last third) of ``key`` over ``steps`` when the last is ``GROWTH``
+    times the first or more; None otherwise, or with fewer than 6 steps."""
+    values = [v for r in steps if (v := finite(r.get(key))) is not None]
+    if len(values) < 6:
+        return None
+    third = len(values) // 3
+    first, last = sum(values[:third]) / third, sum(values[-third:]) / third
+    return (first, last) if first > 0 and last >= GROWTH * first else None
 
 
 def _held_out_falling(records: list[dict], s: dict) -> Finding | None:
@@ -126,11 +197,18 @@ def _held_out_falling(records: list[dict], s: dict) -> Finding | None:
     error = math.sqrt(p * (1 - p) / n)
     if best["eval_accuracy"] - last < max(HELD_OUT_DROP, HELD_OUT_SIGMAS * error):
         return None
+    rewards = [v for r in records if r.get("step", 0) > 0 and (v := finite(r.get("reward_mean"))) is not None]
+    early, late = rewards[: len(rewards) // 3], rewards[-(len(rewards) // 3) :]
+    rising = (
+        f"; meanwhile the training reward rose {sum(early) / len(early):.3f} -> {sum(late) / len(late):.3f}"
+        if early and sum(late) / len(late) > sum(early) / len(early) + 0.02
+        else ""
+    )
     return Finding(
         "held-out falling",
         "health",
         f"held-out accuracy {last:.3f} over the last {HELD_OUT_LAST} evaluations, best {p:.3f} at step "
-        f"{best['step']} (one evaluation of {n} items: ±{error:.3f})",
+        f"{best['step']} (one evaluation of {n} items: ±{error:.3f}){rising}",
         f"the updates undo what the run learnt: lower actor.lr{now(s, 'lr')}; "
         + (
             "the starting model was better"

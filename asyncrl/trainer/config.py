@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from asyncrl.configlib import ConfigError
 
 CRITICS = ("none", "value_head", "separate")
-PROX_LOGP_METHODS = ("recompute", "loglinear")
+PROX_LOGP_METHODS = ("recompute", "loglinear", "loglinear_ahead")
 
 
 @dataclass
@@ -98,7 +98,8 @@ class ActorConfig:
     # ---- policy loss --------------------------------------------------------------------------------------
     policy_loss: str = "decoupled_ppo"
     """Policy loss (asyncrl.algo.losses): decoupled_ppo | sapo | cispo | pg (all anchored on the proximal
-    policy with the behaviour weight) | ppo (naive: anchored on the behaviour policy, η = 0 only)."""
+    policy with the behaviour weight) | m2po (M2PO: PPO's clip on the behaviour policy, its width set by a
+    second-moment budget, actor.behav_m2_budget) | ppo (naive: anchored on the behaviour policy, η = 0 only)."""
     eps_clip: float = 0.2
     """PPO clip range around the proximal policy: u is clipped to [1 - eps_clip, 1 + eps_clip_higher]
     (CISPO: the range of its importance weight)."""
@@ -140,9 +141,29 @@ class ActorConfig:
     behav_imp_weight_agg: str = "mean"
     """How a sequence aggregates the metric: mean | sum | max (ratio: in log space)."""
     prox_logp_method: str = "recompute"
-    """How the proximal log-probs are obtained with ppo_n_minibatches > 1: recompute (a forward pass with
-    the weights being trained) | loglinear (interpolate between behaviour and current log-probs by token
-    version; no extra pass)."""
+    """How the proximal log-probs are obtained: recompute (with ppo_n_minibatches or ppo_epochs > 1, a forward
+    pass with the weights being trained; at one step per batch they are those weights, u = 1) | loglinear
+    (AReaL's A-3PO: interpolated from behaviour toward the current log-probs by token version, the proximal
+    policy one version behind the one trained; no extra pass, and the clip binds on stale tokens at one step
+    per batch too: at staleness s, u = (π_θ/π_behav)^(1/s)) | loglinear_ahead (interpolated toward the version
+    after the step; acts from the second minibatch on)."""
+    behav_eps_clip: float | None = None
+    """The dual anchor (decoupled losses): besides the clip on the proximal policy, drop a token from the loss
+    once π_θ/π_behav has moved past 1 ± behav_eps_clip since it was sampled, in the direction its advantage
+    pushes (naive PPO's clip, anchored on the behaviour policy): a trust region across versions, which the
+    proximal clip is not at one step per batch. None = off. docs/algorithms.md "Which correction at which
+    staleness"."""
+    behav_prob_delta: float | None = None
+    """DPPO's trust region (arXiv 2602.04879; prime-rl's default), on decoupled losses: drop a token once
+    p_θ - p_behav > delta with a positive advantage, or < -delta with a negative one. None = off."""
+    behav_m2_budget: float | None = None
+    """M2PO's second-moment budget (arXiv 2510.01161): on decoupled losses, drop the tokens that moved in their
+    advantage's direction past the bound that brings their mean (log π_θ/π_behav)² to the budget (none while
+    under it); with policy_loss=m2po, that loss's budget (null there = 0.04, the authors'). None = off."""
+    ess_lr_scale: bool = False
+    """VCPO's step scaling (arXiv 2602.17616): each optimizer step's learning rate times the normalised
+    effective sample size of its behaviour weights (Kish: (Σw)²/(nΣw²), 1 on-policy), so steps on data a few
+    tokens dominate are smaller."""
 
     # ---- critic (PPO) -------------------------------------------------------------------------------------
     critic: str = "none"
@@ -176,7 +197,7 @@ class ActorConfig:
         """Check values, then refuse configurations that silently train wrong (``allow_unsafe`` overrides)."""
         from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
         from asyncrl.algo.advantages import CRITIC_ESTIMATORS, GROUP_BASELINES
-        from asyncrl.algo.losses import IS_LEVELS, OFF_POLICY_CORRECTED
+        from asyncrl.algo.losses import DECOUPLED, IS_LEVELS, OFF_POLICY_CORRECTED
         from asyncrl.algo.offpolicy import AGGS, LEVELS, METRICS, MODES
 
         for key in ("lr", "ppo_n_minibatches", "ppo_epochs", "threads", "mb_max_tokens"):
@@ -310,7 +331,8 @@ class ActorConfig:
                 "advantage 0 (its baseline is its own group); set gconfig.n_samples >= 2 or use "
                 "reinforce_pp"
             )
-        if max_staleness > 0 and self.policy_loss in OFF_POLICY_CORRECTED and self.behav_imp_weight_cap is None:
+        self._check_corrections()
+        if max_staleness > 0 and self.policy_loss in DECOUPLED and self.behav_imp_weight_cap is None:
             problems.append(
                 "η > 0 with an unbounded behaviour importance weight lets one stale token dominate "
                 "the gradient; set actor.behav_imp_weight_cap (e.g. 5.0)"
@@ -348,3 +370,39 @@ class ActorConfig:
                 + "\n  - ".join(problems)
                 + "\n(set actor.allow_unsafe=true to run it anyway)"
             )
+
+    def _check_corrections(self) -> None:
+        """The behaviour trust terms: in range, and on the losses they apply to (the decoupled ones)."""
+        from asyncrl.algo.losses import DECOUPLED
+
+        for key, low, high in (("behav_eps_clip", 0, 1), ("behav_prob_delta", 0, 1), ("behav_m2_budget", 0, None)):
+            value = getattr(self, key)
+            if value is not None and not (value > low and (high is None or value < high)):
+                bound = f"in ({low}, {high})" if high is not None else f"> {low}"
+                raise ConfigError(f"actor.{key} must be {bound} or null, got {value!r}")
+        trust = [k for k in ("behav_eps_clip", "behav_prob_delta") if getattr(self, k) is not None]
+        if self.behav_m2_budget is not None and self.policy_loss != "m2po":
+            trust.append("behav_m2_budget")
+        if trust and self.policy_loss not in DECOUPLED:
+            raise ConfigError(
+                f"actor.{trust[0]} bounds the drift from the behaviour policy in the decoupled losses "
+                f"({', '.join(sorted(DECOUPLED))}); actor.policy_loss={self.policy_loss} is anchored on the "
+                "behaviour policy already: leave it null"
+            )
+
+    def inert_terms(self, max_staleness: int) -> list[str]:
+        """One line for each configured term that cannot change the gradient here (said at start-up)."""
+        from asyncrl.algo.losses import DECOUPLED
+
+        one_step = self.ppo_n_minibatches * self.ppo_epochs == 1
+        if not (max_staleness > 0 and one_step and self.policy_loss in DECOUPLED):
+            return []
+        if self.prox_logp_method == "loglinear" or self.policy_loss in ("sapo", "pg"):
+            return []
+        trusted = any(getattr(self, k) is not None for k in ("behav_eps_clip", "behav_prob_delta", "behav_m2_budget"))
+        return [
+            f"actor.eps_clip is inert here: with ppo_n_minibatches=1 and ppo_epochs=1 the proximal policy is the "
+            f"policy being trained (u = 1), so the decoupled clip never binds; stale tokens are bounded only by "
+            f"the behaviour weight cap (actor.behav_imp_weight_cap={self.behav_imp_weight_cap})"
+            + ("" if trusted else " - a trust region across versions: actor.behav_eps_clip (docs/algorithms.md)")
+        ]

@@ -27,15 +27,17 @@ import torch
 from asyncrl.algo.advantages import masked_whiten
 from asyncrl.algo.aggregate import token_mean
 from asyncrl.algo.algorithm import Algorithm
+from asyncrl.algo.audit import add, audit_summary, audit_sums, ess
 from asyncrl.algo.losses import LossInputs, clipped_value_loss
 from asyncrl.algo.offpolicy import loglinear_prox_logprobs
 from asyncrl.algo.shaping import place_at_last_token, shape_rewards
-from asyncrl.cluster.parallel import DataParallel
+from asyncrl.cluster.parallel import DataParallel, all_reduce_cpu
 from asyncrl.models.lora import is_lora, merged_state_dict
 from asyncrl.trainer import state
 from asyncrl.trainer.critic import ValueHead, critic_step
 from asyncrl.trainer.forward import Forward, Outputs
 from asyncrl.trainer.packing import check_packing
+from asyncrl.trainer.state import update_norm
 from asyncrl.types import Batch
 
 
@@ -167,7 +169,9 @@ class PolicyTrainer:
         of the step stay applied, and a separate critic skips its update of that minibatch too)."""
         t0 = time.perf_counter()
         algo, self.skipped_updates, self.optim_s, self._mismatch = self.algo, 0, 0.0, [0.0, 0]
-        need_prox = self.n_minibatches * self.ppo_epochs > 1 and not algo.loglinear_prox
+        self._audit: dict[str, float] = {}  # the correction audit's sums over the first pass (asyncrl.algo.audit)
+        self._update_norms: list[float] = []  # the size of each optimizer step's update
+        need_prox = self.n_minibatches * self.ppo_epochs > 1 and algo.prox_method == "recompute"
         prox = self.logprobs(batch) if need_prox else None
         ref = self.logprobs(batch, self.ref_model) if self.ref_model is not None else None
         values = self.values(batch) if self.value_head is not None else None
@@ -206,6 +210,9 @@ class PolicyTrainer:
             stats["mismatch_abs_mean"] = self._mismatch[0] / self._mismatch[1]
         stats["train_tokens"] = batch.n_tokens
         stats["nonfinite_skipped"] = self.skipped_updates
+        stats.update(audit_summary(self._audit))
+        if self._update_norms:
+            stats["update_norm"] = sum(self._update_norms) / len(self._update_norms)
         return stats
 
     def _minibatches(self, batch: Batch) -> list[list[int]]:
@@ -266,6 +273,7 @@ class PolicyTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
+        self._weights_seen: dict[str, float] = {}  # the minibatch's behaviour weights (ESS-scaled steps)
         rows_t = torch.tensor(rows, dtype=torch.long)  # may be empty: this rank holds none of the minibatch
         weights = self.algo.agg_fn(batch.loss_mask[rows_t], **self.algo.agg_options)  # sums to the aggregate
         value_weights = token_mean(batch.loss_mask[rows_t])
@@ -311,8 +319,17 @@ class PolicyTrainer:
         return 1.0 if self.dp is None else self.dp.loss_scale
 
     def _finish_minibatch(self, batch, plan, values, returns, value_weights, totals, mb_loss: float) -> None:
-        """Clip and apply the minibatch's gradients (then the separate critic's step)."""
+        """Clip and apply the minibatch's gradients (then the separate critic's step); with ``ess_lr`` at a
+        learning rate scaled by the ESS of the minibatch's behaviour weights (every rank's together)."""
         totals["_per_mb_loss"] = totals.get("_per_mb_loss", 0.0) + mb_loss
+        if self.algo.ess_lr:
+            seen = torch.tensor([self._weights_seen.get(k, 0.0) for k in ("w", "w2", "n")], dtype=torch.float64)
+            if self.dp is not None:
+                all_reduce_cpu(seen)
+            scale = ess(*seen.tolist())
+            for group in self.optimizer.param_groups:
+                group["lr"] *= scale
+            totals["_per_mb_lr_ess_scale"] = totals.get("_per_mb_lr_ess_scale", 0.0) + scale
         totals["_per_mb_grad_norm"] = totals.get("_per_mb_grad_norm", 0.0) + self._clip_and_step(
             self.optimizer,
             [p for g in self.optimizer.param_groups for p in g["params"]],
@@ -336,20 +353,29 @@ class PolicyTrainer:
     ) -> tuple[torch.Tensor, dict]:
         """The micro-batch's share of the minibatch loss: Σ w·L (+ β·KL in the loss, + the value head's loss)."""
         algo, ids, L, mask, d = self.algo, mb.ids, mb.target_len, mb.mask, self.forward.dev
-        logp, behav = out.logprobs, d(batch.behav_logprobs[ids, :L])
+        logp, behav, versions = out.logprobs, d(batch.behav_logprobs[ids, :L]), d(batch.versions[ids, :L])
         if prox is not None:
             prox_mb = d(prox[ids, :L])
-        elif algo.loglinear_prox and index > 0:
-            prox_mb = loglinear_prox_logprobs(behav, logp, d(batch.versions[ids, :L]), version)
+        elif algo.prox_method == "loglinear":  # AReaL's: one version behind the policy trained, every minibatch
+            prox_mb = loglinear_prox_logprobs(behav, logp, versions, version)
+        elif algo.prox_method == "loglinear_ahead" and index > 0:
+            prox_mb = loglinear_prox_logprobs(behav, logp, versions, version, ahead=True)
         else:
             prox_mb = logp.detach()  # the first minibatch trains the very weights that are the proximal policy
+        start = prox_mb if prox is not None else logp.detach()  # the policy at the step's start (first minibatch)
         if index == 0:  # tokens of the version being trained: behaviour and proximal policy are the same weights
-            current = (d(batch.versions[ids, :L]) == version) & mask.bool()
-            self._mismatch[0] += float((behav - prox_mb.detach()).abs()[current].sum())
+            current = (versions == version) & mask.bool()
+            self._mismatch[0] += float((behav - start).abs()[current].sum())
             self._mismatch[1] += int(current.sum())
-        per_token, stats = algo.loss_fn(
-            LossInputs(logp, prox_mb, behav, d(advantages[ids, :L]), mask), **algo.loss_options
-        )
+        adv, staleness = d(advantages[ids, :L]), version - versions
+        if index < self.n_minibatches or algo.ess_lr:
+            used = audit_sums(prox_mb, behav, adv, mask, staleness)  # the behaviour weights as the loss uses them
+            self._weights_seen = add(self._weights_seen, used)
+            if index < self.n_minibatches:  # the first pass over the batch: the correction audit, from its start
+                self._audit = add(
+                    self._audit, used if start is prox_mb else audit_sums(start, behav, adv, mask, staleness)
+                )
+        per_token, stats = algo.loss_fn(LossInputs(logp, prox_mb, behav, adv, mask), **algo.loss_options)
         loss = (per_token * mb.weights).sum()
         if ref is not None and algo.kl_in_loss and algo.kl_ctl > 0:
             kl = algo.kl_fn(logp, d(ref[ids, :L])) * mask
@@ -390,6 +416,9 @@ class PolicyTrainer:
             finite = self.dp.all(finite)  # every rank skips together, so the replicas stay equal
         if finite:
             optimizer.step()
+            size = update_norm(optimizer, self.dp) if optimizer is self.optimizer else None
+            if size is not None:
+                self._update_norms.append(size)
         else:
             optimizer.zero_grad(set_to_none=True)
             self.skipped_updates += 1

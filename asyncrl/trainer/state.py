@@ -172,3 +172,34 @@ def check_finite(trainer) -> None:
         for name, p in items:
             if not finite(p):
                 raise NonFiniteWeights(f"the {what} weight '{name}' holds NaN or inf values")
+
+
+def update_norm(optimizer: torch.optim.Optimizer, dp=None) -> float | None:
+    """The global norm of the update the (Adam/AdamW) ``optimizer`` step just applied, from its state: per
+    parameter lr/(1-β1^t) · m / (sqrt(v/(1-β2^t)) + ε), plus the decoupled weight decay lr·λ·θ (of the weights
+    after the step: a second-order difference). Summed over FSDP shards (``dp``). None for another optimizer."""
+    if not all("betas" in group for group in optimizer.param_groups):
+        return None
+    total = torch.zeros((), dtype=torch.float64)
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            st = optimizer.state.get(p)
+            if not st or "exp_avg" not in st:
+                continue
+            step = float(st["step"])
+            m, v, w = (_local(x) for x in (st["exp_avg"], st["exp_avg_sq"], p.detach()))  # an FSDP rank's shard
+            delta = m / (v / (1 - beta2**step)).sqrt().add_(group["eps"]) * (group["lr"] / (1 - beta1**step))
+            if group.get("weight_decay"):
+                delta = delta + group["lr"] * group["weight_decay"] * w
+            total += delta.double().pow(2).sum().cpu()
+    if dp is not None and dp.fsdp:
+        from asyncrl.cluster.parallel import all_reduce_cpu
+
+        all_reduce_cpu(total)
+    return float(total.sqrt())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's local part: an FSDP2 ``DTensor``'s shard on this rank, any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t

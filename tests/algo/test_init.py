@@ -7,7 +7,7 @@ def test_registries_list_every_algorithm():
     from asyncrl.algo import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
     assert set(ADVANTAGES) == {"grpo", "dr_grpo", "rloo", "liteppo", "reinforce_pp", "reinforce_pp_baseline", "gae"}
-    assert set(POLICY_LOSSES) == {"decoupled_ppo", "ppo", "sapo", "cispo", "pg"}
+    assert set(POLICY_LOSSES) == {"decoupled_ppo", "ppo", "sapo", "cispo", "pg", "m2po"}
     assert set(AGGREGATIONS) == {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
     assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
 

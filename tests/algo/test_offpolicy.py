@@ -96,12 +96,23 @@ def test_kl_metrics_mask_and_k1_can_be_negative():
 
 
 # ---- log-linear proximal approximation --------------------------------------------------------------------
-def test_loglinear_prox_interpolates_by_version():
+def test_loglinear_prox_ahead_interpolates_toward_the_version_after_the_step():
     behav, cur = t([-1.0, -2.0, -3.0, -4.0]), t([-1.5, -2.2, -5.0, -9.0])
     versions = torch.tensor([[2, 4, 5, -1]])
-    out = loglinear_prox_logprobs(behav, cur, versions, version=5)
+    out = loglinear_prox_logprobs(behav, cur, versions, version=5, ahead=True)
     # v_prox = 5, v_θ = 6: α = (5 - v_b)/(6 - v_b) -> 3/4, 1/2, 0 (fresh), 0 (prompt, version -1)
     assert close(out, [[-1.0 + 0.75 * -0.5, -2.0 + 0.5 * -0.2, -3.0, -4.0]])
+
+
+def test_areal_loglinear_prox_is_one_version_behind_so_the_ratio_is_the_behaviour_ratio_to_the_1_over_s():
+    """AReaL's A-3PO: v_prox = v - 1, v_θ = v, α = (s - 1)/s, so log u = log(π_θ/π_behav)/s: the clip sees the
+    whole drift of a token one version old, half of it two versions old; a fresh token's proximal policy is its
+    behaviour policy."""
+    behav, cur = t([-1.0, -2.0, -3.0, -4.0]), t([-1.6, -2.4, -3.5, -9.0])
+    out = loglinear_prox_logprobs(behav, cur, torch.tensor([[4, 3, 5, -1]]), version=5)
+    assert close(out, [[-1.0, -2.0 + 0.5 * -0.4, -3.0, -4.0]])  # s = 1: α = 0; s = 2: α = 1/2; fresh; prompt
+    log_u = cur - out
+    assert close(log_u[:, :2], [[-0.6, -0.4 / 2]])
 
 
 def test_loglinear_prox_is_finite_with_inf_and_future_versions():

@@ -67,7 +67,8 @@ def test_report_of_a_real_run(tmp_path, tiny_model_dir):
     assert s.steps == 3 and s.max_staleness == 1 and s.wall_s > 0 and s.gen_tokens_per_s > 0
     assert s.final_accuracy is not None and s.staleness_max <= 1
     text = write_report(run_dir).read_text()
-    assert text.count('<img class="plot"') == 4
+    assert text.count('<img class="plot"') == 5  # learning, staleness, throughput, corrections, timeline
+    assert "Off-policy corrections" in text
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")

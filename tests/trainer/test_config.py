@@ -95,3 +95,27 @@ def test_critic_path_without_a_critic_is_refused():
 
     with pytest.raises(ConfigError, match="actor.critic_path"):
         ActorConfig(critic_path="/x").validate(max_staleness=0, n_samples=4)
+
+
+def test_behaviour_trust_terms_are_checked_and_apply_to_the_decoupled_losses_only():
+    for kw, message in (
+        (dict(behav_eps_clip=1.5), "actor.behav_eps_clip must be in"),
+        (dict(behav_prob_delta=0.0), "actor.behav_prob_delta must be in"),
+        (dict(behav_m2_budget=-1.0), "actor.behav_m2_budget must be > 0"),
+        (dict(policy_loss="ppo", eta=0, behav_eps_clip=0.2), "anchored on the behaviour policy already"),
+        (dict(policy_loss="m2po", behav_prob_delta=0.1), "actor.behav_prob_delta bounds the drift"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            _validate(**kw)
+    _validate(behav_eps_clip=0.2, behav_prob_delta=0.1, behav_m2_budget=0.04)
+    _validate(policy_loss="m2po", behav_m2_budget=0.1)  # m2po's own budget
+    _validate(policy_loss="m2po")  # stale samples are what m2po is for
+
+
+def test_an_inert_clip_is_said_at_start_up():
+    (line,) = ActorConfig().inert_terms(max_staleness=2)
+    assert "actor.eps_clip is inert here" in line and "actor.behav_eps_clip" in line
+    assert ActorConfig().inert_terms(max_staleness=0) == []  # on-policy: nothing to bound
+    assert ActorConfig(ppo_n_minibatches=4).inert_terms(max_staleness=2) == []
+    assert ActorConfig(prox_logp_method="loglinear").inert_terms(max_staleness=2) == []
+    assert "actor.behav_eps_clip (docs" not in ActorConfig(behav_eps_clip=0.2).inert_terms(max_staleness=2)[0]

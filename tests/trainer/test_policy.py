@@ -73,7 +73,7 @@ def test_minibatches_recompute_the_proximal_policy_or_approximate_it(monkeypatch
     stats = recompute.step(batch, version=2)
     assert calls == [1] and math.isfinite(stats["loss"])
 
-    loglinear = PolicyTrainer(make_model(), Algorithm(loglinear_prox=True), ppo_n_minibatches=2)
+    loglinear = PolicyTrainer(make_model(), Algorithm(prox_method="loglinear_ahead"), ppo_n_minibatches=2)
     monkeypatch.setattr(loglinear, "logprobs", lambda *a, **k: pytest.fail("loglinear must skip the pass"))
     stats = loglinear.step(batch, version=2)
     assert math.isfinite(stats["loss"]) and stats["grad_norm"] > 0
@@ -194,3 +194,53 @@ def test_the_finiteness_check_finds_nan_and_inf_and_passes_a_sum_that_overflows(
         x[37] = bad
         assert not finite(x) and not finite(x.to(torch.bfloat16))
     assert not finite(torch.tensor([math.inf, -math.inf]))  # a sum of NaN
+
+
+# ---- off-policy corrections and their audit -------------------------------------------------------------------
+def test_areal_loglinear_proximal_policy_binds_the_clip_at_one_step_per_batch(monkeypatch):
+    """At one optimizer step per batch the recomputed proximal policy is the one trained (u = 1: the clip never
+    binds); AReaL's loglinear proximal policy is one version behind, so stale tokens that moved are clipped."""
+    batch = make_batch([14, 16, 12, 18], seed=2)
+    with torch.no_grad():  # every token moved: π_θ/π_behav = e^0.5 = 1.65 since it was sampled two versions ago
+        batch.behav_logprobs[:] = (PolicyTrainer(make_model()).logprobs(batch) - 0.5) * batch.loss_mask
+    batch.versions[batch.loss_mask > 0] = 0
+    recompute = PolicyTrainer(make_model(), ppo_n_minibatches=1).step(batch, version=2)
+    loglinear = PolicyTrainer(make_model(), Algorithm(prox_method="loglinear"), ppo_n_minibatches=1)
+    monkeypatch.setattr(loglinear, "logprobs", lambda *a, **k: pytest.fail("loglinear needs no proximal pass"))
+    stats = loglinear.step(batch, version=2)
+    # u = 1.65^(1/2) = 1.28 > 1.2: clipped on every token with A > 0 (those with A < 0 are not pushed further)
+    assert recompute["clip_frac"] == 0.0 and stats["clip_frac"] == pytest.approx(stats["adv_pos_frac"], abs=1e-6)
+    assert stats["clip_frac"] > 0
+
+
+def test_every_step_reports_its_correction_audit():
+    batch = make_batch([14, 16, 12, 18], seed=3)
+    with torch.no_grad():  # behaviour weights e^2 = 7.4, above the cap of 5
+        batch.behav_logprobs[:] = (PolicyTrainer(make_model()).logprobs(batch) - 2.0) * batch.loss_mask
+    batch.versions[batch.loss_mask > 0] = 1
+    batch.versions[0][batch.loss_mask[0] > 0] = 3  # one sample of the version trained (its KL: the same here)
+    stats = PolicyTrainer(make_model()).step(batch, version=3)
+    assert stats["ess"] == pytest.approx(1.0, abs=1e-5)  # equal weights: no token dominates
+    assert 0 < stats["stale_tokens_frac"] < 1 and stats["adv_pos_frac"] + stats["adv_neg_frac"] <= 1
+    assert stats["behav_weight_capped_frac"] == 1.0 and stats["behav_weight_delta"] > 0
+    assert stats["behav_kl_stale"] == pytest.approx(math.exp(2) - 1 - 2, rel=1e-4)  # k3 of w = e^2
+
+
+def test_ess_scaled_steps_take_smaller_steps_on_weights_a_few_tokens_dominate():
+    """VCPO: the learning rate of a step is scaled by the ESS of its behaviour weights: 1 on-policy (the weights are
+    all 1), below 1 on stale data; the update is smaller in proportion."""
+    from asyncrl.algo.audit import ess
+
+    on_policy = make_batch([14, 16, 12, 18], seed=4)
+    model = make_model()
+    with torch.no_grad():
+        on_policy.behav_logprobs[:] = PolicyTrainer(model).logprobs(on_policy)
+    stats = PolicyTrainer(copy.deepcopy(model), Algorithm(ess_lr=True)).step(on_policy)
+    assert stats["lr_ess_scale"] == pytest.approx(1.0, abs=1e-5)
+    stale = make_batch([14, 16, 12, 18], seed=4)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = PolicyTrainer(model, Algorithm(ess_lr=True), lr=1e-3, max_grad_norm=0.0)
+    stats = trainer.step(stale)
+    assert 0 < stats["lr_ess_scale"] < 0.99 and stats["lr_ess_scale"] == pytest.approx(stats["ess"], rel=1e-4)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert ess(2.0, 2.0, 2) == 1.0
