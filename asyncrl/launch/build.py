@@ -35,6 +35,7 @@ from asyncrl.engine import build_engine
 from asyncrl.engine.local import LocalEngine
 from asyncrl.launch.policy import model_paths, policy_model, policy_trainer, say_trainable
 from asyncrl.launch.ranks import RANK_ENV, RankedTrainer
+from asyncrl.launch.resume import run_dir_of
 from asyncrl.launch.rundir import make_run_dir, verdict_settings
 from asyncrl.launch.shape import RunShape
 from asyncrl.loop.buffer import RolloutBuffer
@@ -45,6 +46,7 @@ from asyncrl.loop.checkpoint import (
 )
 from asyncrl.loop.controller import LoopPlan, Parts
 from asyncrl.loop.evaluate import BackgroundEvaluator, Evaluator
+from asyncrl.loop.lock import RunDirLock
 from asyncrl.loop.rollout import RolloutRunner
 from asyncrl.loop.staleness import AutoStaleness, FixedStaleness
 from asyncrl.models.hf import load_model, load_tokenizer
@@ -185,6 +187,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     if isinstance(workflow, Closable):
         stack.callback(workflow.close)
 
+    stack.callback(RunDirLock(run_dir_of(cfg)).release)  # a second run of this directory is refused here
     run_dir = make_run_dir(cfg, start)
     max_staleness, batch_size = cfg.rollout.max_staleness, cfg.train_dataset.batch_size
     policy = (

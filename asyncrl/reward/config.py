@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from asyncrl.configlib import ConfigError
@@ -29,11 +30,14 @@ class JudgeConfig:
     """The judge's prompt, with {question}, {response} and {reference} (the item's answer); empty = the default
     (asks for 'Score: N' from 0 to 10)."""
     score: str = "0-10"
-    """How the answer is read: LOW-HIGH (the number after 'Score:', else the last number, in that range,
-    scaled to 0-1) | verdict (the last of the judge.verdicts words in the answer). An answer that cannot be
-    read is a counted reward failure (reward_errors) scoring reward.default, never a silent 0."""
+    """How the answer is read: LOW-HIGH (the number after 'Score:', else N/HIGH, else a number closing the
+    answer, in that range, scaled to 0-1) | verdict (the last of the judge.verdicts phrases in the answer, not
+    negated). An answer that gives two different scores or verdicts (one may be quoted from the response judged)
+    is ambiguous: refused, counted in reward_errors/JudgeAmbiguous. An answer that cannot be read is a counted
+    reward failure (reward_errors) scoring reward.default, never a silent 0."""
     verdicts: dict = field(default_factory=dict)
-    """Verdict words and their rewards for score=verdict (empty = {correct: 1, incorrect: 0})."""
+    """Verdict phrases (any case, one or more words) and their rewards in [0, 1] for score=verdict (empty =
+    {correct: 1, incorrect: 0})."""
     combine: str = "judge"
     """With a verifiable reward (the dataset's or reward.fn): judge (the judge alone) | weighted
     ((1 - weight) * verifier + weight * judge) | abstain (the judge only where the verifier returns None)."""
@@ -66,6 +70,12 @@ class JudgeConfig:
                 parse_range(self.score)
             except ValueError as e:
                 raise ConfigError(f"reward.judge.score: {e}") from None
+        for phrase, value in self.verdicts.items():
+            words = re.findall(r"[a-z_]+", str(phrase).lower())
+            if not words or isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ConfigError(
+                    f"reward.judge.verdicts: {phrase!r}: {value!r} must map a phrase of words to a reward in [0, 1]"
+                )
         if self.template and "{response}" not in self.template:
             raise ConfigError("reward.judge.template must hold {response} (and may hold {question}, {reference})")
         if self.template:

@@ -55,6 +55,11 @@ class JudgeError(RuntimeError):
     """The judge gave no usable score: unparseable, out of range, or the endpoint failed past its retries."""
 
 
+class JudgeAmbiguous(JudgeError):
+    """The judge's answer gives two different scores or verdicts (one may be quoted from the response it judges):
+    read as neither, and counted apart (``reward_errors/JudgeAmbiguous``)."""
+
+
 @dataclass(frozen=True)
 class Judge:
     """An OpenAI-compatible chat endpoint (``url`` up to ``/v1``) and how to ask it and read its answers."""
@@ -125,44 +130,89 @@ class Judge:
         raise JudgeError(f"the judge failed after {attempt + 1} tries: {last}")
 
     def parse(self, answer: str) -> float:
-        """The reward in [0, 1] the judge's ``answer`` gives, or ``JudgeError`` naming why none."""
+        """The reward in [0, 1] the judge's ``answer`` gives, or ``JudgeError`` naming why none. An answer that
+        gives two different scores or verdicts (a score quoted from the response beside the judge's own, "incorrect,
+        although the method is correct") is ambiguous: refused (``JudgeAmbiguous``), never read as either."""
         if self.score == "verdict":
-            clauses = [re.findall(r"[a-z_]+", c) for c in re.split(r"[.;:!?,\n]", answer.lower())]
-            found = [(c, i) for c, words in enumerate(clauses) for i, w in enumerate(words) if w in self.verdicts]
-            if not found:
-                raise JudgeError(
-                    f"the judge's answer names none of the verdicts {sorted(self.verdicts)}: {answer[:200]!r}"
-                )
-            c, i = found[-1]
-            before, verdict = clauses[c][:i], clauses[c][i]
-            if NEGATIONS & set(before) or NEAR_NEGATIONS & set(before[-3:]):  # "not (at all) correct" is no pass
-                raise JudgeError(f"the judge's answer negates its verdict '{verdict}': {answer[:200]!r}")
-            return float(self.verdicts[verdict])
-        low, high = parse_range(self.score)
-        labelled = re.findall(r"score\s*[:=]?\s*(-?\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
-        fractions = list(
-            re.finditer(r"(-?\d+(?:\.\d+)?)\s*(?:/|out\s+of)\s*(\d+(?:\.\d+)?)", answer, flags=re.IGNORECASE)
+            return self._verdict(answer)
+        return self._score(answer)
+
+    def _verdict(self, answer: str) -> float:
+        phrases = sorted(
+            ((tuple(re.findall(r"[a-z_]+", k.lower())), v) for k, v in self.verdicts.items()),
+            key=lambda kv: -len(kv[0]),
         )
-        after = answer[fractions[-1].end() :] if fractions else ""
-        if re.search(r"(?:^|[.:;!?\n])\s*-?\d+(?:\.\d+)?\W*$", after):  # "1/2 of the steps right. 9": 9
-            fractions = []  # a bare score closing the answer is the score; "7/10 - it misses step 3" is 7/10
-        if not labelled and fractions:  # "7/10", "3 out of 10": the numerator, if it is out of the range's top
-            numerator, denominator = fractions[-1].groups()
-            if float(denominator) != high:
-                raise JudgeError(
-                    f"the judge's score {numerator}/{denominator} is not out of {high:g}: {answer[:200]!r}"
+        found = []  # (value, negated, phrase) in order
+        for clause in re.split(r"[.;:!?,\n]", answer.lower()):
+            words, i = re.findall(r"[a-z_]+", clause), 0
+            while i < len(words):
+                match = next(((p, v) for p, v in phrases if p and tuple(words[i : i + len(p)]) == p), None)
+                if match is None:
+                    i += 1
+                    continue
+                before = words[:i]
+                negated = bool(NEGATIONS & set(before) or NEAR_NEGATIONS & set(before[-3:]))
+                found.append((float(match[1]), negated, " ".join(match[0])))
+                i += len(match[0])
+        if not found:
+            raise JudgeError(f"the judge's answer names none of the verdicts {sorted(self.verdicts)}: {answer[:200]!r}")
+        value, negated, phrase = found[-1]
+        if negated:  # "not (at all) correct" is no pass
+            raise JudgeError(f"the judge's answer negates its verdict '{phrase}': {answer[:200]!r}")
+        given = {v for v, neg, _ in found if not neg}
+        if len(given) > 1:
+            raise JudgeAmbiguous(
+                f"the judge's answer gives conflicting verdicts ({', '.join(p for _, neg, p in found if not neg)}): "
+                f"{answer[:200]!r}"
+            )
+        return value
+
+    def _score(self, answer: str) -> float:
+        low, high = parse_range(self.score)
+        number = r"(-?\d+(?:\.\d+)?)"
+        out_of = rf"\s*(?:/|out\s+of)\s*{number}"
+        labelled = list(re.finditer(rf"score\s*[:=]?\s*{number}(?:{out_of})?", answer, flags=re.IGNORECASE))
+        if labelled:
+            for m in labelled:
+                if m.group(2) is not None and float(m.group(2)) != high:
+                    raise JudgeError(
+                        f"the judge's score {m.group(1)}/{m.group(2)} is not out of {high:g}: {answer[:200]!r}"
+                    )
+            values = {float(m.group(1)) for m in labelled}
+            if len(values) > 1:
+                raise JudgeAmbiguous(
+                    f"the judge's answer gives {len(values)} different scores "
+                    f"({', '.join(m.group(0) for m in labelled)}): {answer[:200]!r}"
                 )
-            labelled = [numerator]
-        numbers = labelled or re.findall(r"-?\d+(?:\.\d+)?", answer)
-        if not numbers:
-            raise JudgeError(f"the judge's answer holds no score: {answer[:200]!r}")
-        value = float(numbers[-1])
-        if not low <= value <= high or not math.isfinite(value):
-            raise JudgeError(f"the judge's score {value:g} is outside {low:g}-{high:g}: {answer[:200]!r}")
-        return (value - low) / (high - low)
+            return _scaled(float(labelled[-1].group(1)), low, high, answer)
+        fractions = list(re.finditer(number + out_of, answer, flags=re.IGNORECASE))
+        scores = [m for m in fractions if float(m.group(2)) == high]
+        closing = re.search(rf"(?:^|[.:;!?\n])\s*{number}\W*$", answer[fractions[-1].end() :] if fractions else answer)
+        if closing is not None:  # a bare score closing the answer ("... 1/2 of the steps right. 9"; "8")
+            if scores and {float(m.group(1)) for m in scores} != {float(closing.group(1))}:
+                raise JudgeAmbiguous(f"the judge's answer gives a score and another closing it: {answer[:200]!r}")
+            return _scaled(float(closing.group(1)), low, high, answer)
+        if scores:  # "7/10", "3 out of 10", "7/10 - it misses step 3"
+            values = {float(m.group(1)) for m in scores}
+            if len(values) > 1:
+                raise JudgeAmbiguous(f"the judge's answer gives {len(values)} different scores: {answer[:200]!r}")
+            return _scaled(float(scores[-1].group(1)), low, high, answer)
+        if fractions:
+            numerator, denominator = fractions[-1].groups()
+            raise JudgeError(f"the judge's score {numerator}/{denominator} is not out of {high:g}: {answer[:200]!r}")
+        raise JudgeError(
+            f"the judge's answer holds no score (Score: N, N/{high:g}, or a number closing the answer): "
+            f"{answer[:200]!r}"
+        )
 
     def __call__(self, question: str, response: str, reference: Any = None) -> float:
         return self.parse(self.ask(self.prompt(question, response, reference)))
+
+
+def _scaled(value: float, low: float, high: float, answer: str) -> float:
+    if not math.isfinite(value) or not low <= value <= high:
+        raise JudgeError(f"the judge's score {value:g} is outside {low:g}-{high:g}: {answer[:200]!r}")
+    return (value - low) / (high - low)
 
 
 def parse_range(spec: str) -> tuple[float, float]:

@@ -33,6 +33,9 @@ from asyncrl.reward.sandbox_cleanup import sweep_abandoned
 
 log = logging.getLogger(__name__)
 
+COUNTED_KINDS = ("JudgeAmbiguous",)
+"""Kinds of reward failure counted apart as well (``reward_errors/KIND``): a judge's answer read as neither of two
+scores it gives."""
 STARTUP_TIMEOUT_S = 120.0  # importing a reward module (sympy, reasoning-gym) can take seconds on a busy CPU
 
 
@@ -157,6 +160,7 @@ class RewardService:
         self._local = threading.local()  # this thread's wait for a worker in its current call
         self._lock = threading.Lock()
         self._logged: set[str] = set()
+        self.errors_by_kind: dict[str, int] = {}  # failures a reward function marks by kind (COUNTED_KINDS)
         self.first_failure = ""  # what the first failed call said, for the watchdog's message
         self._closed = False
         self.closing: list[Callable[[], None]] = []
@@ -267,6 +271,9 @@ class RewardService:
                 self.timeouts += 1
             else:
                 self.errors += 1
+                name = str(detail).split(":", 1)[0]
+                if name in COUNTED_KINDS:
+                    self.errors_by_kind[name] = self.errors_by_kind.get(name, 0) + 1
             first = kind not in self._logged
             self._logged.add(kind)
         if first:
@@ -295,6 +302,7 @@ class RewardService:
                 "reward_worker_restarts": self.restarts,
                 "reward_queue_s": self.queue_s,
                 "reward_run_s": self.run_s,
+                **{f"reward_errors/{k}": n for k, n in self.errors_by_kind.items()},
                 **self._facts,
             }
 

@@ -35,6 +35,7 @@ from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
 from asyncrl.data.formats import item_prompt_ids
 from asyncrl.loop.evaluate import evaluate
+from asyncrl.loop.lock import RunDirLock
 from asyncrl.models.hf import check_model_dir, load_model, load_tokenizer
 from asyncrl.trainer.packing import check_packing
 from asyncrl.types import SamplingParams
@@ -69,28 +70,34 @@ def sft(cfg: SFTConfig) -> dict:
         if agent
         else _Scorer(cfg, tokenizer, data.valid, data.reward_fn, context)
     )
+    lock = None
     try:
-        out = Path(cfg.output_dir)  # created once the model and the data are known good
         try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
-        start = resume_point(cfg, out)
-        if start is None:
-            start_over(out, cfg.model.path)
-        configlib.dump(cfg, out / "sft_config.yaml")
-        lora = cfg.model.lora.rank > 0
-        if lora:
-            from asyncrl.models.lora import apply_lora
+            out = Path(cfg.output_dir)  # created once the model and the data are known good
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(f"output: cannot create '{out}': {e.strerror or e}") from e
+            lock = RunDirLock(out)  # a second sft of this directory is refused here
+            start = resume_point(cfg, out)
+            if start is None:
+                start_over(out, cfg.model.path)
+            configlib.dump(cfg, out / "sft_config.yaml")
+            lora = cfg.model.lora.rank > 0
+            if lora:
+                from asyncrl.models.lora import apply_lora
 
-            model = apply_lora(model, **dataclasses.asdict(cfg.model.lora))
-        record = _train(
-            cfg, model, tokenizer, examples, data.stats, score, _EngineModel(model, model_path, lora), out, start
-        )
+                model = apply_lora(model, **dataclasses.asdict(cfg.model.lora))
+            record = _train(
+                cfg, model, tokenizer, examples, data.stats, score, _EngineModel(model, model_path, lora), out, start
+            )
+        finally:
+            score.close()
+        examples.summary()
+        save_model(model, tokenizer, out, lora)
     finally:
-        score.close()
-    examples.summary()
-    save_model(model, tokenizer, out, lora)
+        if lock is not None:
+            lock.release()
     held_out = f", held-out accuracy {record['eval_accuracy']:.3f}" if "eval_accuracy" in record else ""
     log.info(
         "sft done: %d steps in %.0f s, loss %.4f%s; the model is in %s",
