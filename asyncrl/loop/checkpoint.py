@@ -18,9 +18,10 @@ A checkpoint is written into a temporary directory beside the others, every file
 checkpoint or the new one, never a half one that is loaded. The last ``keep`` checkpoints are kept. With
 ``background``, what a checkpoint holds is copied at the save and written by a thread while training goes on.
 
-``manifest.json``, written last inside the checkpoint, holds the size of every file and the SHA-256 of
-``run.json``: :func:`verify` finds a checkpoint damaged later (a truncated or deleted file, an edited run
-state), and :func:`newest_valid` picks the newest checkpoint that verifies, whatever ``latest`` says.
+``manifest.json``, written last inside the checkpoint, holds the size and digest (BLAKE2b) of every file and the
+SHA-256 of ``run.json``: :func:`verify` finds a checkpoint damaged later (a truncated, deleted or rewritten file,
+whatever its size; an edited run state), and :func:`newest_valid` picks the newest checkpoint that verifies,
+whatever ``latest`` says.
 """
 
 from __future__ import annotations
@@ -258,9 +259,9 @@ def run_version(checkpoint: Path) -> int:
 
 
 def manifest(directory: Path) -> dict:
-    """Every file under ``directory`` with its size, and the SHA-256 of its run state."""
+    """Every file under ``directory`` with its size and digest (BLAKE2b), and the SHA-256 of its run state."""
     files = {
-        str(p.relative_to(directory)): p.stat().st_size
+        str(p.relative_to(directory)): [p.stat().st_size, digest(p)]
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
@@ -291,12 +292,15 @@ def verify(checkpoint: Path) -> str | None:
     files = saved.get("files") if isinstance(saved, dict) else None
     if not isinstance(files, dict):
         return f"{MANIFEST} is not a manifest (no 'files' object)"
-    for name, size in files.items():
+    for name, written in files.items():
         path = checkpoint / name
+        size, written_digest = written if isinstance(written, list) and len(written) == 2 else (written, None)
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, not the {size} written"
+        if written_digest is not None and digest(path) != written_digest:  # manifests before digests: sizes only
+            return f"{name} was changed after it was written (its digest differs)"
     if saved.get(RUN_STATE) != _sha256(checkpoint / RUN_STATE):
         return f"{RUN_STATE} was changed after it was written"
     return None
@@ -318,6 +322,15 @@ def newest_valid(checkpoints: Path) -> tuple[Path | None, list[str]]:
             return step, skipped
         skipped.append(f"{step.name}: {why}")
     return None, skipped
+
+
+def digest(path: Path) -> str:
+    """A file's BLAKE2b-128 digest, read in 4 MiB chunks (fast enough to take at every save and resume)."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _sha256(path: Path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 from pathlib import Path
 
 from asyncrl.report.diagnose import run_settings
@@ -49,11 +50,27 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     page = Path(out) if out is not None else run.path / REPORT_FILE
     page.parent.mkdir(parents=True, exist_ok=True)
     plots = page.parent / PLOTS_DIR
+    if plots.is_symlink():  # a link there is replaced by a directory of the report's own, never written through
+        plots.unlink()
     plots.mkdir(exist_ok=True)
     for fig in figures:
-        (plots / f"{fig.name}.png").write_bytes(fig.png)
-    page.write_text(render_html(run, summarize(run), figures), encoding="utf-8")
+        write_aside(plots / f"{fig.name}.png", fig.png)
+    write_aside(page, render_html(run, summarize(run), figures).encode("utf-8"))
     return page
+
+
+def write_aside(path: Path, data: bytes) -> None:
+    """``data`` into a new file beside ``path``, then renamed over it: a symlink at ``path`` is replaced, never
+    written through (a run directory's ``report.html`` linking to a file elsewhere is not that file's to change)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def render_html(run: Run, summary: RunSummary, figures: list[Figure]) -> str:

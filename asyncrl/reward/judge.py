@@ -48,6 +48,19 @@ VERDICTS = {"correct": 1.0, "incorrect": 0.0}
 """The default verdict words (``score=verdict``) and their rewards."""
 
 CACHE_SIZE = 50_000
+MAX_ANSWER_BYTES = 1 << 20
+"""The most of a judge's reply read: a longer one is not a chat completion of max_tokens tokens."""
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: urllib would turn the POST into a GET and carry the Authorization header to
+    wherever the endpoint points (red team 4, finding 3); the 3xx is raised as an HTTPError instead."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 COMBINE = ("judge", "weighted", "abstain")
 
 
@@ -115,11 +128,20 @@ class Judge:
                 time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
             request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as r:
-                    reply = json.loads(r.read())
+                with _OPENER.open(request, timeout=self.timeout_s) as r:
+                    raw = r.read(MAX_ANSWER_BYTES + 1)
+                    if len(raw) > MAX_ANSWER_BYTES:
+                        raise ValueError(f"a reply longer than {MAX_ANSWER_BYTES} bytes")
+                    reply = json.loads(raw)
                 return reply["choices"][0]["message"]["content"] or ""
             except urllib.error.HTTPError as e:
-                last = f"HTTP {e.code} from {url}: {e.read()[:200]!r}"
+                if 300 <= e.code < 400:
+                    last = (
+                        f"HTTP {e.code} from {url}: the judge redirected to {e.headers.get('Location', '?')!r}; "
+                        "redirects are refused (the request and its key go to reward.judge.url only)"
+                    )
+                    break
+                last = f"HTTP {e.code} from {url}: {e.read(200)!r}"
                 if e.code != 429 and e.code < 500:
                     break  # a refused request does not get better by asking again
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:

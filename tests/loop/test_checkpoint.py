@@ -254,6 +254,9 @@ def _fake_checkpoints(checkpoints: Path, versions=(2, 3, 4)):
 DAMAGES = {
     "model.safetensors truncated": lambda c: (c / "step4" / "model.safetensors").write_bytes(b"x" * 100),
     "trainer.pt truncated": lambda c: (c / "step4" / "trainer.pt").write_bytes(b""),
+    # red team 4, finding 6: damage that keeps a file's size went unnoticed
+    "model.safetensors overwritten, same size": lambda c: (c / "step4" / "model.safetensors").write_bytes(b"y" * 400),
+    "one byte of trainer.pt flipped": lambda c: (c / "step4" / "trainer.pt").write_bytes(b"x" * 299 + b"z"),
     "rollouts.pt removed": lambda c: (c / "step4" / "rollouts.pt").unlink(),
     "run.json removed": lambda c: (c / "step4" / "run.json").unlink(),
     "run.json version edited": lambda c: (c / "step4" / "run.json").write_text('{"version": 4, "drawn": 99}'),

@@ -134,3 +134,19 @@ def test_the_report_shows_sample_generations(tmp_path):
     page = write_report(run).read_text()
     assert "Sample generations" in page and "The answer is 24." in page and "The answer is 1." in page
     assert "The answer is 7." not in page  # the first, middle and last steps only
+
+
+@needs_matplotlib
+def test_the_report_replaces_links_in_the_run_directory_and_never_writes_through_them(tmp_path):
+    """Red team 4, finding 4: report.html and plots/ as symlinks made asyncrl report overwrite files elsewhere."""
+    run = synthetic_run(tmp_path)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "report.html").symlink_to(outside)
+    (run / "plots").symlink_to(elsewhere, target_is_directory=True)
+    page = write_report(run)
+    assert outside.read_text() == "keep me" and list(elsewhere.iterdir()) == []
+    assert not page.is_symlink() and "<html" in page.read_text()
+    assert not (run / "plots").is_symlink() and any((run / "plots").glob("*.png"))

@@ -260,3 +260,46 @@ def test_verdicts_must_map_phrases_to_rewards_in_zero_to_one(verdicts):
             None,
             ["judge.url=http://x/v1", "judge.score=verdict", f"judge.verdicts={json.dumps(verdicts)}"],
         )
+
+
+def test_a_redirect_is_refused_and_the_key_never_leaves_for_another_host(monkeypatch):
+    """Red team 4, finding 3: urllib followed a 302 to another port as a GET carrying the Authorization key."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Thief(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps({"choices": [{"message": {"content": "Score: 7"}}]}).encode())
+
+        do_POST = do_GET
+
+        def log_message(self, *a):
+            pass
+
+    thief = ThreadingHTTPServer(("127.0.0.1", 0), Thief)
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{thief.server_port}/v1/chat/completions")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    judge = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    for server in (thief, judge):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("JUDGE_TEST_KEY", "sk-secret")
+    try:
+        with pytest.raises(JudgeError, match="HTTP 302.*redirects are refused"):
+            Judge(f"http://127.0.0.1:{judge.server_port}/v1", api_key_env="JUDGE_TEST_KEY", retries=2)("q", "r", "4")
+    finally:
+        thief.shutdown()
+        judge.shutdown()
+    assert seen == []
