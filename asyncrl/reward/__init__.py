@@ -82,6 +82,10 @@ def build_reward_service(cfg, default_fn: Callable[..., float]) -> RewardService
             )
         except (RuntimeError, TimeoutError) as e:
             raise ConfigError(f"reward.judge.serve: the judge {cfg.judge.serve} did not start ({e})") from e
+    if cfg.judge.url:  # a typo in the URL is said now, not as a failure of every reward call of the run
+        why = cfg.judge.build().check()
+        if why is not None:
+            raise ConfigError(f"reward.judge.url={cfg.judge.url}: {why}")
     try:
         service = RewardService(
             reward_function(cfg, default_fn, server and server.url + "/v1"),

@@ -151,6 +151,26 @@ class Judge:
                 break
         raise JudgeError(f"the judge failed after {attempt + 1} tries: {last}")
 
+    def check(self) -> str | None:
+        """Why the endpoint cannot judge, found with one light request before anything runs (``GET /models``:
+        unreachable, a redirect, the key refused), or None. Any other answer means someone listens there."""
+        headers = {}
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        url = self.url.rstrip("/") + "/models"
+        try:
+            with _OPENER.open(urllib.request.Request(url, headers=headers), timeout=min(10.0, self.timeout_s)):
+                return None
+        except urllib.error.HTTPError as e:
+            if 300 <= e.code < 400:
+                return f"it redirects ({e.code} to {e.headers.get('Location', '?')!r}), and redirects are refused"
+            if e.code in (401, 403):
+                return f"it refuses the key (HTTP {e.code}; the key is read from ${self.api_key_env or '(none)'})"
+            return None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as e:
+            return f"it cannot be reached ({getattr(e, 'reason', e)})"
+
     def parse(self, answer: str) -> float:
         """The reward in [0, 1] the judge's ``answer`` gives, or ``JudgeError`` naming why none. An answer that
         gives two different scores or verdicts (a score quoted from the response beside the judge's own, "incorrect,

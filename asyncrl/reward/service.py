@@ -156,6 +156,7 @@ class RewardService:
         self.fn, self.default, self.timeout_s = fn, default, timeout_s
         self.held_out_fn: Callable[..., float] | None = None  # held-out answers' scorer, when not fn (a verifier)
         self.errors = self.timeouts = self.calls = self.restarts = 0
+        self.done = 0  # calls that returned (a call in flight is neither a success nor a failure yet)
         self.queue_s = self.run_s = 0.0  # call-seconds waiting (for the executor, for a worker) and running
         self._local = threading.local()  # this thread's wait for a worker in its current call
         self._lock = threading.Lock()
@@ -192,6 +193,8 @@ class RewardService:
         status, value = self._run(item, completion)
         end = time.perf_counter()
         with self._lock:
+            if not self._closed:
+                self.done += 1
             waited = self._waited_in_calls()
             self.queue_s += (start - submitted if submitted is not None else 0.0) + waited
             self.run_s += end - start - waited
@@ -299,6 +302,7 @@ class RewardService:
                 "reward_errors": self.errors,
                 "reward_timeouts": self.timeouts,
                 "reward_calls": self.calls,
+                "reward_calls_done": self.done,
                 "reward_worker_restarts": self.restarts,
                 "reward_queue_s": self.queue_s,
                 "reward_run_s": self.run_s,

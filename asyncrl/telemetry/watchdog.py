@@ -117,7 +117,7 @@ class Watchdog:
             self.live.evaluated(record)
 
     def _check_rewards(self, record: dict, version: int) -> None:
-        calls = record.get("reward_calls", 0)
+        calls = record.get("reward_calls_done", record.get("reward_calls", 0))  # calls in flight are no success
         failures = record.get("reward_errors", 0) + record.get("reward_timeouts", 0)
         step_calls, step_failures = calls - self._calls, failures - self._failures
         self._calls, self._failures = calls, failures

@@ -303,3 +303,18 @@ def test_a_redirect_is_refused_and_the_key_never_leaves_for_another_host(monkeyp
         thief.shutdown()
         judge.shutdown()
     assert seen == []
+
+
+def test_a_judge_url_that_cannot_judge_is_refused_at_start_up():
+    """Red team 4, finding 5: a typo in reward.judge.url was found at the first call, then every call failed."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    cfg = configlib.load(RewardConfig, None, [f"judge.url=http://127.0.0.1:{port}/v1", "workers=0"])
+    with pytest.raises(ConfigError, match=rf"reward.judge.url=http://127.0.0.1:{port}/v1: it cannot be reached"):
+        build_reward_service(cfg, lambda *a, **k: 0.0)
+    with rule_judge() as (url, _):  # someone listens: fine (it need not answer GET /models)
+        configured = configlib.load(RewardConfig, None, [f"judge.url={url}", "workers=0"])
+        build_reward_service(configured, lambda *a, **k: 0.0).close()

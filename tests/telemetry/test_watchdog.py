@@ -112,3 +112,11 @@ def test_a_reward_that_never_succeeded_stops_at_the_first_step_with_its_error():
         w.check({"version": 1, "reward_calls": 16, "reward_errors": 16})
     off = Watchdog(no_signal_steps=0, reward_failure_steps=0, max_nonfinite_steps=0)  # 0 = never
     off.check({"version": 1, "reward_calls": 16, "reward_errors": 16})
+
+
+def test_calls_still_in_flight_are_no_successes():
+    """Red team 4, finding 5: 16 calls asked, 10 returned (all failed), 6 in flight: every call that returned
+    failed, which is a broken reward, not a run with 6 good rewards."""
+    w = Watchdog(no_signal_steps=0, reward_failure_steps=5, max_nonfinite_steps=0)
+    with pytest.raises(TrainingHalted, match=r"every reward call of the run failed \(10 calls\)"):
+        w.check({"version": 1, "reward_calls": 16, "reward_calls_done": 10, "reward_errors": 10})
