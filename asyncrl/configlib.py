@@ -177,6 +177,13 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
+def read_mapping(path: str | Path) -> dict:
+    """A saved YAML file of a run (``config.yaml``, ``sft_config.yaml``) read with the limits of a config file
+    (aliases expanding past ``MAX_YAML_NODES`` values, self-reference, nesting, non-UTF-8 text): a ConfigError
+    naming the file and the problem otherwise."""
+    return _read_yaml(str(path))[0]
+
+
 # ---- internals -----------------------------------------------------------------------------------------
 def _read_yaml(path: str) -> tuple[dict, dict[str, int]]:
     text = _read_text(path)
@@ -184,13 +191,13 @@ def _read_yaml(path: str) -> tuple[dict, dict[str, int]]:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         _check_expansion(node, path)
         data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+        return data, _key_lines(node, path)
     except yaml.YAMLError as e:
         raise ConfigError(f"{_yaml_where(path, e)}: not valid YAML: {_yaml_problem(e)}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply (a YAML alias that contains itself?)") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
-    return data, _key_lines(node, path)
 
 
 MAX_YAML_NODES = 100_000

@@ -161,9 +161,8 @@ def read_run(path: Path, target: float | None) -> dict:
     """What a finished run says: final, best and starting held-out accuracy, time to ``target``, realised
     staleness, steps and the audit's means over its steps."""
     from asyncrl.telemetry.metrics import read_metrics
-    from asyncrl.telemetry.record import merge_evaluations
 
-    records = merge_evaluations(read_metrics(path))
+    records = read_metrics(path)
     steps = [r for r in records if r.get("step", 0) > 0]
     evals = [r for r in records if isinstance(r.get("eval_accuracy"), (int, float))]
     if not evals or not steps:

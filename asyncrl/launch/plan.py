@@ -166,8 +166,6 @@ def _fitted(cfg: TrainConfig, args) -> Fitted:
 def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
     """The costs of the run in ``run_dir``, divided by its own passes and samples per prompt (its config.yaml:
     the settings asked about may differ from those it ran with)."""
-    import yaml
-
     from asyncrl.telemetry.metrics import read_metrics
     from asyncrl.telemetry.record import ReportError
 
@@ -180,11 +178,15 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
         )
     try:
         records = read_metrics(run_dir)
-        saved = (yaml.safe_load(config.read_text()) if config.is_file() else None) or {}
-    except (OSError, ReportError, yaml.YAMLError) as e:
+        saved = configlib.read_mapping(config) if config.is_file() else {}
+    except (OSError, ReportError, ConfigError) as e:
         raise ValueError(f"--from-run {run_dir}: {getattr(e, 'strerror', None) or e}") from None
-    actor = saved.get("actor") or dataclasses.asdict(cfg.actor)
-    n_samples = (saved.get("gconfig") or {}).get("n_samples", cfg.gconfig.n_samples)
+    actor = _section(saved, "actor", config) or dataclasses.asdict(cfg.actor)
+    n_samples = _section(saved, "gconfig", config).get("n_samples", cfg.gconfig.n_samples)
+    counts = {f"actor.{k}": actor.get(k, 1) for k in ("ppo_epochs", "ppo_n_minibatches")}
+    for key, value in {**counts, "gconfig.n_samples": n_samples}.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--from-run {run_dir}: {config}: {key} must be a positive integer, got {value!r}")
     return fit_run(
         records,
         cfg.gconfig.max_new_tokens,
@@ -193,6 +195,14 @@ def _from_run(cfg: TrainConfig, run_dir: str) -> Fitted:
         epochs=actor.get("ppo_epochs", 1),
         passes=no_grad_passes(actor),
     )
+
+
+def _section(saved: dict, name: str, path: Path) -> dict:
+    """One section of a saved config.yaml, which must be a mapping where present."""
+    section = saved.get(name) or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{path}: '{name}' must be a section of keys, got {type(section).__name__}")
+    return section
 
 
 def _from_profile(cfg: TrainConfig, args) -> Fitted:

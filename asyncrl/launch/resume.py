@@ -18,8 +18,6 @@ import shutil
 import time
 from pathlib import Path
 
-import yaml
-
 from asyncrl import configlib
 from asyncrl.configlib import ConfigError
 from asyncrl.loop.checkpoint import newest_valid
@@ -112,8 +110,8 @@ def start_fresh(run_dir: Path) -> None:
 
 def _differences(saved: Path, current: dict) -> list[tuple[str, object, object]]:
     try:
-        old = yaml.safe_load(saved.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+        old = configlib.read_mapping(saved)
+    except ConfigError as e:
         raise ConfigError(
             f"cannot read the configuration of the run to resume, {saved}: {e}; set resume=fresh to start over"
         ) from e

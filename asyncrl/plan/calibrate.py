@@ -288,6 +288,25 @@ def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[floa
     return max(0.0, s1 - per_token * t1), per_token
 
 
+FITTED_KEYS = (
+    "step_time_s", "gen_tokens_per_s", "gen_decode_s", "gen_prefill_s", "n_samples", "response_len_mean",
+    "response_len_max", "train_tokens", "trainer_fwd_bwd_s", "trainer_recompute_s", "trainer_optim_s",
+    "trainer_other_s", "trainer_sync_s", "trainer_eval_s", "trainer_save_s", "agent_episodes", "agent_calls",
+    "episode_tool_s", "reward_calls", "reward_run_s",
+)  # fmt: skip
+"""The metrics a fit reads: each a number where present."""
+
+
+def _check_numbers(records: list[dict]) -> None:
+    for r in records:
+        for key in FITTED_KEYS:
+            value = r.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(
+                    f"metrics.jsonl: the record of step {r.get('step')}: '{key}' must be a number, got {value!r:.40}"
+                )
+
+
 def fit_run(
     records: list[dict], max_new_tokens: int, group_size: int = 1, name: str = "", epochs: int = 1, passes: int = 1
 ) -> Fitted:
@@ -296,6 +315,7 @@ def fit_run(
     ``trainer_recompute_s``): every cost is the run's own average after its first step, which warms up
     (decode per sequence-step at its occupancy, prefill per prompt token, training per token and pass, the
     proximal recompute per token, the median sync, evaluation and checkpoint)."""
+    _check_numbers(records)
     every = [r for r in records if r.get("step", 0) > 0]
     if not every or "gen_decode_s" not in every[-1]:
         raise ValueError("the run's metrics have no time account (gen_decode_s): it was made by an older asyncrl")

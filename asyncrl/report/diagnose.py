@@ -24,7 +24,7 @@ def run_settings(run) -> dict:
     ``machine.json`` says. Runs from before that file: read from config.yaml, where ``cluster.device=auto`` counts as
     the CPU on a machine without a GPU."""
     settings = {
-        name: run.setting(key)
+        name: _number(run, key)
         for name, key in (
             ("max_staleness", "rollout.max_head_offpolicyness"),
             ("n_samples", "gconfig.n_samples"),
@@ -34,15 +34,15 @@ def run_settings(run) -> dict:
         )
         if run.setting(key) is not None
     }
-    settings["policy_loss"] = run.setting("actor.policy_loss") or "decoupled_ppo"
+    settings["policy_loss"] = str(run.setting("actor.policy_loss") or "decoupled_ppo")
     settings["one_step"] = one_step(
-        run.setting("actor.ppo_n_minibatches"), run.setting("actor.ppo_epochs"), run.setting("actor.prox_logp_method")
+        _number(run, "actor.ppo_n_minibatches"), _number(run, "actor.ppo_epochs"), run.setting("actor.prox_logp_method")
     )
     settings["eval_background"] = bool(run.setting("evaluator.background"))
     settings["save_background"] = bool(run.setting("saver.background"))
-    transport, backend = run.setting("rollout.weight_transport"), run.setting("rollout.backend") or "local"
+    transport, backend = run.setting("rollout.weight_transport"), str(run.setting("rollout.backend") or "local")
     if transport:
-        settings["transport"] = resolve_transport(transport, backend.split(":")[0])
+        settings["transport"] = resolve_transport(str(transport), backend.split(":")[0])
     machine = _machine(run.path)
     if machine is not None:
         settings["device"] = str(machine.get("device") or "cpu").split(":")[0]
@@ -51,6 +51,14 @@ def run_settings(run) -> dict:
     elif _split_applied(run):
         settings["cpu_split"] = run.setting("cluster.cpu_split") or "fixed"  # runs from before the key: fixed
     return settings
+
+
+def _number(run, key: str):
+    """A numeric setting of the run's config.yaml (None where absent); another type is a ReportError naming it."""
+    value = run.setting(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ReportError(f"{run.path / 'config.yaml'}: {key} must be a number, got {value!r:.40}")
+    return value
 
 
 def one_step(minibatches, epochs, prox_logp_method) -> bool:

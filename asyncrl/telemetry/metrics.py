@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 import torch
 
 from asyncrl.telemetry.account import SIDES, key
-from asyncrl.telemetry.record import merge_evaluations, read_jsonl
+from asyncrl.telemetry.record import read_records
 from asyncrl.types import Batch
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ CONSOLE_LEGEND = (
     "of the step | cut = samples stopped by gconfig.max_new_tokens or the context limit, when any "
     "(metrics.jsonl has every key)"
 )
-NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 # ---- the per-step record ---------------------------------------------------------------------------------
@@ -338,11 +337,6 @@ def _encode(value):
     return value
 
 
-def decode_record(record: dict) -> dict:
-    """A record as written by ``MetricsLogger``, with non-finite numbers back as floats."""
-    return {k: NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
-
-
 def summary_line(record: dict) -> str:
     parts = []
     for name, fmt in CONSOLE_KEYS:
@@ -366,4 +360,4 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(2, "no such file", str(path))
-    return merge_evaluations([decode_record(r) for r in read_jsonl(path)])  # a torn last line (running) skipped
+    return read_records(path)  # a torn last line (a run still writing) skipped

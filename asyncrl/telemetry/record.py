@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asyncrl.configlib import ConfigError, read_mapping
+
 SPAN_KINDS = ("wait", "train", "sync", "eval", "save", "log")
 """What the trainer thread's timeline spans record, in the order the report lists them."""
 NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -93,11 +95,9 @@ def load_run(run_dir: str | Path) -> Run:
             f"{path} is not a run directory: it has no metrics.jsonl "
             "(asyncrl train writes outputs/<experiment_name>/<trial_name>/metrics.jsonl)"
         )
-    records = merge_evaluations([_decode(r) for r in read_jsonl(path / "metrics.jsonl")])
+    records = read_records(path / "metrics.jsonl")
     if not records:
         raise ReportError(f"{path / 'metrics.jsonl'} holds no records")
-    if not all(isinstance(r.get("step", 0), int) for r in records):
-        raise ReportError(f"{path / 'metrics.jsonl'}: every record's 'step' must be an integer")
     run = Run(path, sorted(records, key=lambda r: r.get("step", 0)))
     if (path / "timeline.jsonl").is_file():
         _read_timeline(run, path / "timeline.jsonl")
@@ -106,6 +106,17 @@ def load_run(run_dir: str | Path) -> Run:
     if (path / "samples.jsonl").is_file():
         run.samples = read_jsonl(path / "samples.jsonl")
     return run
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a ``metrics.jsonl``, one per step (evaluations that ended beside training merged into their
+    step's record), non-finite numbers decoded; a step that is not an integer is a ReportError."""
+    records = [_decode(r) for r in read_jsonl(path)]
+    for r in records:
+        step = r.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ReportError(f"{path}: every record's 'step' must be an integer, got {step!r:.40}")
+    return merge_evaluations(records)
 
 
 def merge_evaluations(records: list[dict]) -> list[dict]:
@@ -132,22 +143,28 @@ def _read_timeline(run: Run, path: Path) -> None:
     for rec in read_jsonl(path):
         try:
             if rec.get("type") == "span":
-                run.spans.append(Span(rec["kind"], rec["t0"], rec["t1"], rec.get("step", -1)))
+                run.spans.append(Span(rec["kind"], _number(rec, "t0"), _number(rec, "t1"), rec.get("step", -1)))
             elif rec.get("type") == "gen":
-                run.gen.append(GenSample(rec["t"], rec["busy_s"], rec["generated_tokens"]))
+                run.gen.append(GenSample(_number(rec, "t"), _number(rec, "busy_s"), _number(rec, "generated_tokens")))
         except KeyError as e:
             raise ReportError(f"{path}: a {rec.get('type')} record lacks {e}") from None
+        except TypeError as e:
+            raise ReportError(f"{path}: a {rec.get('type')} record's {e}") from None
     run.gen.sort(key=lambda g: g.t)
 
 
-def _read_config(path: Path) -> dict:
-    import yaml
+def _number(record: dict, key: str) -> float:
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"'{key}' must be a number, got {value!r:.40}")
+    return value
 
+
+def _read_config(path: Path) -> dict:
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ReportError(f"{path}: not readable YAML ({e})".replace("\n", " ")) from None
-    return config if isinstance(config, dict) else {}
+        return read_mapping(path)
+    except ConfigError as e:
+        raise ReportError(str(e)) from None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -160,11 +177,17 @@ def read_jsonl(path: Path) -> list[dict]:
             continue
         try:
             record = json.loads(raw.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # ValueError: not JSON, not UTF-8 or a 5000-digit integer
             if n == len(lines):
                 break
-            what = "not UTF-8 text" if isinstance(e, UnicodeDecodeError) else "not JSON"
-            raise ReportError(f"{path}:{n}: {what} ({e})") from None
+            what = (
+                "not UTF-8 text"
+                if isinstance(e, UnicodeDecodeError)
+                else "nested too deeply"
+                if isinstance(e, RecursionError)
+                else "not JSON"
+            )
+            raise ReportError(f"{path}:{n}: {what} ({str(e):.200})") from None
         if not isinstance(record, dict):
             raise ReportError(f"{path}:{n}: a record must be a JSON object, got {type(record).__name__}")
         out.append(record)

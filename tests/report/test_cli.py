@@ -46,7 +46,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "config.yaml").write_text("a: [1\n")
     assert main([str(tmp_path)]) == 2
-    assert "config.yaml: not readable YAML" in _one_line_error(capsys)
+    assert "config.yaml:2:1: not valid YAML" in _one_line_error(capsys)
 
 
 @needs_matplotlib

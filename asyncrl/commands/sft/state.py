@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from asyncrl import configlib
 from asyncrl.config import SFTConfig
@@ -71,8 +70,8 @@ def resume_point(cfg: SFTConfig, out: Path) -> Path | None:
     if not points:
         return None
     try:
-        saved = yaml.safe_load((out / "sft_config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+        saved = configlib.read_mapping(out / "sft_config.yaml")
+    except ConfigError as e:
         raise ConfigError(
             f"cannot read {out / 'sft_config.yaml'} of the run to resume: {e}; set resume=fresh to start over"
         ) from e
