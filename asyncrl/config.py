@@ -144,6 +144,8 @@ class TrainConfig:
         return model_recipe(self.model.path, "train")
 
     def validate(self) -> None:
+        for key in ("experiment_name", "trial_name"):
+            _check_name(key, getattr(self, key))
         _positive(
             self,
             [
@@ -441,6 +443,20 @@ def _get(cfg, dotted: str):
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
+
+
+MAX_NAME_BYTES = 200
+"""The longest experiment_name or trial_name: one path component (most file systems allow 255 bytes)."""
+
+
+def _check_name(key: str, name: str) -> None:
+    """A run name is one directory under output_dir: not empty, no path separator, not ``.`` or ``..``."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(
+            f"{key} must name one directory under output_dir (no '/', not empty, '.' or '..'), got {name[:80]!r}"
+        )
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise ConfigError(f"{key} is {len(name)} characters long; at most {MAX_NAME_BYTES} bytes (one directory name)")
 
 
 def _positive(cfg, keys: list[str]) -> None:

@@ -22,6 +22,21 @@ def test_values_are_validated():
         configlib.load(TrainConfig, None, ["actor.adv_estimator=ppo2"])
 
 
+@pytest.mark.parametrize(
+    "override, problem",
+    [
+        ("trial_name=", "trial_name must name one directory"),  # output_dir/asyncrl itself, among the trials
+        ("experiment_name=../../outside/esc", "experiment_name must name one directory"),  # outside output_dir
+        ("trial_name=..", "trial_name must name one directory"),
+        ("experiment_name=" + "x" * 2_000_000, "experiment_name is 2000000 characters long"),  # a traceback once
+    ],
+)
+def test_run_names_are_one_directory_under_output_dir(override, problem):
+    with pytest.raises(ConfigError, match=problem):
+        configlib.load(TrainConfig, None, [override])
+    configlib.load(TrainConfig, None, ["experiment_name=gsm8k-η2.v1", "trial_name=seed_3"])
+
+
 def test_guardrails_refuse_unsafe_and_allow_override():
     with pytest.raises(ConfigError, match="no off-policy correction"):
         configlib.load(TrainConfig, None, ["actor.policy_loss=ppo"])
