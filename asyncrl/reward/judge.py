@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from asyncrl.reward import deadline
 from asyncrl.reward.base import as_reward, facts
 
 DEFAULT_TEMPLATE = (
@@ -52,15 +53,6 @@ MAX_ANSWER_BYTES = 1 << 20
 """The most of a judge's reply read: a longer one is not a chat completion of max_tokens tokens."""
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are not followed: urllib would turn the POST into a GET and carry the Authorization header to
-    wherever the endpoint points (red team 4, finding 3); the 3xx is raised as an HTTPError instead."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
 COMBINE = ("judge", "weighted", "abstain")
 
 
@@ -128,7 +120,7 @@ class Judge:
                 time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
             request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
             try:
-                with _OPENER.open(request, timeout=self.timeout_s) as r:
+                with deadline.opener(self.timeout_s).open(request, timeout=self.timeout_s) as r:
                     raw = r.read(MAX_ANSWER_BYTES + 1)
                     if len(raw) > MAX_ANSWER_BYTES:
                         raise ValueError(f"a reply longer than {MAX_ANSWER_BYTES} bytes")
@@ -145,8 +137,14 @@ class Judge:
                 if e.code != 429 and e.code < 500:
                     break  # a refused request does not get better by asking again
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last = f"{url} unreachable: {getattr(e, 'reason', e)}"
-            except (ValueError, KeyError, IndexError, TypeError) as e:
+                reason = getattr(e, "reason", e)
+                timed_out = isinstance(reason, TimeoutError)
+                last = (
+                    f"{url} gave no whole answer within {self.timeout_s:g} s"
+                    if timed_out
+                    else f"{url} unreachable: {reason}"
+                )
+            except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:
                 last = f"{url} answered something that is not a chat completion ({type(e).__name__}: {e})"
                 break
         raise JudgeError(f"the judge failed after {attempt + 1} tries: {last}")
@@ -160,7 +158,8 @@ class Judge:
             headers["Authorization"] = f"Bearer {key}"
         url = self.url.rstrip("/") + "/models"
         try:
-            with _OPENER.open(urllib.request.Request(url, headers=headers), timeout=min(10.0, self.timeout_s)):
+            wait = min(10.0, self.timeout_s)
+            with deadline.opener(wait).open(urllib.request.Request(url, headers=headers), timeout=wait):
                 return None
         except urllib.error.HTTPError as e:
             if 300 <= e.code < 400:

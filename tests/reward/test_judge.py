@@ -2,7 +2,9 @@
 counted failure, retries, the cache, the key from the environment, combinations with a verifier, and runs that
 train on its scores (over any URL, and with the judge served by the run itself)."""
 
+import contextlib
 import json
+import time
 
 import pytest
 
@@ -318,3 +320,74 @@ def test_a_judge_url_that_cannot_judge_is_refused_at_start_up():
     with rule_judge() as (url, _):  # someone listens: fine (it need not answer GET /models)
         configured = configlib.load(RewardConfig, None, [f"judge.url={url}", "workers=0"])
         build_reward_service(configured, lambda *a, **k: 0.0).close()
+
+
+@contextlib.contextmanager
+def _raw_judge(reply):
+    """A judge that answers every request with ``reply(wfile)``: raw bytes, as slowly as it likes."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            try:
+                reply(self.wfile)
+            except OSError:
+                pass  # the client gave up
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _drip(text: bytes, every_s: float):
+    def reply(wfile):
+        for i in range(len(text)):
+            wfile.write(text[i : i + 1])
+            wfile.flush()
+            time.sleep(every_s)
+
+    return reply
+
+
+BODY = json.dumps({"choices": [{"message": {"content": "Score: 7"}}]}).encode()
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+
+
+@pytest.mark.parametrize("where", ["body", "headers"])
+def test_timeout_s_bounds_the_whole_request_of_a_judge_that_trickles(where):
+    """Red team 4, finding 14: one byte every 5 s kept a call (and a run with reward.workers=0) waiting for
+    ever, as urllib's timeout bounds each read. Here one byte every 0.2 s, under timeout_s=1."""
+    slow = _drip(BODY, 0.2) if where == "body" else _drip(HEAD + BODY, 0.2)
+
+    def reply(wfile):
+        if where == "body":
+            wfile.write(HEAD)
+            wfile.flush()
+        slow(wfile)
+
+    with _raw_judge(reply) as url:
+        start = time.monotonic()
+        with pytest.raises(JudgeError, match="no whole answer within 1 s"):
+            Judge(url, timeout_s=1.0, retries=0)("q", "r", "4")
+        assert time.monotonic() - start < 3.0
+    with _raw_judge(_drip(HEAD + BODY, 0.001)) as url:  # slow but within the deadline: read whole
+        assert Judge(url, timeout_s=10.0, retries=0)("q", "r", "4") == pytest.approx(0.7)
+
+
+def test_a_deeply_nested_answer_is_a_judge_error():
+    """Red team 4, finding 14: a 100,000-deep JSON reply raised RecursionError, not JudgeError."""
+    body = b"[" * 100_000 + b"]" * 100_000
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with _raw_judge(lambda wfile: wfile.write(head + body)) as url:
+        with pytest.raises(JudgeError, match="not a chat completion"):
+            Judge(url, retries=0)("q", "r", "4")
