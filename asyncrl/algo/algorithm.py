@@ -71,7 +71,7 @@ def build_algorithm(cfg, max_new_tokens: int | None = None) -> Algorithm:
             **(
                 {"m2_budget": cfg.behav_m2_budget or 0.04}
                 if cfg.policy_loss == "m2po"
-                else {"trust": BehaviourTrust(cfg.behav_eps_clip, cfg.behav_prob_delta, cfg.behav_m2_budget)}
+                else {"trust": BehaviourTrust(cfg.dual_anchor(), cfg.behav_prob_delta, cfg.behav_m2_budget)}
             ),
         },
         agg_options={"norm_tokens": cfg.loss_norm_tokens or max_new_tokens},

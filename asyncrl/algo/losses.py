@@ -221,9 +221,9 @@ def ppo(x: LossInputs, *, importance_sampling_level: str = "token", **options):
 
 POLICY_LOSSES = {"decoupled_ppo": decoupled_ppo, "ppo": ppo, "sapo": sapo, "cispo": cispo, "pg": pg, "m2po": m2po}
 OFF_POLICY_CORRECTED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg", "m2po"})
+"""Losses that correct for stale behaviour policies (safe with rollout.max_head_offpolicyness > 0)."""
 DECOUPLED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg"})
 """Losses anchored on the proximal policy with the behaviour weight: the behaviour trust terms apply to them."""
-"""Losses that correct for stale behaviour policies (safe with rollout.max_head_offpolicyness > 0)."""
 
 
 def clipped_value_loss(values, old_values, returns, mask, *, value_eps_clip: float | None = 0.5):

@@ -38,6 +38,7 @@ def run_settings(run) -> dict:
     settings["one_step"] = one_step(
         _number(run, "actor.ppo_n_minibatches"), _number(run, "actor.ppo_epochs"), run.setting("actor.prox_logp_method")
     )
+    settings["trusted"] = trusted(run.setting("actor", {}))
     settings["eval_background"] = bool(run.setting("evaluator.background"))
     settings["save_background"] = bool(run.setting("saver.background"))
     transport, backend = run.setting("rollout.weight_transport"), str(run.setting("rollout.backend") or "local")
@@ -51,6 +52,16 @@ def run_settings(run) -> dict:
     elif _split_applied(run):
         settings["cpu_split"] = run.setting("cluster.cpu_split") or "fixed"  # runs from before the key: fixed
     return settings
+
+
+def trusted(actor: dict) -> bool:
+    """Whether a saved actor section has a trust region across versions: a behaviour trust term on a decoupled
+    loss (``behav_eps_clip: auto`` there since it became the default; runs from before it had none)."""
+    from asyncrl.algo.losses import DECOUPLED
+
+    if not isinstance(actor, dict) or str(actor.get("policy_loss", "decoupled_ppo")) not in DECOUPLED:
+        return False
+    return any(actor.get(k) is not None for k in ("behav_eps_clip", "behav_prob_delta", "behav_m2_budget"))
 
 
 def _number(run, key: str):

@@ -122,7 +122,8 @@ def _audit(steps: list[dict], s: dict) -> list[Finding]:
     tokens = sum(r.get("train_tokens", 0) or 0 for r in steps)
     clipped = [finite(r.get("clip_frac")) for r in steps]
     decoupled = s.get("policy_loss", "decoupled_ppo") in ("decoupled_ppo", "cispo")
-    if decoupled and s.get("one_step") and clipped and all(c == 0.0 for c in clipped) and s.get("max_staleness"):
+    inert = decoupled and s.get("one_step") and not s.get("trusted") and s.get("max_staleness")
+    if inert and clipped and all(c == 0.0 for c in clipped):
         out.append(
             Finding(
                 "proximal clip inert",
@@ -130,7 +131,8 @@ def _audit(steps: list[dict], s: dict) -> list[Finding]:
                 f"actor.eps_clip never bound: 0 of {tokens:,} tokens over the last {len(steps)} steps; at "
                 "ppo_n_minibatches=1 the proximal clip cannot bind (the proximal policy is the one trained)",
                 "stale tokens are bounded by the behaviour-weight cap alone: add a trust region across versions "
-                "(actor.behav_eps_clip=0.2), or train several steps a batch (actor.ppo_n_minibatches=4)",
+                "(actor.behav_eps_clip=auto, the default since 2026-12), or train several steps a batch "
+                "(actor.ppo_n_minibatches=4)",
             )
         )
     ess = mean(steps, "ess")

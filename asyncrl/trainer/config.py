@@ -147,11 +147,13 @@ class ActorConfig:
     policy one version behind the one trained; no extra pass, and the clip binds on stale tokens at one step
     per batch too: at staleness s, u = (π_θ/π_behav)^(1/s)) | loglinear_ahead (interpolated toward the version
     after the step; acts from the second minibatch on)."""
-    behav_eps_clip: float | None = None
+    behav_eps_clip: float | str | None = "auto"
     """The dual anchor (decoupled losses): besides the clip on the proximal policy, drop a token from the loss
     once π_θ/π_behav has moved past 1 ± behav_eps_clip since it was sampled, in the direction its advantage
     pushes (naive PPO's clip, anchored on the behaviour policy): a trust region across versions, which the
-    proximal clip is not at one step per batch. None = off. docs/algorithms.md "Which correction at which
+    proximal clip is not at one step per batch. auto = actor.eps_clip on the decoupled losses (decoupled_ppo,
+    cispo, sapo, pg), off on the others, which are anchored on the behaviour policy already; null = off
+    (AReaL's decoupled loss as it ships). Chosen by measurement: docs/algorithms.md "Which correction at which
     staleness"."""
     behav_prob_delta: float | None = None
     """DPPO's trust region (arXiv 2602.04879; prime-rl's default), on decoupled losses: drop a token once
@@ -371,16 +373,28 @@ class ActorConfig:
                 + "\n(set actor.allow_unsafe=true to run it anyway)"
             )
 
+    def dual_anchor(self) -> float | None:
+        """``behav_eps_clip`` as it applies to this loss (``auto`` resolved)."""
+        from asyncrl.algo.losses import DECOUPLED
+
+        if self.behav_eps_clip == "auto":
+            return self.eps_clip if self.policy_loss in DECOUPLED else None
+        return self.behav_eps_clip
+
     def _check_corrections(self) -> None:
         """The behaviour trust terms: in range, and on the losses they apply to (the decoupled ones)."""
         from asyncrl.algo.losses import DECOUPLED
 
+        if isinstance(self.behav_eps_clip, str) and self.behav_eps_clip != "auto":
+            raise ConfigError(
+                f"actor.behav_eps_clip must be a number in (0, 1), auto or null, got {self.behav_eps_clip!r}"
+            )
         for key, low, high in (("behav_eps_clip", 0, 1), ("behav_prob_delta", 0, 1), ("behav_m2_budget", 0, None)):
-            value = getattr(self, key)
+            value = self.dual_anchor() if key == "behav_eps_clip" else getattr(self, key)
             if value is not None and not (value > low and (high is None or value < high)):
                 bound = f"in ({low}, {high})" if high is not None else f"> {low}"
                 raise ConfigError(f"actor.{key} must be {bound} or null, got {value!r}")
-        trust = [k for k in ("behav_eps_clip", "behav_prob_delta") if getattr(self, k) is not None]
+        trust = [k for k in ("behav_eps_clip", "behav_prob_delta") if getattr(self, k) not in (None, "auto")]
         if self.behav_m2_budget is not None and self.policy_loss != "m2po":
             trust.append("behav_m2_budget")
         if trust and self.policy_loss not in DECOUPLED:
@@ -399,10 +413,15 @@ class ActorConfig:
             return []
         if self.prox_logp_method == "loglinear" or self.policy_loss in ("sapo", "pg"):
             return []
-        trusted = any(getattr(self, k) is not None for k in ("behav_eps_clip", "behav_prob_delta", "behav_m2_budget"))
+        if self.trusted():
+            return []  # the trust region across versions is in force: nothing configured is idle
         return [
             f"actor.eps_clip is inert here: with ppo_n_minibatches=1 and ppo_epochs=1 the proximal policy is the "
             f"policy being trained (u = 1), so the decoupled clip never binds; stale tokens are bounded only by "
-            f"the behaviour weight cap (actor.behav_imp_weight_cap={self.behav_imp_weight_cap})"
-            + ("" if trusted else " - a trust region across versions: actor.behav_eps_clip (docs/algorithms.md)")
+            f"the behaviour weight cap (actor.behav_imp_weight_cap={self.behav_imp_weight_cap}) - a trust region "
+            "across versions: actor.behav_eps_clip=auto (docs/algorithms.md)"
         ]
+
+    def trusted(self) -> bool:
+        """Whether a behaviour-anchored trust term bounds the drift across versions."""
+        return any(v is not None for v in (self.dual_anchor(), self.behav_prob_delta, self.behav_m2_budget))

@@ -26,6 +26,7 @@ def test_an_inert_proximal_clip_is_named_with_the_tokens_it_never_bound():
     assert "proximal clip inert" not in _found(_steps(clip_frac=0.01), policy_loss="decoupled_ppo", one_step=True)
     assert "proximal clip inert" not in _found(_steps(), policy_loss="ppo", one_step=True)
     assert "proximal clip inert" not in _found(_steps(), policy_loss="decoupled_ppo", one_step=True, max_staleness=0)
+    assert "proximal clip inert" not in _found(_steps(), policy_loss="decoupled_ppo", one_step=True, trusted=True)
 
 
 def test_concentrated_weights_growing_drift_and_growing_updates_are_named():

@@ -4,6 +4,7 @@ named, the off-policy guardrails, and a critic path without a critic."""
 import pytest
 
 from asyncrl import configlib
+from asyncrl.algo.algorithm import build_algorithm
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.trainer.config import ActorConfig
@@ -110,12 +111,34 @@ def test_behaviour_trust_terms_are_checked_and_apply_to_the_decoupled_losses_onl
     _validate(behav_eps_clip=0.2, behav_prob_delta=0.1, behav_m2_budget=0.04)
     _validate(policy_loss="m2po", behav_m2_budget=0.1)  # m2po's own budget
     _validate(policy_loss="m2po")  # stale samples are what m2po is for
+    with pytest.raises(ConfigError, match="actor.behav_eps_clip must be a number in \\(0, 1\\), auto or null"):
+        _validate(behav_eps_clip="on")
+
+
+def test_the_dual_anchor_is_on_by_default_for_the_decoupled_losses_only():
+    """The default chosen by docs/algorithms.md "Which correction at which staleness": the trust region of naive
+    PPO's clip (at actor.eps_clip) on the decoupled losses; the behaviour-anchored losses have it already."""
+    assert ActorConfig().behav_eps_clip == "auto" and ActorConfig().dual_anchor() == 0.2
+    assert ActorConfig(eps_clip=0.1).dual_anchor() == 0.1
+    assert ActorConfig(policy_loss="cispo").dual_anchor() == 0.2
+    assert (
+        ActorConfig(policy_loss="ppo").dual_anchor() is None and ActorConfig(policy_loss="m2po").dual_anchor() is None
+    )
+    assert ActorConfig(behav_eps_clip=None).dual_anchor() is None  # AReaL's decoupled loss as it ships
+    assert ActorConfig(behav_eps_clip=0.3).dual_anchor() == 0.3
+    _validate(policy_loss="ppo", eta=0)  # auto on a behaviour-anchored loss: off, not refused
+    cfg = configlib.load(TrainConfig, None, ["actor.behav_eps_clip=null"])
+    assert cfg.actor.behav_eps_clip is None
+    assert configlib.load(TrainConfig, None, ["actor.behav_eps_clip=0.1"]).actor.dual_anchor() == 0.1
+    trust = build_algorithm(ActorConfig()).loss_options["trust"]
+    assert trust.eps_clip == 0.2
 
 
 def test_an_inert_clip_is_said_at_start_up():
-    (line,) = ActorConfig().inert_terms(max_staleness=2)
-    assert "actor.eps_clip is inert here" in line and "actor.behav_eps_clip" in line
-    assert ActorConfig().inert_terms(max_staleness=0) == []  # on-policy: nothing to bound
-    assert ActorConfig(ppo_n_minibatches=4).inert_terms(max_staleness=2) == []
-    assert ActorConfig(prox_logp_method="loglinear").inert_terms(max_staleness=2) == []
-    assert "actor.behav_eps_clip (docs" not in ActorConfig(behav_eps_clip=0.2).inert_terms(max_staleness=2)[0]
+    (line,) = ActorConfig(behav_eps_clip=None).inert_terms(max_staleness=2)
+    assert "actor.eps_clip is inert here" in line and "actor.behav_eps_clip=auto" in line
+    assert ActorConfig(behav_eps_clip=None).inert_terms(max_staleness=0) == []  # on-policy: nothing to bound
+    assert ActorConfig(behav_eps_clip=None, ppo_n_minibatches=4).inert_terms(max_staleness=2) == []
+    assert ActorConfig(behav_eps_clip=None, prox_logp_method="loglinear").inert_terms(max_staleness=2) == []
+    assert ActorConfig().inert_terms(max_staleness=2) == []  # the default's dual anchor bounds the drift
+    assert ActorConfig(behav_eps_clip=None, behav_prob_delta=0.1).inert_terms(max_staleness=2) == []
