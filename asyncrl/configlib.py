@@ -351,7 +351,13 @@ def _coerce(value, typ, key: str, where):
                 return _coerce(value, arg, key, where)
             except ConfigError as e:
                 errors.append(e)
-        raise errors[0]
+        arms = [a for a in args if a is not type(None)]
+        if len(arms) == 1 or "finite number" in str(errors[0]):  # a non-finite number is not another arm's value
+            raise errors[0]
+        names = " or ".join(
+            repr(a.__args__[0]) if typing.get_origin(a) is typing.Literal else _type_name(a) for a in arms
+        )
+        raise ConfigError(f"{where(key)}: '{key}' must be {names}, got {value!r}")
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"{where(key)}: '{key}' must be one of {list(args)}, got {value!r}")

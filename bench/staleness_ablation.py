@@ -31,7 +31,8 @@ from machine import cpu  # bench/ is on the path of a script run from it
 REPO = Path(__file__).resolve().parent.parent
 LOSSES = {
     "naive PPO": ["actor.policy_loss=ppo", "actor.allow_unsafe=true"],
-    "decoupled": [],
+    "decoupled": ["actor.behav_eps_clip=null"],  # AReaL's decoupled loss alone (the default until 2026-12-07)
+    "default": [],  # the decoupled loss with the dual anchor (actor.behav_eps_clip=auto)
     # why they differ: with one optimizer step per batch the proximal policy is the current one, so the
     # decoupled clip never binds and the two objectives differ only on the tokens naive PPO clips (and those
     # above the behaviour cap). Without its clip naive PPO is the decoupled objective without its cap;
@@ -42,9 +43,10 @@ LOSSES = {
         "actor.behav_imp_weight_cap=1.2",
         "actor.behav_imp_weight_floor=0.8",
         "actor.behav_imp_weight_mode=mask",
+        "actor.behav_eps_clip=null",
     ],
 }
-DEFAULT_LOSSES = "naive PPO,decoupled"
+DEFAULT_LOSSES = "naive PPO,decoupled,default"
 
 
 def run_dir(args, loss: str, eta: int, seed: int) -> Path:

@@ -226,6 +226,16 @@ DECOUPLED = frozenset({"decoupled_ppo", "sapo", "cispo", "pg"})
 """Losses anchored on the proximal policy with the behaviour weight: the behaviour trust terms apply to them."""
 
 
+def dual_anchor(policy_loss: str, eps_clip, behav_eps_clip):
+    """``actor.behav_eps_clip`` as it applies (``auto`` resolved): on a decoupled loss whose ``eps_clip`` is a
+    ratio half-width in (0, 1), that width; None on the others (anchored on the behaviour policy already) and
+    where ``eps_clip`` is not such a width (the CISPO preset's 1.0 puts no lower bound on the weight)."""
+    if behav_eps_clip != "auto":
+        return behav_eps_clip
+    width = isinstance(eps_clip, (int, float)) and not isinstance(eps_clip, bool) and 0 < eps_clip < 1
+    return eps_clip if policy_loss in DECOUPLED and width else None
+
+
 def clipped_value_loss(values, old_values, returns, mask, *, value_eps_clip: float | None = 0.5):
     """PPO's clipped value loss (AReaL's critic; Schulman et al. 2017 code), per token:
 

@@ -24,6 +24,9 @@ class RunDirLock:
         self.path = self.run_dir.parent / f".{self.run_dir.name}.lock"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # e.g. a file where a directory should be
+            raise ConfigError(f"{key}: cannot create the run directory '{self.run_dir}': {e.strerror or e}") from e
+        try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise ConfigError(f"{key}: cannot lock the run directory '{self.run_dir}': {e.strerror or e}") from e

@@ -57,11 +57,13 @@ def run_settings(run) -> dict:
 def trusted(actor: dict) -> bool:
     """Whether a saved actor section has a trust region across versions: a behaviour trust term on a decoupled
     loss (``behav_eps_clip: auto`` there since it became the default; runs from before it had none)."""
-    from asyncrl.algo.losses import DECOUPLED
+    from asyncrl.algo.losses import DECOUPLED, dual_anchor
 
-    if not isinstance(actor, dict) or str(actor.get("policy_loss", "decoupled_ppo")) not in DECOUPLED:
+    loss = str(actor.get("policy_loss", "decoupled_ppo")) if isinstance(actor, dict) else ""
+    if loss not in DECOUPLED:
         return False
-    return any(actor.get(k) is not None for k in ("behav_eps_clip", "behav_prob_delta", "behav_m2_budget"))
+    anchor = dual_anchor(loss, actor.get("eps_clip", 0.2), actor.get("behav_eps_clip"))
+    return any(v is not None for v in (anchor, actor.get("behav_prob_delta"), actor.get("behav_m2_budget")))
 
 
 def _number(run, key: str):

@@ -9,6 +9,7 @@ algorithm to its keys; ``examples/<algo>.yaml`` are the presets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from asyncrl.configlib import ConfigError
 
@@ -147,12 +148,13 @@ class ActorConfig:
     policy one version behind the one trained; no extra pass, and the clip binds on stale tokens at one step
     per batch too: at staleness s, u = (π_θ/π_behav)^(1/s)) | loglinear_ahead (interpolated toward the version
     after the step; acts from the second minibatch on)."""
-    behav_eps_clip: float | str | None = "auto"
+    behav_eps_clip: float | Literal["auto"] | None = "auto"
     """The dual anchor (decoupled losses): besides the clip on the proximal policy, drop a token from the loss
     once π_θ/π_behav has moved past 1 ± behav_eps_clip since it was sampled, in the direction its advantage
     pushes (naive PPO's clip, anchored on the behaviour policy): a trust region across versions, which the
     proximal clip is not at one step per batch. auto = actor.eps_clip on the decoupled losses (decoupled_ppo,
-    cispo, sapo, pg), off on the others, which are anchored on the behaviour policy already; null = off
+    cispo, sapo, pg) where it is below 1, off on the others, which are anchored on the behaviour policy
+    already, and where eps_clip is 1 or more (the CISPO preset: set it there); null = off
     (AReaL's decoupled loss as it ships). Chosen by measurement: docs/algorithms.md "Which correction at which
     staleness"."""
     behav_prob_delta: float | None = None
@@ -374,21 +376,15 @@ class ActorConfig:
             )
 
     def dual_anchor(self) -> float | None:
-        """``behav_eps_clip`` as it applies to this loss (``auto`` resolved)."""
-        from asyncrl.algo.losses import DECOUPLED
+        """``behav_eps_clip`` as it applies to this loss (``auto`` resolved: asyncrl.algo.losses.dual_anchor)."""
+        from asyncrl.algo.losses import dual_anchor
 
-        if self.behav_eps_clip == "auto":
-            return self.eps_clip if self.policy_loss in DECOUPLED else None
-        return self.behav_eps_clip
+        return dual_anchor(self.policy_loss, self.eps_clip, self.behav_eps_clip)
 
     def _check_corrections(self) -> None:
         """The behaviour trust terms: in range, and on the losses they apply to (the decoupled ones)."""
         from asyncrl.algo.losses import DECOUPLED
 
-        if isinstance(self.behav_eps_clip, str) and self.behav_eps_clip != "auto":
-            raise ConfigError(
-                f"actor.behav_eps_clip must be a number in (0, 1), auto or null, got {self.behav_eps_clip!r}"
-            )
         for key, low, high in (("behav_eps_clip", 0, 1), ("behav_prob_delta", 0, 1), ("behav_m2_budget", 0, None)):
             value = self.dual_anchor() if key == "behav_eps_clip" else getattr(self, key)
             if value is not None and not (value > low and (high is None or value < high)):
@@ -419,7 +415,7 @@ class ActorConfig:
             f"actor.eps_clip is inert here: with ppo_n_minibatches=1 and ppo_epochs=1 the proximal policy is the "
             f"policy being trained (u = 1), so the decoupled clip never binds; stale tokens are bounded only by "
             f"the behaviour weight cap (actor.behav_imp_weight_cap={self.behav_imp_weight_cap}) - a trust region "
-            "across versions: actor.behav_eps_clip=auto (docs/algorithms.md)"
+            f"across versions: actor.behav_eps_clip={'auto' if self.eps_clip < 1 else 0.2} (docs/algorithms.md)"
         ]
 
     def trusted(self) -> bool:

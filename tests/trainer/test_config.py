@@ -1,13 +1,18 @@
 """The actor section (asyncrl.trainer.config): guardrails say why and what to set, values are checked with the key
 named, the off-policy guardrails, and a critic path without a critic."""
 
+from pathlib import Path
+
 import pytest
 
 from asyncrl import configlib
 from asyncrl.algo.algorithm import build_algorithm
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
+from asyncrl.report.diagnose import trusted
 from asyncrl.trainer.config import ActorConfig
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _validate(**kw):
@@ -111,8 +116,14 @@ def test_behaviour_trust_terms_are_checked_and_apply_to_the_decoupled_losses_onl
     _validate(behav_eps_clip=0.2, behav_prob_delta=0.1, behav_m2_budget=0.04)
     _validate(policy_loss="m2po", behav_m2_budget=0.1)  # m2po's own budget
     _validate(policy_loss="m2po")  # stale samples are what m2po is for
-    with pytest.raises(ConfigError, match="actor.behav_eps_clip must be a number in \\(0, 1\\), auto or null"):
-        _validate(behav_eps_clip="on")
+    for raw, message in (
+        ("strict", "'actor.behav_eps_clip' must be float or 'auto', got 'strict'"),
+        ("true", "'actor.behav_eps_clip' must be float or 'auto', got True"),
+        ("Infinity", "'actor.behav_eps_clip' must be a finite number, got inf"),  # not the string 'Infinity'
+    ):
+        with pytest.raises(ConfigError) as e:
+            configlib.load(TrainConfig, None, [f"actor.behav_eps_clip={raw}"])
+        assert str(e.value) == f"command line: {message}"
 
 
 def test_the_dual_anchor_is_on_by_default_for_the_decoupled_losses_only():
@@ -132,6 +143,23 @@ def test_the_dual_anchor_is_on_by_default_for_the_decoupled_losses_only():
     assert configlib.load(TrainConfig, None, ["actor.behav_eps_clip=0.1"]).actor.dual_anchor() == 0.1
     trust = build_algorithm(ActorConfig()).loss_options["trust"]
     assert trust.eps_clip == 0.2
+    # an eps_clip that is not a ratio half-width below 1 (the CISPO preset: no lower bound on the weight) gets
+    # no dual anchor from auto; the start-up line names a width to set instead
+    cispo = configlib.load(TrainConfig, str(EXAMPLES / "cispo.yaml")).actor
+    assert cispo.eps_clip == 1.0 and cispo.dual_anchor() is None and not cispo.trusted()
+    (line,) = cispo.inert_terms(max_staleness=2)
+    assert "actor.behav_eps_clip=0.2" in line
+    assert ActorConfig(policy_loss="cispo", eps_clip=1.0, behav_eps_clip=0.2).trusted()
+
+
+def test_a_saved_run_is_trusted_as_its_config_resolves():
+    """diagnose reads the actor section of a run's config.yaml: auto resolves as the config does."""
+    assert trusted({"policy_loss": "decoupled_ppo", "eps_clip": 0.2, "behav_eps_clip": "auto"})
+    assert not trusted({"policy_loss": "decoupled_ppo", "eps_clip": 0.2})  # a run from before the default
+    assert not trusted({"policy_loss": "cispo", "eps_clip": 1.0, "behav_eps_clip": "auto"})
+    assert trusted({"policy_loss": "cispo", "eps_clip": 1.0, "behav_eps_clip": 0.2})
+    assert trusted({"policy_loss": "decoupled_ppo", "behav_prob_delta": 0.1})
+    assert not trusted({"policy_loss": "ppo", "behav_eps_clip": "auto"}) and not trusted("not a mapping")
 
 
 def test_an_inert_clip_is_said_at_start_up():
