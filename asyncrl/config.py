@@ -330,6 +330,7 @@ class SFTConfig:
                 "log_every",
             ],
         )
+        _trainable_lr(self)
         if self.resume not in ("auto", "fresh"):
             raise ConfigError(f"resume must be 'auto' or 'fresh', got '{self.resume}'")
         _non_negative(self, ["evaluator.freq_steps", "saver.freq_steps", "max_length", "actor.warmup_steps"])
@@ -382,6 +383,7 @@ class RMConfig:
             ["total_train_steps", "train_dataset.batch_size", "actor.lr", "actor.threads", "max_length", "log_every"],
         )
         _non_negative(self, ["evaluator.freq_steps", "valid_dataset.size", "actor.warmup_steps"])
+        _trainable_lr(self)
         if not self.train_dataset.path:
             raise ConfigError(
                 "train_dataset.path: asyncrl rm needs a JSONL file of preference pairs "
@@ -463,6 +465,14 @@ def _positive(cfg, keys: list[str]) -> None:
     for key in keys:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key} must be > 0, got {_get(cfg, key)!r}")
+
+
+def _trainable_lr(cfg) -> None:
+    """SFT and reward models: a learning rate above 1 diverges with AdamW and saved a NaN model with exit 0."""
+    if cfg.actor.lr > 1:
+        raise ConfigError(
+            f"actor.lr={cfg.actor.lr} is above 1, which diverges with AdamW (fine-tuning usually runs at 1e-6..1e-3)"
+        )
 
 
 def _non_negative(cfg, keys: list[str]) -> None:

@@ -21,6 +21,7 @@ import torch
 from asyncrl.commands.sft.loss import cosine_lr
 from asyncrl.config import RMConfig
 from asyncrl.configlib import ConfigError
+from asyncrl.loop.lock import RunDirLock
 from asyncrl.models.hf import resolve_model_path
 from asyncrl.reward.model import load_reward_model, pair_text, scores
 
@@ -100,9 +101,29 @@ def evaluate_pairs(model, tokenizer, pairs: list[Pair], max_length: int, batch_s
     }
 
 
+def check_output(out: Path, model_path: str) -> None:
+    """Refuse (ConfigError) an ``output_dir`` whose model saving the reward model would overwrite: the model to
+    train from, or one that ``asyncrl rm`` did not write (a policy checkpoint, an SFT output). An earlier rm
+    output there (``rm_metrics.jsonl`` beside its model) is replaced, as a rerun of the command expects."""
+    target = out.resolve()
+    source = Path(model_path).resolve() if model_path and Path(model_path).exists() else None
+    if source is not None and (source == target or target in source.parents):
+        raise ConfigError(
+            f"output_dir '{out}' holds the model to train from (model.path={model_path}): saving the reward model "
+            "there would overwrite it; give the reward model its own output_dir"
+        )
+    model_files = [n for n in ("config.json", "model.safetensors", "pytorch_model.bin") if (out / n).exists()]
+    if model_files and not (out / "rm_metrics.jsonl").exists():
+        raise ConfigError(
+            f"output_dir '{out}' holds a model that asyncrl rm did not write ({model_files[0]}, no "
+            "rm_metrics.jsonl): saving the reward model there would overwrite it; give it its own output_dir"
+        )
+
+
 def rm(cfg: RMConfig) -> dict:
     """Train, evaluate and save a reward model; returns the last record."""
     cfg.validate()
+    check_output(Path(cfg.output_dir), str(cfg.model.path))
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.actor.threads)
     train, valid = split_pairs(cfg)
@@ -110,7 +131,15 @@ def rm(cfg: RMConfig) -> dict:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.actor.lr, weight_decay=cfg.actor.weight_decay)
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    lock = RunDirLock(out)  # a second rm of this directory is refused here
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return _train(cfg, model, tokenizer, optimizer, train, valid, out)
+    finally:
+        lock.release()
+
+
+def _train(cfg: RMConfig, model, tokenizer, optimizer, train: list, valid: list, out: Path) -> dict:
     metrics = (out / "rm_metrics.jsonl").open("w")
     log.info("asyncrl rm: %d training pairs, %d held out, from %s", len(train), len(valid), cfg.model.path)
     rng, order, t0 = random.Random(cfg.seed), [], time.perf_counter()

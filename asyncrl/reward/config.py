@@ -148,6 +148,13 @@ class RewardConfig:
             raise ConfigError("reward.model and reward.judge are two scorers: set one")
         if not 0.0 <= self.model_weight <= 1.0 or self.model_batch_size < 1:
             raise ConfigError("reward.model_weight must be in [0, 1] and reward.model_batch_size >= 1")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.model_device):
+            raise ConfigError(f"reward.model_device must be cpu, cuda or cuda:N, got {self.model_device!r}")
+        if self.model.startswith("builtin:"):
+            raise ConfigError(
+                f"reward.model={self.model}: the built-in models are language models, not reward models; train "
+                "one with asyncrl rm (docs/rewards.md) and give its output_dir"
+            )
         if self.workers < 0:
             raise ConfigError(f"reward.workers must be >= 0, got {self.workers}")
         if self.timeout_s <= 0:

@@ -15,6 +15,7 @@ import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -39,6 +40,12 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
 
     from asyncrl.configlib import ConfigError
 
+    local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub name is NAME or OWNER/NAME
+    if local and not Path(path).expanduser().is_dir():
+        raise ConfigError(
+            f"{key}: '{path}' is not a directory (reward models are never downloaded: give the output_dir of "
+            "asyncrl rm, or a hub name already in the local cache)"
+        )
     try:
         classes = AutoConfig.from_pretrained(path).architectures or []
     except (OSError, ValueError, KeyError):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from asyncrl import cli, configlib
-from asyncrl.commands.rm import read_pairs
-from asyncrl.config import RMConfig
+from asyncrl.commands.rm import check_output, read_pairs
+from asyncrl.config import RMConfig, TrainConfig
 from asyncrl.configlib import ConfigError
 
 
@@ -51,6 +51,47 @@ def test_a_bad_pair_is_refused_naming_the_file_and_line(tmp_path, line, said):
 def test_rm_needs_a_pairs_file():
     with pytest.raises(ConfigError, match="train_dataset.path: asyncrl rm needs a JSONL file"):
         configlib.load(RMConfig, None, []).validate()
+
+
+def test_rm_refuses_an_output_dir_that_holds_another_model(tmp_path, capsys):
+    """A policy checkpoint or the model to train from is never overwritten by the reward model (red team 4);
+    an earlier rm output is (a rerun); an lr above 1 is refused as train refuses it (it saved a NaN model)."""
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text("{}")
+    pairs = _pairs(tmp_path / "pairs.jsonl", 4)
+    for out, said in ((policy, "holds a model that asyncrl rm did not write"), (policy, "holds the model to train")):
+        model = str(policy if "train" in said else "builtin:tiny-sft")
+        assert cli.main(["rm", f"train_dataset.path={pairs}", f"model.path={model}", f"output_dir={out}"]) == 2
+        assert said in capsys.readouterr().err
+        assert sorted(p.name for p in policy.iterdir()) == ["config.json"]  # nothing written there
+    assert cli.main(["rm", f"train_dataset.path={pairs}", "actor.lr=1e30", f"output_dir={tmp_path / 'rm'}"]) == 2
+    assert "actor.lr=1e+30 is above 1" in capsys.readouterr().err and not (tmp_path / "rm").exists()
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "config.json").write_text("{}")
+    (earlier / "rm_metrics.jsonl").write_text("")
+    check_output(earlier, "builtin:tiny-sft")  # an earlier reward model of this command: replaced
+
+
+@pytest.mark.parametrize(
+    "override,said",
+    [
+        ("reward.model=builtin:tiny-sft", "the built-in models are language models, not reward models"),
+        ("reward.model_device=cuda:banana", "reward.model_device must be cpu, cuda or cuda:N, got 'cuda:banana'"),
+    ],
+)
+def test_a_reward_model_setting_that_cannot_work_is_refused_at_load(override, said):
+    with pytest.raises(ConfigError, match=said):
+        configlib.load(TrainConfig, None, [override])
+
+
+def test_a_missing_reward_model_directory_is_named_not_taken_for_a_hub_name(tmp_path):
+    from asyncrl.reward.model import load_reward_model
+
+    for path in (str(tmp_path / "nothing"), "./nothing-here", "a/b/c"):
+        with pytest.raises(ConfigError, match=f"reward.model: '{path}' is not a directory .*never downloaded"):
+            load_reward_model(path)
 
 
 @pytest.fixture(scope="module")
