@@ -10,6 +10,7 @@ are saved to ``OUTPUT_DIR``.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import random
@@ -21,6 +22,7 @@ import torch
 from asyncrl.commands.sft.loss import cosine_lr
 from asyncrl.config import RMConfig
 from asyncrl.configlib import ConfigError
+from asyncrl.data.sources import RowError, json_lines
 from asyncrl.loop.lock import RunDirLock
 from asyncrl.models.hf import resolve_model_path
 from asyncrl.reward.model import load_reward_model, pair_text, scores
@@ -31,32 +33,32 @@ Pair = tuple[str, str, str]  # (prompt, chosen, rejected)
 
 
 def read_pairs(path: str) -> list[Pair]:
-    """The preference pairs of a JSONL file; a bad line is a ConfigError naming the file, the line and what is
-    wrong with it."""
+    """The preference pairs of a JSON Lines file (or a JSON array), read as the datasets are
+    (asyncrl.data.sources: UTF-8 with or without a byte-order mark, lines split at newline only); a bad line is a
+    ConfigError naming the file, the line and what is wrong with it."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"train_dataset.path: no file '{path}' (asyncrl rm reads JSONL preference pairs)")
+    try:
+        raw = file.read_bytes().removeprefix(codecs.BOM_UTF8)
+    except OSError as e:
+        raise ConfigError(f"train_dataset.path: cannot read '{path}' ({e.strerror or e})") from None
     pairs = []
-    for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ConfigError(f"{path}:{n}: not a JSON object ({e})") from None
-        prompt = row.get("prompt", row.get("question")) if isinstance(row, dict) else None
+    for parsed in json_lines(file, raw):
+        if isinstance(parsed, RowError):
+            raise ConfigError(str(parsed))
+        row = parsed.data
+        if not isinstance(row, dict):
+            raise ConfigError(f"{parsed.where}: not a JSON object")
+        prompt = row.get("prompt", row.get("question"))
         missing = [
             k
-            for k, v in (
-                ("prompt", prompt),
-                ("chosen", row.get("chosen") if isinstance(row, dict) else None),
-                ("rejected", row.get("rejected") if isinstance(row, dict) else None),
-            )
+            for k, v in (("prompt", prompt), ("chosen", row.get("chosen")), ("rejected", row.get("rejected")))
             if not isinstance(v, str)
         ]
         if missing:
             raise ConfigError(
-                f"{path}:{n}: a preference pair needs the text fields prompt (or question), chosen "
+                f"{parsed.where}: a preference pair needs the text fields prompt (or question), chosen "
                 f"and rejected; missing or not text: {', '.join(missing)}"
             )
         pairs.append((prompt, row["chosen"], row["rejected"]))

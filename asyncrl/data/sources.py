@@ -78,7 +78,7 @@ def read_rows(path: Path, split: str, key: str) -> Iterator[Row | RowError]:
     elif path.suffix == ".parquet":
         yield from _parquet_rows(path, key)
     elif path.suffix in (".jsonl", ".json", ".ndjson"):
-        yield from _json_rows(path, _read_bytes(path, key).removeprefix(codecs.BOM_UTF8))
+        yield from json_lines(path, _read_bytes(path, key).removeprefix(codecs.BOM_UTF8))
     else:
         raise ConfigError(f"{key}: cannot read '{path}': expected .jsonl, .json, .parquet or a datasets directory")
 
@@ -121,7 +121,8 @@ def _read_bytes(path: Path, key: str) -> bytes:
         raise ConfigError(f"{key}: cannot read '{path}' ({e.strerror or e})") from None
 
 
-def _json_rows(path: Path, raw: bytes) -> Iterator[Row | RowError]:
+def json_lines(path: Path, raw: bytes) -> Iterator[Row | RowError]:
+    """The rows of a JSON Lines file's bytes (a ``.json`` array too), a bad line a RowError naming it."""
     if path.suffix == ".json" and raw.lstrip().startswith(b"["):
         yield from _json_array_rows(path, raw)
         return
@@ -134,6 +135,8 @@ def _json_rows(path: Path, raw: bytes) -> Iterator[Row | RowError]:
             yield RowError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line)")
         except json.JSONDecodeError as e:
             yield RowError(f"{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})")
+        except RecursionError:
+            yield RowError(f"{path}:{lineno}: nested deeper than a JSON row may be")
 
 
 def _json_array_rows(path: Path, raw: bytes) -> Iterator[Row | RowError]:
@@ -145,6 +148,9 @@ def _json_array_rows(path: Path, raw: bytes) -> Iterator[Row | RowError]:
         return
     except json.JSONDecodeError as e:
         yield RowError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno})")
+        return
+    except RecursionError:
+        yield RowError(f"{path}: nested deeper than a JSON file may be")
         return
     for i, record in enumerate(records, 1):
         yield Row(f"{path} item {i}", record)

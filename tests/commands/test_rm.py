@@ -1,6 +1,7 @@
 """Reward models: ``asyncrl rm`` trains one on preference pairs with a known preference (answers over refusals),
 ``reward.model`` scores with it (batched, in the run's process), and an RL run trains on its scores."""
 
+import codecs
 import json
 import threading
 import time
@@ -36,16 +37,30 @@ def _pairs(path, n, seed=0):
 @pytest.mark.parametrize(
     "line,said",
     [
-        ("not json", "not a JSON object"),
-        ('{"prompt": "p", "chosen": "c"}', "missing or not text: rejected"),
-        ('{"question": "p", "chosen": 3, "rejected": "r"}', "chosen"),
+        (b"not json", "not valid JSON"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"prompt": "p", "chosen": "c"}', "missing or not text: rejected"),
+        (b'{"question": "p", "chosen": 3, "rejected": "r"}', "chosen"),
+        (b"[" * 5000 + b"]" * 5000, "nested deeper"),  # was a RecursionError's traceback
+        ('{"prompt": "caf\u00e9", "chosen": "c", "rejected": "r"}'.encode("latin-1"), "not UTF-8"),
     ],
 )
 def test_a_bad_pair_is_refused_naming_the_file_and_line(tmp_path, line, said):
     path = tmp_path / "pairs.jsonl"
-    path.write_text('{"prompt": "p", "chosen": "c", "rejected": "r"}\n' + line + "\n")
+    path.write_bytes(b'{"prompt": "p", "chosen": "c", "rejected": "r"}\n' + line + b"\n")
     with pytest.raises(ConfigError, match=f"pairs.jsonl:2: .*{said}"):
         read_pairs(str(path))
+
+
+def test_pairs_are_read_as_the_datasets_are(tmp_path):
+    """A byte-order mark and a line separator or NEL inside a string are valid JSON Lines (they were refused)."""
+    path = tmp_path / "pairs.jsonl"
+    rows = [
+        {"prompt": "a\u2028b", "chosen": "c\u0085d", "rejected": "r"},
+        {"question": "q", "chosen": "c", "rejected": "r"},
+    ]
+    path.write_bytes(codecs.BOM_UTF8 + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+    assert read_pairs(str(path)) == [("a\u2028b", "c\u0085d", "r"), ("q", "c", "r")]
 
 
 def test_rm_needs_a_pairs_file():

@@ -174,6 +174,19 @@ def test_a_non_utf8_line_costs_that_row_only(tmp_path, caplog):
         build(str(tmp_path / "latin1.json"))
 
 
+def test_a_row_nested_too_deep_costs_that_row_only(tmp_path, caplog):
+    lines = [json.dumps(r).encode() for r in ROWS]
+    lines[2] = b'{"question": ' + b"[" * 5000 + b"]" * 5000 + b', "answer": "1"}'  # was a RecursionError
+    (tmp_path / "deep.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    with caplog.at_level(logging.WARNING, logger="asyncrl.data"):
+        data = build(str(tmp_path / "deep.jsonl"))
+    assert len(questions(data)) == 19 and data.stats()["data_bad_rows"] == 1
+    assert "deep.jsonl:3: nested deeper than a JSON row may be" in caplog.text
+    (tmp_path / "deep.json").write_bytes(b"[" * 5000 + b"]" * 5000)
+    with pytest.raises(ConfigError, match=r"deep\.json: nested deeper than a JSON file may be"):
+        build(str(tmp_path / "deep.json"))
+
+
 def test_unreadable_data_file_is_a_config_error(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
 
