@@ -59,12 +59,21 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, output_loading_info=True
+        )
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(
             f"{key}: cannot load a sequence-classification model from '{path}': "
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from e
+    new_head = sorted(k for k in info.get("missing_keys", ()) if k.split(".")[0] in ("score", "classifier"))
+    if trained and new_head:
+        raise ConfigError(
+            f"{key}: '{path}' has no trained score head (its weights lack {new_head[0]}; its config.json names a "
+            "sequence classifier, but the weights are a language model's): it would score with a random head; "
+            "train one with asyncrl rm"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"

@@ -261,3 +261,19 @@ def test_a_language_model_is_not_a_reward_model_nor_the_reverse(trained_rm, tiny
     out, _ = trained_rm
     with pytest.raises(ConfigError, match="is a reward model .*not a language model to generate with"):
         load_model(str(out))
+
+
+def test_a_language_model_renamed_a_classifier_is_refused(tmp_path, tiny_model_dir):
+    """A causal LM whose config.json was edited to name a sequence classifier loaded with a new, random score head
+    and scored silently (red team 4): the head missing from the weights is said."""
+    import shutil
+
+    from asyncrl.reward.model import RewardModel
+
+    edited = tmp_path / "edited"
+    shutil.copytree(tiny_model_dir, edited)
+    config = json.loads((edited / "config.json").read_text())
+    config["architectures"] = [config["architectures"][0].replace("ForCausalLM", "ForSequenceClassification")]
+    (edited / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="has no trained score head .*weights lack score.weight"):
+        RewardModel(str(edited))
