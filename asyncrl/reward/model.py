@@ -59,9 +59,7 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, output_loading_info=True
-        )
+        model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(
             f"{key}: cannot load a sequence-classification model from '{path}': "
