@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.loop.buffer import BatchTimeout
     from asyncrl.loop.checkpoint import CheckpointError
     from asyncrl.loop.rollout import RolloutFailures
+    from asyncrl.telemetry.metrics import RunFileError
     from asyncrl.telemetry.watchdog import TrainingHalted
 
     try:
@@ -187,7 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as e:
         print(f"asyncrl {args.command}: {e.advice()}", file=sys.stderr)
         return e.exit_code
-    except (TrainingHalted, RolloutFailures, CheckpointError, WeightSyncError, BatchTimeout, RankDied) as e:
+    except (
+        TrainingHalted,
+        RolloutFailures,
+        CheckpointError,
+        WeightSyncError,
+        BatchTimeout,
+        RankDied,
+        RunFileError,
+    ) as e:
         print(f"asyncrl {args.command}: stopped: {e}", file=sys.stderr)
         return 1
 

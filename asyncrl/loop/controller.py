@@ -120,10 +120,11 @@ class Parts:
     def _checked(self, save: Callable[[], object]) -> None:
         try:
             save()
-        except CheckpointError:  # this checkpoint's, or the previous background write's
+        except CheckpointError as e:  # this checkpoint's, or the previous background write's
             if self.plan.stop_if_unsaved:
                 raise
-            log.warning("a checkpoint was not written (saver.on_error=continue)", exc_info=True)
+            newest = f"step{self.checkpoints.last}" if self.checkpoints.last else "none"
+            log.warning("a checkpoint was not written (saver.on_error=continue; the newest is %s): %s", newest, e)
 
 
 def run(p: Parts) -> dict:

@@ -248,6 +248,11 @@ class Console:
             self._bar.close()
 
 
+class RunFileError(RuntimeError):
+    """A file of the run directory that the run needs (metrics.jsonl, ledger.jsonl, samples.jsonl) cannot be
+    written (a full disk): the run stops with one line, and resumes from its last checkpoint once it can."""
+
+
 class MetricsLogger:
     """Writes each step's record to every configured sink."""
 
@@ -269,6 +274,7 @@ class MetricsLogger:
         self._ledger = (Path(run_dir) / "ledger.jsonl").open("a")
         self._samples = (Path(run_dir) / "samples.jsonl").open("a", encoding="utf-8")
         self.last_step: int | None = None  # the step of the last record written
+        self._failed: str | None = None  # the file being written (named when a write fails)
         self._tb = self._wandb = None
         if tensorboard:
             try:
@@ -287,22 +293,37 @@ class MetricsLogger:
 
     def log(self, record: dict) -> None:
         """One step's record to every sink; its ``trained_items`` (the prompt id of every trained sample) go to
-        ``ledger.jsonl`` instead, with the step and version they were trained at."""
+        ``ledger.jsonl`` instead, with the step and version they were trained at. A file that cannot be written
+        is a RunFileError naming it."""
+        try:
+            self._log(record)
+        except OSError as e:
+            name = Path(getattr(e, "filename", None) or self._failed or self.path).name
+            raise RunFileError(
+                f"{name}: cannot write ({e.strerror or e}) at step {record.get('step')}: free space and run the "
+                "same command again to resume from the last checkpoint"
+            ) from e
+
+    def _log(self, record: dict) -> None:
         record = dict(record)
         samples = record.pop("samples", None)
+        self._failed = self._samples.name
         if samples:
             self._samples.write(
                 "".join(json.dumps({"step": record["step"], **row}, ensure_ascii=False) + "\n" for row in samples)
             )
             self._samples.flush()
         items = record.pop("trained_items", None)
+        self._failed = self._ledger.name
         if items is not None:
             self._ledger.write(
                 json.dumps({"step": record["step"], "version": record["version"] - 1, "items": items}) + "\n"
             )
             self._ledger.flush()
+        self._failed = self._file.name
         self._file.write(json.dumps({k: _encode(v) for k, v in record.items()}) + "\n")
         self._file.flush()
+        self._failed = None
         if not record.get("evaluation"):  # an evaluation that ended beside training belongs to an earlier step
             self.last_step = record.get("step")
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -320,9 +341,11 @@ class MetricsLogger:
         """Flush and close every sink; idempotent."""
         if self._file.closed:
             return
-        self._file.close()
-        self._ledger.close()
-        self._samples.close()
+        for file in (self._file, self._ledger, self._samples):
+            try:
+                file.close()
+            except OSError:  # a full disk: the write that failed stopped the run and said so
+                pass
         if self.console is not None:
             self.console.close()
         if self._tb is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -44,6 +45,7 @@ class Timeline:
     ):
         self._file = Path(path).open("a")
         self._lock = threading.Lock()
+        self._broken = False  # a write failed: no more lines
         self._engine_stats, self._gate_closed_s = engine_stats, gate_closed_s
         self._period = period_s
         self._t0 = time.perf_counter() - start_s  # a resumed run's timeline continues its clock
@@ -86,7 +88,10 @@ class Timeline:
         if self._thread is not None:
             self._thread.join(timeout=5)
         with self._lock:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # what a full disk left unwritten was said when it failed
+                pass
 
     def _sample(self) -> None:
         while not self._stop.wait(self._period):
@@ -110,7 +115,16 @@ class Timeline:
             return {**asdict(stats), "gate_closed_s": closed, "idle_gate_s": self._idle_gate}
 
     def _write(self, record: dict) -> None:
+        """One line of timeline.jsonl; once a write fails (a full disk) the timeline stops, said once, and the run
+        goes on (metrics.jsonl, which a resume needs, stops the run when it cannot be written)."""
         with self._lock:
-            if not self._file.closed:
+            if self._file.closed or self._broken:
+                return
+            try:
                 self._file.write(json.dumps(record) + "\n")
                 self._file.flush()
+            except OSError as e:
+                self._broken = True
+                logging.getLogger(__name__).warning(
+                    "timeline.jsonl: cannot write (%s): the timeline stops here, the run goes on", e.strerror or e
+                )

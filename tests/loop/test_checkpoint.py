@@ -2,6 +2,7 @@
 checkpoint of non-finite weights is refused; a checkpoint written in the background holds the state of the moment
 it was taken, byte for byte what a foreground save writes, while training goes on."""
 
+import json
 import math
 import random
 from pathlib import Path
@@ -24,7 +25,7 @@ class SafetensorLikeError(Exception):
 @pytest.mark.slow
 @pytest.mark.parametrize("error,background", [("oserror", "true"), ("safetensors", "true"), ("oserror", "false")])
 def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
-    tmp_path, tiny_model_dir, monkeypatch, capsys, error, background
+    tmp_path, tiny_model_dir, monkeypatch, capsys, caplog, error, background
 ):
     """Foreground: the failed save stops the run; step 2 stays the latest. Background: the failed write is found
     by the next save (the last, here) and stops the run the same way, with the weights it stops with saved (the
@@ -64,8 +65,45 @@ def test_a_full_disk_while_saving_is_one_line_and_the_previous_checkpoint_stays(
     args = train_command(
         tmp_path / "again", tiny_model_dir, train, valid, 4, "saver.on_error=continue", f"saver.background={background}"
     )[3:]
+    caplog.clear()
     assert cli.main(args) == 0  # continue: the step-3 checkpoint is skipped with a warning, step 4 is saved
     assert latest_checkpoint(tmp_path / "again" / "out" / "asyncrl" / "default").name == "step4"
+    (warning,) = [r for r in caplog.records if "a checkpoint was not written" in r.getMessage()]
+    assert "saver.on_error=continue; the newest is step2" in warning.getMessage() and warning.exc_info is None
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_metrics_stops_the_run_in_one_line_and_it_resumes(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """metrics.jsonl cannot be written at step 3 (the disk filled): one line naming it, exit 1, step 2's
+    checkpoint the latest (step 3 was not logged, so its weights are not saved as if it had been); the same
+    command on a disk with room again resumes from step 2 and ends (red team 4: it was a traceback)."""
+    import errno
+
+    from asyncrl import cli
+    from asyncrl.telemetry.metrics import MetricsLogger
+
+    train, valid = prompt_files(tmp_path, 40)
+    args = train_command(tmp_path, tiny_model_dir, train, valid, 4)[3:]
+    log = MetricsLogger._log
+
+    def fills_the_disk(self, record):
+        if record.get("step") == 3 and not record.get("evaluation"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return log(self, record)
+
+    monkeypatch.setattr(MetricsLogger, "_log", fills_the_disk)
+    code = cli.main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "stopped: metrics.jsonl: cannot write (No space left on device) at step 3" in err[-1], err
+    run = tmp_path / "out" / "asyncrl" / "default"
+    assert latest_checkpoint(run).name == "step2" and is_complete(latest_checkpoint(run))
+    monkeypatch.setattr(MetricsLogger, "_log", log)
+    assert cli.main(args) == 0
+    assert latest_checkpoint(run).name == "step4"
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "reward_mean" in r]
+    assert steps == [1, 2, 3, 4], steps
 
 
 @pytest.mark.slow

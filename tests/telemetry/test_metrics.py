@@ -131,3 +131,41 @@ def test_the_trainer_account_of_a_window_sums_to_it_with_the_time_between_spans_
     assert acc["trainer_other_s"] == pytest.approx(1.7)
     assert acc["gen_idle_gate_s"] == 0.4 and acc["gen_idle_nowork_s"] == pytest.approx(0.6)
     assert sum(v for k, v in acc.items() if k.startswith("gen_")) == pytest.approx(5.0)
+
+
+class _FullDisk:
+    """A file whose writes fail as on a full disk."""
+
+    def __init__(self, name):
+        self.name, self.closed = name, False
+
+    def write(self, _):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    flush = close = lambda self: None
+
+
+def test_a_run_file_that_cannot_be_written_is_one_error_naming_it(tmp_path):
+    """A full disk under metrics.jsonl or ledger.jsonl (which a resume reads) stops the run with one line naming the
+    file (red team 4: it was a traceback); the timeline stops, said once, and the run goes on."""
+    from asyncrl.telemetry.metrics import RunFileError
+    from asyncrl.telemetry.timeline import Timeline
+
+    for name in ("metrics.jsonl", "ledger.jsonl"):
+        logger = MetricsLogger(tmp_path)
+        attr = {"metrics.jsonl": "_file", "ledger.jsonl": "_ledger"}[name]
+        getattr(logger, attr).close()
+        setattr(logger, attr, _FullDisk(str(tmp_path / name)))
+        with pytest.raises(RunFileError) as e:
+            logger.log({"step": 3, "version": 4, "trained_items": [1, 2]})
+        assert str(e.value).startswith(f"{name}: cannot write (No space left on device) at step 3: free space")
+        logger.close()
+    timeline = Timeline(tmp_path / "timeline.jsonl", engine_stats=lambda: None)
+    timeline._file.close()
+    timeline._file = _FullDisk(str(tmp_path / "timeline.jsonl"))
+    timeline._write({"type": "span"})
+    timeline._write({"type": "span"})  # said once, then nothing more is tried
+    assert timeline._broken
+    timeline.close()
