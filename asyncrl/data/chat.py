@@ -48,6 +48,6 @@ def _tool_call(call: dict) -> dict:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a 5000-digit number, nesting too deep
             pass  # kept as the string the model wrote; the template renders it as it is
     return {"type": "function", "id": call.get("id"), "function": {"name": fn.get("name", ""), "arguments": args}}

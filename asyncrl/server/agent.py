@@ -36,8 +36,10 @@ def build_app(
     async def body_of(request: Request) -> dict:
         try:
             body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ProxyError(400, f"the request body is not JSON: {e}") from None
+        except RecursionError:
+            raise ProxyError(400, "the request body is nested too deep") from None
+        except ValueError as e:  # not JSON, not UTF-8, an integer beyond Python's 4300 digits
+            raise ProxyError(400, f"the request body is not JSON: {str(e)[:200]}") from None
         if not isinstance(body, dict):
             raise ProxyError(400, "the request body must be a JSON object")
         return body

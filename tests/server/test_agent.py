@@ -165,6 +165,20 @@ def test_malformed_agent_requests_are_400s_naming_the_field(tokenizer):
                 server.url + "/v1/chat/completions", content=_json.dumps(body).encode(), headers=headers, timeout=60
             )
             assert r.status_code == status and named in r.json()["error"]["message"], (body, r.text[:300])
+        deep = b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # these were plain-text 500s (red team 4)
+        digits = b'{"messages": [], "n": ' + b"9" * 5000 + b"}"
+        for raw, named in ((deep, "nested too deep"), (digits, "is not JSON")):
+            r = httpx.post(server.url + "/v1/chat/completions", content=raw, headers=headers, timeout=60)
+            assert r.status_code == 400 and named in r.json()["error"]["message"], r.text[:300]
+        deep_args = "[" * 5000 + "]" * 5000
+        call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": deep_args}}
+        turns = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        ]
+        r = httpx.post(server.url + "/v1/chat/completions", json={"messages": turns}, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text[:300]  # the arguments stay the string the client sent
         for prompt, named in (([1, 99999], "token id 99999"), ([-3], "token id -3")):
             r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt}, headers=headers)
             assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
