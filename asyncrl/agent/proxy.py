@@ -95,6 +95,8 @@ class AgentProxy:
         episode = self.episodes.get(key or "")
         if episode is None:
             raise ProxyError(401, "no live episode has this API key")
+        if episode.ending:
+            raise ProxyError(409, "this session is ending: its calls in flight finish, no new call starts")
         return episode
 
     # ---- endpoints -----------------------------------------------------------------------------------------

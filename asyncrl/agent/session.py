@@ -70,6 +70,11 @@ class Episode:
         self.llm_queue_s = 0.0  # of which its requests waited for a free slot
         self.handler_s = 0.0  # time in the proxy's endpoints (the engine's time included)
         self._requests: dict[str, asyncio.Future] = {}  # request fingerprint -> the response (retries)
+        self.ending = False  # the session's end was asked for: no new calls, those in flight finish
+
+    def in_flight(self) -> list[asyncio.Future]:
+        """The responses of the calls still being answered."""
+        return [f for f in self._requests.values() if not f.done()]
 
     def plan(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int | None, int]:
         """(prompt ids, parent call, bridge length) for a request; raises ``TemplateError``."""

@@ -9,6 +9,7 @@ opens an episode and returns its key, ``POST /rl/sessions/{key}/end`` closes it 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 
@@ -21,6 +22,7 @@ from asyncrl.server.middleware import BodyLimit, CancelOnDisconnect, bearer
 
 MAX_BODY_BYTES = 4 << 20
 MAX_CONTAINERS = 1 << 16
+END_WAIT_S = 120.0  # how long ending a session waits for its calls in flight (those still running: "unfinished")
 
 
 def build_app(
@@ -75,10 +77,16 @@ def build_app(
         @app.post("/rl/sessions/{key}/end")
         async def end_session(key: str, request: Request):
             admin(request)
-            if key not in proxy.episodes:
+            episode = proxy.episodes.get(key)
+            if episode is None:
                 raise ProxyError(404, "no live session has this key")
-            episode = proxy.close(key)
+            episode.ending = True  # a call answered after the end would never be recorded: those in flight finish
+            pending = episode.in_flight()
+            if pending:
+                await asyncio.wait(pending, timeout=END_WAIT_S)
+            proxy.close(key)
             return {
+                "unfinished": sum(not f.done() for f in pending),
                 "calls": [
                     {
                         "id": c.id,

@@ -311,3 +311,64 @@ def test_a_call_whose_client_went_away_stops_generating(tokenizer):
         assert engine.cancelled.wait(10)
     finally:
         server.close()
+
+
+def test_ending_a_session_waits_for_its_calls_in_flight(tokenizer):
+    """A call answered after its session ended was never recorded (red team 4): the end waits for the calls in
+    flight and returns them; a new call of the ending session is a 409; the key is dead afterwards."""
+    import threading
+    import time
+
+    import httpx
+
+    pytest.importorskip("fastapi")
+    from asyncrl.server.agent import build_app
+    from asyncrl.server.app import ServerThread
+
+    class SlowEngine(ScriptedEngine):
+        async def generate(self, prompt_ids, params):
+            await asyncio.sleep(1.5)
+            return await super().generate(prompt_ids, params)
+
+    engine = SlowEngine(tokenizer, ["fine"] * 2)
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id), agent_context(tokenizer).params, 512, engine=engine
+    )
+    server = ServerThread(build_app(proxy, admin_key="adm", sessions=True))
+    try:
+        admin = {"Authorization": "Bearer adm"}
+        key = httpx.post(server.url + "/rl/sessions", headers=admin).json()["api_key"]
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        answers, ended = [], []
+        call = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(
+                    server.url + "/v1/chat/completions",
+                    json=chat,
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=30,
+                )
+            )
+        )
+        call.start()
+        time.sleep(0.4)  # the call is in the engine
+        end = threading.Thread(
+            target=lambda: ended.append(httpx.post(f"{server.url}/rl/sessions/{key}/end", headers=admin, timeout=30))
+        )
+        end.start()
+        time.sleep(0.4)
+        late = httpx.post(server.url + "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {key}"})
+        assert late.status_code == 409 and "this session is ending" in late.json()["error"]["message"]
+        call.join(30)
+        end.join(30)
+        assert answers[0].status_code == 200
+        body = ended[0].json()
+        assert (
+            body["unfinished"] == 0
+            and len(body["calls"]) == 1
+            and body["calls"][0]["output_ids"] == engine.generated[0]
+        )
+        after = httpx.post(server.url + "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {key}"})
+        assert after.status_code == 401
+    finally:
+        server.close()
