@@ -99,7 +99,7 @@ def build_app(
                         "finish_reason": c.finish_reason,
                     }
                     for c in episode.calls
-                ]
+                ],
             }
 
     # an episode whose client went away (agent.timeout_s) stops generating: its samples free the engine's slots
