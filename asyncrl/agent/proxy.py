@@ -15,9 +15,9 @@ import ipaddress
 import secrets
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from asyncrl.agent.chat import ChatRenderer, TemplateError, normalize
+from asyncrl.agent.fair import ShortestFirst
 from asyncrl.agent.session import Call, Episode, canonical
 from asyncrl.agent.tools import PARSERS, Reply
 from asyncrl.types import SamplingParams
@@ -76,7 +76,7 @@ class AgentProxy:
         self.tokenizer = renderer.tokenizer
         self.episodes: dict[str, Episode] = {}
         self.calls = self.tool_parse_errors = 0
-        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-proxy-tokenize")
+        self._tokenizing = ShortestFirst("asyncrl-proxy-tokenize")
 
     # ---- keys ----------------------------------------------------------------------------------------------
     def open(self) -> str:
@@ -89,7 +89,7 @@ class AgentProxy:
 
     def shutdown(self) -> None:
         """Stop the tokenising thread (the proxy is done)."""
-        self._tokenizing.shutdown(wait=False, cancel_futures=True)
+        self._tokenizing.shutdown()
 
     def episode(self, key: str | None) -> Episode:
         episode = self.episodes.get(key or "")
@@ -118,7 +118,8 @@ class AgentProxy:
     async def _answer_chat(self, episode: Episode, body: dict, retried: bool) -> dict:
         _check_common(body)
         messages, tools = _messages(body), _tools(body)
-        _check_chars(len(canonical(messages)) + len(canonical(tools or [])), "messages and tools")
+        chars = len(canonical(messages)) + len(canonical(tools or []))
+        _check_chars(chars, "messages and tools")
         _tool_choice(body, tools)
         fingerprint = canonical(
             [
@@ -136,7 +137,7 @@ class AgentProxy:
         if is_retry:  # the same request again from a client's retry (after a timeout): the same answer
             return await future
         try:
-            response = await self._chat(episode, body, messages, tools)
+            response = await self._chat(episode, body, messages, tools, chars)
         except BaseException as e:
             episode.settle(future, error=e)
             raise
@@ -157,7 +158,7 @@ class AgentProxy:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             _check_chars(len(prompt), "prompt")
-            ids = await self._off_loop(lambda: self.tokenizer(prompt, add_special_tokens=False).input_ids)
+            ids = await self._off_loop(len(prompt), lambda: self.tokenizer(prompt, add_special_tokens=False).input_ids)
         elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             vocab = len(self.tokenizer)
             bad = next((t for t in prompt if not 0 <= t < vocab), None)
@@ -190,9 +191,9 @@ class AgentProxy:
         }
 
     # ---- internals -----------------------------------------------------------------------------------------
-    async def _chat(self, episode: Episode, body: dict, messages: list[dict], tools: list | None) -> dict:
+    async def _chat(self, episode: Episode, body: dict, messages: list[dict], tools: list | None, chars: int) -> dict:
         try:  # templating and tokenising a long conversation takes seconds: never on the event loop
-            prompt_ids, parent, bridge = await self._off_loop(lambda: episode.plan(messages, tools))
+            prompt_ids, parent, bridge = await self._off_loop(chars, lambda: episode.plan(messages, tools))
         except TemplateError as e:
             raise ProxyError(400, f"messages: {e}") from None
         params = self._params(body)
@@ -235,10 +236,11 @@ class AgentProxy:
             "usage": _usage(prompt_ids, calls),
         }
 
-    async def _off_loop(self, fn):
+    async def _off_loop(self, chars: int, fn):
         """``fn()`` on the proxy's one tokenising thread (one: a fast tokenizer used by two threads at once can
-        fail), so that the event loop, and the server's other routes, go on meanwhile."""
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, fn)
+        fail), so that the event loop, and the server's other routes, go on meanwhile; the job of fewest
+        ``chars`` first, so that one session's long messages do not hold up the others' short calls."""
+        return await asyncio.wrap_future(self._tokenizing.submit(chars, fn))
 
     def _params(self, body: dict) -> SamplingParams:
         stop = body.get("stop")
