@@ -8,7 +8,10 @@ import threading
 
 import torch
 
-from asyncrl.weights.wire import TensorMeta, broadcast, dtype_of, new_group
+from asyncrl.weights.wire import TensorMeta, broadcast, dtype_name, dtype_of, new_group
+
+SENDABLE = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+"""The weight dtypes a broadcast carries (gloo and NCCL both send these)."""
 
 
 class DistReceiver:
@@ -107,10 +110,14 @@ class DistReceiver:
 
     def _check(self, m: TensorMeta) -> None:
         """ValueError for a tensor the served model does not take: an unknown name, another shape, a dtype that
-        is not a floating-point one."""
+        the group cannot send (float8 is floating-point, and gloo's broadcast of it failed after the group had
+        begun, leaving it out of step)."""
         dtype = dtype_of(m.dtype)
-        if not dtype.is_floating_point:
-            raise ValueError(f"tensor '{m.name}': dtype {m.dtype} is not a floating-point dtype")
+        if dtype not in SENDABLE:
+            raise ValueError(
+                f"tensor '{m.name}': dtype {m.dtype} is not one the weight-update group sends "
+                f"({', '.join(sorted(dtype_name(d) for d in SENDABLE))})"
+            )
         if self.shapes is None:
             return
         if m.name not in self.shapes:

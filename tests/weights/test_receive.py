@@ -51,7 +51,8 @@ def test_the_receiver_refuses_tensors_the_served_model_does_not_take():
     for name, dtype, shape, named in (
         ("junk0", "float32", [16 << 20], "not a weight of the served model"),
         ("lm_head.weight", "float32", [2**62], "has shape"),
-        ("lm_head.weight", "qint8", [8, 4], "not a floating-point dtype"),
+        ("lm_head.weight", "qint8", [8, 4], "not one the weight-update group sends"),
+        ("lm_head.weight", "float8_e4m3fn", [8, 4], "not one the weight-update group sends"),  # red team 4 #15
         ("lm_head.weight", "bogus", [8, 4], "unknown dtype"),
     ):
         with pytest.raises(ValueError, match=named):
