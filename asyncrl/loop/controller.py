@@ -158,7 +158,13 @@ def _loop(p: Parts) -> dict:
             stats = p.trainer.step(batch, version=step)
         version = step + 1
         with tl.span("sync", step):
-            sync_s = p.publisher.publish(p.trainer.state_dict(), version)
+            try:
+                sync_s = p.publisher.publish(p.trainer.state_dict(), version)
+            except Exception:  # e.g. every server lost: the step trained, so it is logged and its weights saved
+                p.logger.log(
+                    {**p.meter.record(version, groups, batch, stats, 0.0, waited.seconds), "publish_failed": 1}
+                )
+                raise
         p.buffer.set_version(version)  # the staleness gate opens for B more groups
         with tl.span("log", step):
             record = p.meter.record(version, groups, batch, stats, sync_s, waited.seconds)

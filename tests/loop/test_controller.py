@@ -143,9 +143,11 @@ def test_max_train_time_ends_the_run_with_an_evaluation_and_a_checkpoint(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_failed_run_keeps_no_checkpoint_its_logs_do_not_reach(tmp_path, tiny_model_dir, monkeypatch):
-    """Step 3 is trained but fails before it is logged: a checkpoint of it would resume past a step the logs
-    and the ledger lack, so none is written (a failure after the log keeps one: test_run_hardening)."""
+def test_a_step_whose_publish_fails_is_logged_and_saved(tmp_path, tiny_model_dir, monkeypatch):
+    """Step 3 is trained but its weights cannot be published (every server lost, red team 4): the step is logged
+    (publish_failed), its prompts are in the ledger, and the stopping checkpoint holds its weights, so the run
+    resumes at step 3, not from nothing (it stopped without a checkpoint: the logs ended at step 2)."""
+    from runs_for_tests import is_complete
     from asyncrl.telemetry.metrics import read_metrics
     from asyncrl.weights.publish import InProcessPublisher
 
@@ -160,8 +162,11 @@ def test_a_failed_run_keeps_no_checkpoint_its_logs_do_not_reach(tmp_path, tiny_m
     with pytest.raises(RuntimeError, match="publish failed"):
         train(_quick_cfg(tmp_path, tiny_model_dir, "total_train_steps=5"))
     run_dir = tmp_path / "asyncrl" / "default"
-    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]
-    assert not (run_dir / "checkpoints" / "step3").exists()
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3] and records[-1]["publish_failed"] == 1
+    assert is_complete(run_dir / "checkpoints" / "step3")
+    ledger = [json.loads(line)["step"] for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+    assert ledger == [1, 2, 3]
 
 
 # ---- the loop on scripted parts (fast) ------------------------------------------------------------------------
