@@ -210,7 +210,7 @@ class Judge:
 
     def _score(self, answer: str) -> float:
         low, high = parse_range(self.score)
-        number = r"(-?\d+(?:\.\d+)?)"
+        number = r"(-?\d+(?:\.\d+)?)(?![eE][-+]?\d)"  # not the mantissa of 1e1 (read as 1, then 0.1)
         out_of = rf"\s*(?:/|out\s+of)\s*{number}"
         labelled = list(re.finditer(rf"score\s*[:=]?\s*{number}(?:{out_of})?", answer, flags=re.IGNORECASE))
         if labelled:

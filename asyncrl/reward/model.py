@@ -40,6 +40,8 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
 
     from asyncrl.configlib import ConfigError
 
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"reward.model_device={device}: this machine has no CUDA device (use cpu)")
     local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub name is NAME or OWNER/NAME
     if local and not Path(path).expanduser().is_dir():
         raise ConfigError(
@@ -47,9 +49,15 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
             "asyncrl rm, or a hub name already in the local cache)"
         )
     try:
-        classes = AutoConfig.from_pretrained(path).architectures or []
+        config = AutoConfig.from_pretrained(path)
+        saved = config.to_diff_dict()  # what config.json says (num_labels defaults to 2 where it says nothing)
+        classes, outputs = config.architectures or [], len(saved["id2label"]) if "id2label" in saved else 1
     except (OSError, ValueError, KeyError):
-        classes = []  # said below, when the model itself does not load
+        classes, outputs = [], 1  # said below, when the model itself does not load
+    if trained and classes and outputs != 1 and any(c.endswith("ForSequenceClassification") for c in classes):
+        raise ConfigError(
+            f"{key}: '{path}' has a score head of {outputs} outputs; a reward model has one (asyncrl rm trains one)"
+        )
     if trained and classes and not any(c.endswith("ForSequenceClassification") for c in classes):
         raise ConfigError(
             f"{key}: '{path}' is not a reward model (its config.json names {classes}, not a "
@@ -60,7 +68,7 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # RuntimeError: a score head of another size
         raise ConfigError(
             f"{key}: cannot load a sequence-classification model from '{path}': "
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -5,6 +5,7 @@ import codecs
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -277,3 +278,28 @@ def test_a_language_model_renamed_a_classifier_is_refused(tmp_path, tiny_model_d
     (edited / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="has no trained score head .*weights lack score.weight"):
         RewardModel(str(edited))
+
+
+def test_a_classifier_of_three_outputs_or_a_device_this_machine_lacks_is_one_line(tmp_path, tiny_model_dir):
+    """Both were tracebacks (red team 4, finding 18)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from asyncrl.reward.model import load_reward_model
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.num_labels, config.architectures = (
+        3,
+        [config.architectures[0].replace("ForCausalLM", "ForSequenceClassification")],
+    )
+    three = tmp_path / "three"
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(three)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (Path(tiny_model_dir) / name).exists():
+            shutil.copy(Path(tiny_model_dir) / name, three / name)
+    with pytest.raises(ConfigError, match="has a score head of 3 outputs; a reward model has one"):
+        load_reward_model(str(three))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="reward.model_device=cuda: this machine has no CUDA device"):
+            load_reward_model(str(three), device="cuda")

@@ -147,9 +147,10 @@ def test_a_step_whose_publish_fails_is_logged_and_saved(tmp_path, tiny_model_dir
     """Step 3 is trained but its weights cannot be published (every server lost, red team 4): the step is logged
     (publish_failed), its prompts are in the ledger, and the stopping checkpoint holds its weights, so the run
     resumes at step 3, not from nothing (it stopped without a checkpoint: the logs ended at step 2)."""
-    from runs_for_tests import is_complete
     from asyncrl.telemetry.metrics import read_metrics
     from asyncrl.weights.publish import InProcessPublisher
+
+    from runs_for_tests import is_complete
 
     publish = InProcessPublisher.publish
 

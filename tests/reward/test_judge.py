@@ -65,6 +65,8 @@ def test_answers_are_read_as_rewards_in_zero_to_one(answer, score, expected):
         ("7 out of 9", "0-10", "not out of 10"),
         ("Score: 7 out of 100", "0-10", "not out of 10"),
         ("It gets 3 of the 5 steps right", "0-10", "holds no score"),
+        ("Score: 1e1", "0-10", "holds no score"),  # read as 1 (0.1) before (red team 4, finding 19)
+        ("Score: 3e-1 overall", "0-10", "holds no score"),
     ],
 )
 def test_an_answer_that_cannot_be_read_raises_naming_it(answer, score, why):
