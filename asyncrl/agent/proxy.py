@@ -67,7 +67,10 @@ class AgentProxy:
         tool_parser: str = "hermes",
         model_name: str = "policy",
         engine=None,
+        max_chars: int = MAX_TEXT_CHARS,
     ):
+        """``max_chars``: the characters of text a request may carry, refused before templating (a server
+        exposing the proxy passes what its context can hold)."""
         if tool_parser not in PARSERS:
             raise ValueError(f"tool parser must be one of {sorted(PARSERS)}, got '{tool_parser}'")
         self.renderer, self.params, self.max_len = renderer, dataclasses.replace(params, n=1), max_len
@@ -77,6 +80,7 @@ class AgentProxy:
         self.episodes: dict[str, Episode] = {}
         self.calls = self.tool_parse_errors = 0
         self._tokenizing = ShortestFirst("asyncrl-proxy-tokenize")
+        self.max_chars = min(max_chars, MAX_TEXT_CHARS)
 
     # ---- keys ----------------------------------------------------------------------------------------------
     def open(self) -> str:
@@ -119,7 +123,7 @@ class AgentProxy:
         _check_common(body)
         messages, tools = _messages(body), _tools(body)
         chars = len(canonical(messages)) + len(canonical(tools or []))
-        _check_chars(chars, "messages and tools")
+        _check_chars(chars, "messages and tools", self.max_chars)
         _tool_choice(body, tools)
         fingerprint = canonical(
             [
@@ -157,7 +161,7 @@ class AgentProxy:
         _check_common(body)
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            _check_chars(len(prompt), "prompt")
+            _check_chars(len(prompt), "prompt", self.max_chars)
             ids = await self._off_loop(len(prompt), lambda: self.tokenizer(prompt, add_special_tokens=False).input_ids)
         elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             vocab = len(self.tokenizer)
@@ -403,9 +407,9 @@ def _check_common(body: dict) -> None:
         ) from None
 
 
-def _check_chars(n: int, field: str) -> None:
-    if n > MAX_TEXT_CHARS:
-        raise ProxyError(413, f"{field}: {n} characters, more than {MAX_TEXT_CHARS}")
+def _check_chars(n: int, field: str, limit: int) -> None:
+    if n > limit:
+        raise ProxyError(413, f"{field}: {n} characters, more than {limit} (what the model's context can hold)")
 
 
 def _list(body: dict, key: str) -> list | None:

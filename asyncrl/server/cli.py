@@ -220,6 +220,7 @@ def _agent_proxy(state, args: argparse.Namespace):
         tool_parser=args.tool_parser,
         model_name=state.model_name,
         engine=state.engine,
+        max_chars=state.max_chars,  # what the context can hold: refused before it is tokenised
     )
     return proxy_app(proxy, args.admin_key, sessions=True)
 

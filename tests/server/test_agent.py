@@ -372,3 +372,24 @@ def test_ending_a_session_waits_for_its_calls_in_flight(tokenizer):
         assert after.status_code == 401
     finally:
         server.close()
+
+
+def test_a_text_longer_than_the_context_can_hold_is_refused_before_tokenising(tokenizer):
+    """asyncrl serve --agent-proxy passes max_len * CHARS_PER_TOKEN (red team 4: a million characters were
+    tokenised for 4 s on the proxy's one thread, then refused as too long)."""
+    from asyncrl.agent.proxy import ProxyError
+
+    proxy = AgentProxy(
+        ChatRenderer(tokenizer, tokenizer.eos_token_id),
+        agent_context(tokenizer).params,
+        512,
+        engine=ScriptedEngine(tokenizer, ["fine"]),
+        max_chars=1000,
+    )
+    key = proxy.open()
+    with pytest.raises(ProxyError) as e:
+        asyncio.run(proxy.chat(key, {"messages": [{"role": "user", "content": "7 " * 600}]}))
+    assert e.value.status == 413 and "more than 1000 (what the model's context can hold)" in str(e.value)
+    reply = asyncio.run(proxy.chat(key, {"messages": [{"role": "user", "content": "hi"}]}))
+    assert reply["choices"][0]["message"]["content"] == "fine"
+    proxy.shutdown()
