@@ -370,20 +370,24 @@ def _tools(body: dict) -> list | None:
 
 
 def _tool_choice(body: dict, tools: list | None) -> None:
-    """``tool_choice`` as OpenAI takes it: none | auto | required (with tools) | {type: function, function:
-    {name}} naming one of the tools."""
+    """``tool_choice`` as OpenAI takes it: none | auto; required and a named function, which would need a forced
+    tool call, are refused with a 400 that says why (they were accepted and not enforced)."""
     choice = body.get("tool_choice")
     if choice is None or choice in ("none", "auto"):
         return
+    forced = (
+        "the proxy samples the policy as it is and cannot force a tool call (forcing one would train on tokens "
+        "the policy did not choose): use 'auto', and reward the tool use you want"
+    )
     if choice == "required":
         if not tools:
             raise ProxyError(400, "tool_choice: 'required' needs tools")
-        return
+        raise ProxyError(400, f"tool_choice: 'required' is not supported: {forced}")
     names = [t["function"]["name"] for t in tools or ()]
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name in names:
-            return
+            raise ProxyError(400, f"tool_choice: naming a function is not supported: {forced}")
         raise ProxyError(
             400, f"tool_choice names the function {str(name)[:60]!r}, which is not among the tools {names[:10]}"
         )

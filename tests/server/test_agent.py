@@ -109,6 +109,24 @@ BAD_BODIES = [  # (body, status, what the message names)
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": 123}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "bogus"}, 400, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400, "'required' needs tools"),
+    (  # accepted and not enforced before (issue 44): a forced tool call is not the policy's own sample
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "required",
+        },
+        400,
+        "'required' is not supported: the proxy samples the policy as it is",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+        400,
+        "naming a function is not supported",
+    ),
     (
         {
             "messages": [{"role": "user", "content": "hi"}],
