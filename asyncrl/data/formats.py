@@ -69,6 +69,7 @@ def field_value(record: dict, name: str, mapping: dict) -> tuple[str | None, Any
 
 def detect_type(record: dict, mapping: dict) -> str:
     """The format of a row from its fields (used for ``type: auto`` on the first good row)."""
+    _check_mapped(record, mapping)
     get = lambda name: field_value(record, name, mapping)[1]  # noqa: E731
     if get("messages") is not None:
         return "chat"
@@ -88,6 +89,16 @@ def detect_type(record: dict, mapping: dict) -> str:
     )
 
 
+def _check_mapped(record: dict, mapping: dict) -> None:
+    """ValueError naming a mapped column the row lacks, and the columns it has."""
+    missing = {name: col for name, col in mapping.items() if col not in record}
+    if missing:
+        name, col = next(iter(missing.items()))
+        raise ValueError(
+            f"fields.{name} names the column '{col}', which the row does not have (its columns: {sorted(record)[:12]})"
+        )
+
+
 REWARD_ARGUMENTS = ("prompt", "completion")
 """A reward function's positional parameters: columns of these names are not passed again as fields (the prompt
 is the item's question)."""
@@ -98,12 +109,7 @@ def to_item(record: Any, row_type: str, mapping: dict, template: str) -> dict:
     mapped to an item field (``mapping``: {answer: n_vowels}) reaches the reward under both names."""
     if not isinstance(record, dict):
         raise ValueError(f"a row must be a JSON object, got {type(record).__name__}")
-    missing = {name: col for name, col in mapping.items() if col not in record}
-    if missing:
-        name, col = next(iter(missing.items()))
-        raise ValueError(
-            f"fields.{name} names the column '{col}', which the row does not have (columns: {sorted(record)[:12]})"
-        )
+    _check_mapped(record, mapping)
     if row_type == "chat":
         item = _chat(record, mapping)
     else:

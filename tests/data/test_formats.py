@@ -111,6 +111,12 @@ def test_a_mapped_column_reaches_the_reward_under_both_names():
     assert call_reward(lambda prompt, completion, n_vowels, **_: float(completion == n_vowels), item, "4") == 1.0
     with pytest.raises(ValueError, match="fields.answer names the column 'n_vowls', which the row does not have"):
         to_item(row, "qa", {"question": "q", "answer": "n_vowls"}, "")
+    from asyncrl.data.formats import detect_type
+
+    # type auto: the format is detected from the first row, and a mapped column it lacks is named there too (it
+    # said "cannot tell the row format" and told the user to map the column they had mapped: issue 44)
+    with pytest.raises(ValueError, match=r"fields.question names the column 'opener'.*its columns: \['n_vowels', 'q'"):
+        detect_type(row, {"question": "opener"})
     # the question's own column, and columns named like the reward's positional arguments, are not passed again
     row = {"prompt": "Sort: b a", "answer": "a b", "completion": "ignored"}
     item = to_item(row, "qa", {}, "")
