@@ -1,6 +1,6 @@
-"""The verdict's learning-health rules: no learning signal, entropy collapse, clipping, the behaviour-weight cap,
-truncation, train/inference mismatch, staleness at its bound, held-out accuracy falling from its best
-(docs/report.md lists them and how to act on each)."""
+"""The verdict's learning-health rules: no learning signal, reward failures, entropy collapse, clipping, the
+behaviour-weight cap, truncation, train/inference mismatch, staleness at its bound, held-out accuracy falling from
+its best (docs/report.md lists them and how to act on each)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ HELD_OUT_SIGMAS = 4.0  # ...this many standard errors of one evaluation below th
 HELD_OUT_DROP = 0.05  # ...and at least this far (the best of many noisy evaluations is itself ~2.4 errors high)
 ESS_FLOOR = 0.5  # normalised ESS of the behaviour weights below which a few tokens carry the step
 GROWTH = 1.5  # a quantity is growing when the mean of the window's last third is this many times its first third's
+REWARD_FAILING = 0.05  # share of the run's reward calls that failed (errors and timeouts)
 DRIFT_FLOOR = 0.01  # ...and the behaviour/trained KL of stale tokens reaches this (nats)
 
 
@@ -59,6 +60,9 @@ def health(steps: list[dict], records: list[dict], s: dict) -> list[Finding]:
                 "gconfig.temperature, or add actor.kl_ctl",
             )
         )
+    failing = _reward_failures(steps)
+    if failing is not None:
+        out.append(failing)
     if m["clip_frac"] is not None and m["clip_frac"] >= CLIP_FRAC:
         out.append(
             Finding(
@@ -172,6 +176,26 @@ def _audit(steps: list[dict], s: dict) -> list[Finding]:
             )
         )
     return out
+
+
+def _reward_failures(steps: list[dict]) -> Finding | None:
+    """The share of the run's reward calls that failed (the counters are the run's totals, so the last step's
+    say it), when it is REWARD_FAILING or more: those samples trained on reward.default."""
+    last = steps[-1]
+    calls = finite(last.get("reward_calls_done", last.get("reward_calls")))
+    errors, timeouts = (finite(last.get(k)) or 0.0 for k in ("reward_errors", "reward_timeouts"))
+    if not calls or (errors + timeouts) / calls < REWARD_FAILING:
+        return None
+    kinds = sorted((k.split("/", 1)[1], int(v)) for k, v in last.items() if k.startswith("reward_errors/") and v)
+    return Finding(
+        "reward failures",
+        "health",
+        f"{(errors + timeouts) / calls:.0%} of {int(calls):,} reward calls failed (reward_errors {int(errors)}, "
+        f"reward_timeouts {int(timeouts)}{''.join(f', {k} {n}' for k, n in kinds)}): those samples were scored "
+        "reward.default, not by the task",
+        "fix the reward (its first failure is logged with the sample id), or raise reward.timeout_s where calls "
+        "time out",
+    )
 
 
 def _growing(steps: list[dict], key: str) -> tuple[float, float] | None:

@@ -49,3 +49,15 @@ def test_held_out_falling_while_the_reward_rises_says_both():
     ]
     found = _found(rows + evals)
     assert "the training reward rose 0.245 -> 0.445" in found["held-out falling"].evidence
+
+
+def test_reward_failures_reach_the_verdict():
+    """A run with 19% of its reward calls failing got only "trainer-bound" (issue 44): the share is named, with its
+    kinds, and nothing below 5%."""
+    calls = lambda i: 100 * (i + 1)  # noqa: E731 - the counters are the run's totals
+    records = _steps(reward_calls_done=calls, reward_errors=lambda i: 19 * (i + 1), **{"reward_errors/JudgeError": 7})
+    failing = _found(records)["reward failures"]
+    assert "19% of 1,200 reward calls failed (reward_errors 228, reward_timeouts 0, JudgeError 7)" in failing.evidence
+    assert "reward.timeout_s" in failing.change
+    assert "reward failures" not in _found(_steps(reward_calls_done=calls, reward_errors=lambda i: 4 * (i + 1)))
+    assert "reward failures" not in _found(_steps())
