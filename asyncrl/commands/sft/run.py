@@ -255,12 +255,27 @@ class _Scorer:
     def __call__(self, model) -> dict:
         longest = max(len(it["prompt_ids"]) for it in self.items)
         engine = scoring_engine(model, min(self.context, longest + self.params.max_new_tokens), len(self.items))
+        first: list[Exception] = []
+
+        def reward(prompt, completion, **fields):
+            try:
+                return self.reward.eval_fn(prompt, completion, **fields)
+            except Exception as e:
+                if not first:
+                    first.append(e)
+                raise
+
         try:
-            return evaluate(
-                engine, self.tokenizer, self.items, self.reward.eval_fn, self.params, self.default, self.threshold
-            )
+            record = evaluate(engine, self.tokenizer, self.items, reward, self.params, self.default, self.threshold)
         finally:
             engine.stop()
+        if first and record["eval_reward_errors"] == record["eval_items"]:  # no accuracy to select a model by
+            fields = sorted(k for k in self.items[0] if k != "prompt_ids")
+            raise ConfigError(
+                f"reward.fn: the reward failed on every one of the {record['eval_items']} held-out items, so the "
+                f"accuracy would read 0 whatever the model learns ({first[0]}); the items have the fields {fields}"
+            )
+        return record
 
     def close(self) -> None:
         self.reward.close()

@@ -51,6 +51,26 @@ def test_sft_on_chat_rows_evaluates_with_a_reward_fn_by_import_path(tmp_path, ti
     assert record["sft_turns_untrained"] == 0 and record["tokens"] > 0
 
 
+def test_sft_stops_at_an_evaluation_whose_every_reward_call_fails(tmp_path, tiny_model_dir):
+    """A reward that fails on every held-out item (a parameter no column gives) trained to the end reading 0.000
+    (issue 44): the first evaluation stops the run in one line naming the failure and the fields the items have."""
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    cfg = config(
+        tmp_path,
+        tiny_model_dir,
+        f"train_dataset.path={path}",
+        "total_train_steps=12",
+        "reward.fn=rewards_for_tests:raising_reward",
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"reward.fn: the reward failed on every one of the \d+ held-out items.*"
+        r"the items have the fields \[",
+    ):
+        sft(cfg)
+    assert not (Path(cfg.output_dir) / "config.json").exists()  # no model saved as if it had been selected
+
+
 # ---- packing --------------------------------------------------------------------------------------------
 
 
