@@ -297,7 +297,9 @@ class SFTConfig:
     evaluator: EvaluatorConfig = field(default_factory=lambda: EvaluatorConfig(freq_steps=0))
     """evaluator.freq_steps: held-out accuracy every N steps (0 = only at the end)."""
     saver: SaverConfig = field(default_factory=SaverConfig)
-    """saver.freq_steps: also write a checkpoint to OUTPUT_DIR/stepN every N steps (0 = only the final one)."""
+    """saver.freq_steps: also write a checkpoint to OUTPUT_DIR/stepN every N steps (0 = only the final one), the
+    last saver.keep_last of them kept; Ctrl-C or SIGTERM ends the run after the step in hand with a checkpoint
+    of it (exit 130/143), and the same command resumes from it."""
     log_every: int = 10
     """A progress line (step, loss, elapsed time) every this many steps (an evaluation step always has one)."""
     max_length: int = 0

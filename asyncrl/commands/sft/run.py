@@ -36,6 +36,7 @@ from asyncrl.data.config import dataset_from_config
 from asyncrl.data.formats import item_prompt_ids
 from asyncrl.loop.evaluate import evaluate
 from asyncrl.loop.lock import RunDirLock
+from asyncrl.loop.stop import StopAtStep, StopRequested
 from asyncrl.models.hf import check_model_dir, load_model, load_tokenizer
 from asyncrl.trainer.packing import check_packing
 from asyncrl.types import SamplingParams
@@ -148,7 +149,7 @@ def _train(
     best_accuracy = best["eval_accuracy"] if best else -math.inf
     model.train()
     bar = _progress_bar(cfg, first - 1)
-    with (out / METRICS_FILE).open("a" if start is not None else "w") as metrics:
+    with StopAtStep() as stop, (out / METRICS_FILE).open("a" if start is not None else "w") as metrics:
         for step in range(first, cfg.total_train_steps + 1):
             lr = cosine_lr(step - 1, cfg.total_train_steps, cfg.actor.lr, cfg.actor.warmup_steps)
             for group in optimizer.param_groups:
@@ -190,8 +191,12 @@ def _train(
                 bar.set_postfix(loss=f"{loss:.4f}")
             metrics.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
             metrics.flush()
-            if cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0:
-                save_step(model, tokenizer, optimizer, examples, out, step, engine_model.lora)
+            if stop.signum is not None or (cfg.saver.freq_steps and step % cfg.saver.freq_steps == 0):
+                save_step(model, tokenizer, optimizer, examples, out, step, engine_model.lora, cfg.saver.keep_last)
+            if stop.signum is not None and step < cfg.total_train_steps:  # Ctrl-C, SIGTERM: at this step's end
+                stopped = StopRequested(stop.signum)
+                stopped.checkpoint = str(out / f"step{step}")
+                raise stopped
     if bar is not None:
         bar.close()
     return record

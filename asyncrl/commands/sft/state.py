@@ -86,8 +86,9 @@ def resume_point(cfg: SFTConfig, out: Path) -> Path | None:
     return points[-1]
 
 
-def save_step(model, tokenizer, optimizer, examples, out: Path, step: int, lora: bool) -> None:
-    """``out/stepN``: a loadable checkpoint and the state a resume needs, written aside and renamed into place."""
+def save_step(model, tokenizer, optimizer, examples, out: Path, step: int, lora: bool, keep_last: int = 0) -> None:
+    """``out/stepN``: a loadable checkpoint and the state a resume needs, written aside and renamed into place;
+    with ``keep_last``, the older step checkpoints beyond that many are removed once it is in place."""
     final, tmp = out / f"step{step}", out / f".step{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_model(model, tokenizer, tmp, lora)
@@ -104,6 +105,9 @@ def save_step(model, tokenizer, optimizer, examples, out: Path, step: int, lora:
     )
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    if keep_last > 0:
+        for older in _step_points(out)[:-keep_last]:
+            shutil.rmtree(older, ignore_errors=True)
 
 
 def evaluation_key(cfg: SFTConfig) -> dict:

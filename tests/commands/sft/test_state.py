@@ -200,3 +200,44 @@ def test_starting_over_refuses_to_move_the_model_it_trains_from(tmp_path, monkey
     start_over(Path("."), "Qwen/Qwen2.5-0.5B-Instruct")  # a hub name is no directory of out's
     assert not (out / "step2").exists() and len(list(tmp_path.glob("out.replaced-*/step2"))) == 1
     assert Path.cwd() == out.resolve()  # the new run writes where the working directory is
+
+
+def test_sft_keeps_the_last_step_checkpoints_it_is_told_to(tmp_path, tiny_model_dir):
+    """saver.keep_last applies to SFT's step checkpoints too (issue 44: it kept all six)."""
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    cfg = config(tmp_path, tiny_model_dir, f"train_dataset.path={path}", "total_train_steps=6", "saver.freq_steps=1")
+    cfg.saver.keep_last = 2
+    sft(cfg)
+    assert sorted(p.name for p in Path(cfg.output_dir).glob("step*")) == ["step5", "step6"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_sft_saves_the_step_and_the_same_command_resumes(tmp_path, tiny_model_dir):
+    """SIGINT in asyncrl sft was a KeyboardInterrupt traceback, exit 1, nothing saved (issue 44): now the step in
+    hand ends, its checkpoint is saved, one line says so, exit 130; the same command goes on from it to the end."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from runs_for_tests import train_env
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", PAIRS)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "asyncrl.cli", "sft", f"model.path={tiny_model_dir}", f"output_dir={out}"]
+    args += [f"train_dataset.path={path}", "train_dataset.batch_size=4", "total_train_steps=40", "actor.threads=1"]
+    args += ["valid_dataset.size=2", "gconfig.max_new_tokens=8", "progress_bar=false"]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=train_env())
+    metrics = out / "sft_metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    (saved,) = [p for p in out.glob("step*") if p.is_dir()]
+    assert f"stopped by SIGINT; checkpoint {saved} saved: run the same command again" in err.strip().splitlines()[-1]
+    assert int(saved.name[4:]) < 40
+    assert subprocess.run(args, env=train_env(), capture_output=True).returncode == 0  # the same command
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, 41))  # resumed after the saved step: no step twice, none lost
