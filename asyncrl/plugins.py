@@ -28,7 +28,11 @@ def load_object(spec: str) -> Any:
     try:
         obj = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"'{spec}': cannot import module '{module_name}' ({e})") from e
+        raise ValueError(
+            f"'{spec}': cannot import module '{module_name}' ({e}); searched the working directory "
+            f"{os.getcwd()} and the Python path: run from the directory that holds it, or add that directory "
+            "to PYTHONPATH"
+        ) from e
     except SyntaxError as e:
         raise ValueError(
             f"'{spec}': module '{module_name}' has a syntax error at {e.filename}:{e.lineno} ({e.msg})"

@@ -11,7 +11,7 @@ from asyncrl.configlib import ConfigError
     "name, match",
     [
         ("workflows_for_tests:Nope", "has no 'Nope'"),
-        ("no_such_module:Flow", "cannot import module"),
+        ("no_such_module:Flow", "cannot import module .*searched the working directory .* and the Python path"),
         ("agentic", "neither a registered workflow"),
     ],
 )
