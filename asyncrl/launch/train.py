@@ -165,6 +165,14 @@ def _trainer_ranks(cfg: TrainConfig, resume: Path | None):
     import torch
 
     rank = int(os.environ["RANK"])
+    if rank == 0:
+        log.info(
+            "trainer: %d %s ranks (actor.backend=%s)%s",
+            world,
+            cfg.actor.parallel_mode,
+            cfg.actor.backend,
+            ", started here" if ranks is not None else ", from torchrun",
+        )
     device = torch.device(
         f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cfg.cluster.resolved_device() == "cuda" else "cpu"
     )
