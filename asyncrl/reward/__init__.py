@@ -99,6 +99,13 @@ def build_reward_service(cfg, default_fn: Callable[..., float]) -> RewardService
         raise
     if server is not None:
         service.closing.append(server.close)
+    if cfg.judge.enabled and cfg.judge.combine == "weighted":
+        # a mixed score is no verdict: success at the threshold (1.0) would need the judge's full marks as well
+        service.held_out_fn = _verifier(cfg, default_fn)
+        log.info(
+            "held-out accuracy is the verifier's verdict: reward.judge.combine=weighted mixes the judge into the "
+            "training reward only"
+        )
     return service
 
 

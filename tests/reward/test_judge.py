@@ -170,6 +170,31 @@ def test_the_judge_combines_with_a_verifier():
         assert abstain("Compute 2 + 2.", "4?", answer="4") == pytest.approx(0.6)  # the verifier abstained
 
 
+def test_held_out_accuracy_with_a_weighted_judge_is_the_verifiers_verdict():
+    """With the judge mixed in (combine=weighted), a right answer scored 0.7 * 1 + 0.3 * 0.7 = 0.91 and so failed the
+    success threshold 1.0 unless the judge gave full marks: held-out accuracy read 0.000 (issue 44). Held-out
+    answers are scored by the verifier; training rewards stay mixed."""
+
+    def verifier(prompt, completion, answer=None, **_):
+        return float(answer in completion)
+
+    with rule_judge() as (url, server):
+        server.answer = "Score: 7"
+        cfg = configlib.load(RewardConfig, None, [f"judge.url={url}", "judge.combine=weighted", "judge.weight=0.3"])
+        service = build_reward_service(cfg, verifier)
+        try:
+            assert service.score(ITEM, "The answer is 4.") == pytest.approx(0.91)
+            assert service.eval_fn(ITEM["question"], "The answer is 4.", answer="4") == 1.0
+            assert service.eval_fn(ITEM["question"], "The answer is 5.", answer="4") == 0.0
+        finally:
+            service.close()
+        alone = build_reward_service(configlib.load(RewardConfig, None, [f"judge.url={url}"]), verifier)
+        try:  # the judge alone: held-out accuracy is the judge's, as before
+            assert alone.eval_fn(ITEM["question"], "The answer is 4.", answer="4") == pytest.approx(0.7)
+        finally:
+            alone.close()
+
+
 def test_reward_judge_config_builds_the_judge_and_refuses_bad_settings():
     cfg = configlib.load(
         RewardConfig,
