@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from asyncrl.configlib import ConfigError
-from asyncrl.data.formats import item_prompt_ids
+from asyncrl.data.formats import item_prompt_ids, stop_ids
 from asyncrl.engine.sampling import derive_seed
 from asyncrl.reward import RewardFailure, call_reward
 from asyncrl.types import Completion, SamplingParams
@@ -250,7 +250,7 @@ def run_eval(cfg) -> dict:
         temperature=g.temperature,
         top_p=g.top_p,
         top_k=g.top_k,
-        stop_token_ids=(tokenizer.eos_token_id,),
+        stop_token_ids=stop_ids(tokenizer),
     )
     reward = build_reward_service(cfg.reward, default_fn)
     t0 = time.perf_counter()

@@ -26,6 +26,7 @@ kept as ``source_id`` because ``id`` is the stream's own unique sample id.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import string
@@ -152,6 +153,34 @@ def chat_prompt_ids(tokenizer, question: str | list[dict]) -> list[int]:
     messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+TURN_MARKER = "ASYNCRLTURNMARKER"
+
+
+@functools.lru_cache(maxsize=16)
+def turn_end_id(tokenizer) -> int:
+    """The token the chat template closes an assistant turn with (ChatML's ``<|im_end|>``), which is not always
+    the tokenizer's eos (Qwen2.5 base: ``<|endoftext|>``, so a model fine-tuned to end with eos never stops where
+    the template expects); the eos where the template writes no special token there."""
+    eos = tokenizer.eos_token_id
+    turns = [{"role": "user", "content": "x"}, {"role": "assistant", "content": TURN_MARKER}]
+    try:
+        text = tokenizer.apply_chat_template(turns, tokenize=False)
+    except Exception:  # noqa: BLE001 - no template, or one that refuses this conversation: the eos
+        return eos
+    if TURN_MARKER not in text:
+        return eos
+    after = tokenizer(text[text.rindex(TURN_MARKER) + len(TURN_MARKER) :], add_special_tokens=False).input_ids
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    special = set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
+    return after[0] if after and after[0] in special else eos
+
+
+def stop_ids(tokenizer) -> tuple[int, ...]:
+    """The tokens that end a generated answer: the template's end of turn, then the eos if it is another."""
+    end, eos = turn_end_id(tokenizer), tokenizer.eos_token_id
+    return (end,) if eos is None or eos == end else (end, eos)
 
 
 def item_prompt_ids(tokenizer, item: dict) -> list[int]:

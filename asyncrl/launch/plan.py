@@ -19,6 +19,7 @@ from pathlib import Path
 from asyncrl import configlib
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
+from asyncrl.data.formats import stop_ids
 from asyncrl.plan.calibrate import Fitted, fit_run, measure
 from asyncrl.plan.costs import load_profile, save_profile
 from asyncrl.plan.lengths import Lengths
@@ -358,7 +359,7 @@ def measure_profile(cfg: TrainConfig) -> Fitted:
         max_new_tokens=cfg.gconfig.max_new_tokens,
         n_samples=cfg.gconfig.n_samples,
         temperature=cfg.gconfig.temperature,
-        stop_token_ids=(tokenizer.eos_token_id,),
+        stop_token_ids=stop_ids(tokenizer),
         engine_threads=engine_threads,
         trainer_threads=trainer_threads,
         trainer_most=trainer_most,

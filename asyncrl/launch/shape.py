@@ -3,12 +3,14 @@ the stop tokens, the generation and training dtypes, the sampling of rollouts an
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from asyncrl.config import TrainConfig
 from asyncrl.configlib import ConfigError
+from asyncrl.data.formats import stop_ids
 from asyncrl.engine.config import builtin_context
 from asyncrl.models.hf import DTYPES
 from asyncrl.types import SamplingParams
@@ -43,7 +45,12 @@ class RunShape:
 
     @classmethod
     def of(cls, cfg: TrainConfig, model, tokenizer) -> "RunShape":
-        g, eos = cfg.gconfig, (tokenizer.eos_token_id,)
+        g, eos = cfg.gconfig, stop_ids(tokenizer)
+        if len(eos) > 1:
+            names = tokenizer.convert_ids_to_tokens(list(eos))
+            logging.getLogger(__name__).info(
+                "generation stops at %s, the chat template's end of turn, and at the eos %s", names[0], names[1]
+            )
         max_len = context_len(cfg.rollout, model.config.max_position_embeddings, g.max_new_tokens)
         if g.max_new_tokens >= max_len:
             raise ConfigError(

@@ -188,3 +188,27 @@ def test_init_model_corpus_reads_content_parts_and_json_text_conversations():
     }
     assert row_texts(parts) == ["What is two plus two?", "Four."]
     assert row_texts({"messages": '[{"role": "user", "content": "hi"}]'}) == ["hi"]
+
+
+def test_the_end_of_a_turn_comes_from_the_chat_template_not_the_eos():
+    """A checkpoint whose eos is not the template's end of turn (Qwen2.5 base: eos <|endoftext|>, turns closed by
+    <|im_end|>) was fine-tuned to end with eos and so never stopped where the template expects (issue 44): SFT
+    targets end with the template's token, and generation stops at it (then at the eos too)."""
+    import copy
+
+    from asyncrl.commands.sft.examples import sft_example
+    from asyncrl.data.formats import stop_ids, turn_end_id
+    from asyncrl.models.hf import load_tokenizer
+
+    shipped = load_tokenizer("builtin:tiny-sft")  # eos is <|im_end|>, the template's: nothing changes
+    assert turn_end_id(shipped) == shipped.eos_token_id and stop_ids(shipped) == (shipped.eos_token_id,)
+    base = copy.deepcopy(shipped)
+    base.eos_token = "<|endoftext|>"
+    im_end, endoftext = base.convert_tokens_to_ids("<|im_end|>"), base.convert_tokens_to_ids("<|endoftext|>")
+    assert base.eos_token_id == endoftext != im_end
+    assert turn_end_id(base) == im_end and stop_ids(base) == (im_end, endoftext)
+    ids, prompt_len = sft_example(base, "Compute 2 + 3.", "The answer is 5.")
+    assert ids[-1] == im_end and ids[prompt_len:-1] == base("The answer is 5.", add_special_tokens=False).input_ids
+    plain = copy.deepcopy(shipped)
+    plain.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # no special token after a turn
+    assert turn_end_id(plain) == plain.eos_token_id

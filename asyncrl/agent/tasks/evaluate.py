@@ -18,6 +18,7 @@ from asyncrl.agent.chat import ChatRenderer
 from asyncrl.agent.client import InProcessClient
 from asyncrl.agent.proxy import AgentProxy
 from asyncrl.agent.workflow import LATENCY_OPTIONS, outcome_score
+from asyncrl.data.formats import stop_ids
 from asyncrl.types import SamplingParams, WeightUpdate
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer, model = load_tokenizer(args.model), load_model(args.model)
     max_len = min(model.config.max_position_embeddings, 1024)
     params = SamplingParams(
-        max_new_tokens=args.max_new_tokens, greedy=not args.sample, stop_token_ids=(tokenizer.eos_token_id,)
+        max_new_tokens=args.max_new_tokens, greedy=not args.sample, stop_token_ids=stop_ids(tokenizer)
     )
     engine = LocalEngine(model, max_slots=64, max_len=max_len, stop_token_ids=params.stop_token_ids).start()
     try:

@@ -24,8 +24,9 @@ class AgentTask:
 
     def __init__(self, tokenizer, tools: list[dict] | None, episode: str):
         from asyncrl.agent.chat import ChatRenderer
+        from asyncrl.data.formats import turn_end_id
 
-        self.renderer = ChatRenderer(tokenizer, tokenizer.eos_token_id)
+        self.renderer = ChatRenderer(tokenizer, turn_end_id(tokenizer))
         self.tokenizer, self.tools, self.episode = tokenizer, tools, episode
 
     def example(self, item: dict) -> tuple[list[int], list[int]]:
@@ -34,9 +35,9 @@ class AgentTask:
         return transcript_ids(self.renderer, item["transcript"], self.tools)
 
     def scorer(self, items: list[dict], max_new_tokens: int, max_len: int) -> "_AgentScorer":
-        params = SamplingParams(
-            max_new_tokens=max_new_tokens, greedy=True, stop_token_ids=(self.tokenizer.eos_token_id,)
-        )
+        from asyncrl.data.formats import stop_ids
+
+        params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, stop_token_ids=stop_ids(self.tokenizer))
         return _AgentScorer(self, items, params, max_len)
 
 

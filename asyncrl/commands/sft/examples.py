@@ -11,7 +11,7 @@ import torch
 
 from asyncrl.commands.sft.state import METRICS_FILE
 from asyncrl.configlib import ConfigError
-from asyncrl.data.formats import chat_prompt_ids
+from asyncrl.data.formats import chat_prompt_ids, turn_end_id
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +21,11 @@ Example = tuple[list[int], "int | list[int]"]  # (token ids, number of prompt to
 
 
 def sft_example(tokenizer, question: str, answer: str, prompt_ids: list[int] | None = None) -> tuple[list[int], int]:
-    """(token ids of prompt + answer + eos, number of prompt tokens); ``prompt_ids`` if already tokenised."""
+    """(token ids of prompt + answer + the template's end of turn, number of prompt tokens); ``prompt_ids`` if
+    already tokenised. The end of turn is the token the chat template closes an assistant turn with, which the
+    run's generation stops at (asyncrl.data.formats.turn_end_id), not always the tokenizer's eos."""
     prompt = prompt_ids or chat_prompt_ids(tokenizer, question)
-    target = tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    target = tokenizer(answer, add_special_tokens=False).input_ids + [turn_end_id(tokenizer)]
     return prompt + target, len(prompt)
 
 

@@ -33,7 +33,7 @@ from asyncrl.commands.sft.state import (
 from asyncrl.config import SFTConfig
 from asyncrl.configlib import ConfigError
 from asyncrl.data.config import dataset_from_config
-from asyncrl.data.formats import item_prompt_ids
+from asyncrl.data.formats import item_prompt_ids, stop_ids
 from asyncrl.loop.evaluate import evaluate
 from asyncrl.loop.lock import RunDirLock
 from asyncrl.loop.stop import StopAtStep, StopRequested
@@ -247,7 +247,7 @@ class _Scorer:
         self.tokenizer, self.context = tokenizer, context
         self.items = _eval_items(valid, tokenizer, context - cfg.gconfig.max_new_tokens)
         self.params = SamplingParams(
-            max_new_tokens=cfg.gconfig.max_new_tokens, greedy=True, stop_token_ids=(tokenizer.eos_token_id,)
+            max_new_tokens=cfg.gconfig.max_new_tokens, greedy=True, stop_token_ids=stop_ids(tokenizer)
         )
         if not cfg.reward.fn and default_fn is math_reward and any(not it.get("answer") for it in self.items):
             log.warning(
