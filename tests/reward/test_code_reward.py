@@ -20,6 +20,8 @@ from asyncrl.reward.code_reward import (
     values_match,
 )
 
+from timing_for_tests import loaded
+
 LIMITS = dict(cpu_s=1.0, wall_s=2.0)  # code_reward: cpu_s=1 and wall_s=2 per case
 STDIO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6\n"}]
 CALL_TESTS = {"fn_name": "add", "inputs": [[1, 2], [5, 7], [0, 0]], "outputs": [3, 12, 0]}
@@ -113,7 +115,7 @@ def test_a_timeout_scores_zero_and_stops_after_one_case():
     tests = [{"input": str(i), "output": "x"} for i in range(5)]
     t0 = time.monotonic()
     assert code_reward("q", fence("while True:\n    pass"), tests=tests, **LIMITS) == 0.0
-    assert time.monotonic() - t0 < 2 * LIMITS["wall_s"] + 1  # not 5 x the limit
+    assert time.monotonic() - t0 < loaded(2 * LIMITS["wall_s"] + 1)  # not 5 x the limit
 
 
 def test_slow_failures_do_not_skip_the_remaining_cases():

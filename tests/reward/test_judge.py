@@ -15,6 +15,7 @@ from asyncrl.reward.config import RewardConfig
 from asyncrl.reward.judge import _CACHE, Judge, JudgeAmbiguous, JudgedReward, JudgeError
 
 from judges_for_tests import rule_judge
+from timing_for_tests import loaded
 
 ITEM = {"id": 3, "question": "Compute 2 + 2.", "answer": "4"}
 
@@ -406,7 +407,7 @@ def test_timeout_s_bounds_the_whole_request_of_a_judge_that_trickles(where):
         start = time.monotonic()
         with pytest.raises(JudgeError, match="no whole answer within 1 s"):
             Judge(url, timeout_s=1.0, retries=0)("q", "r", "4")
-        assert time.monotonic() - start < 3.0
+        assert time.monotonic() - start < loaded(3.0)
     with _raw_judge(_drip(HEAD + BODY, 0.001)) as url:  # slow but within the deadline: read whole
         assert Judge(url, timeout_s=10.0, retries=0)("q", "r", "4") == pytest.approx(0.7)
 

@@ -9,6 +9,8 @@ pytest.importorskip("math_verify")
 
 from asyncrl.reward.math_reward import as_number, clean, final_answer, gold_answer, last_boxed, math_reward  # noqa: E402
 
+from timing_for_tests import loaded
+
 GSM8K_GOLD = "Natalie has 3 + 2 = <<3+2=5>>5 boxes.\nShe has 5 * 4 = <<5*4=20>>20 pens.\n#### 20"
 MATH_GOLD = "We rationalise: $\\frac{1}{\\sqrt{2}} = \\boxed{\\frac{\\sqrt{2}}{2}}$."
 
@@ -136,4 +138,4 @@ def test_time_per_call_is_bounded():
     """A power tower would make sympy run for ever; math-verify's alarm stops it (main thread)."""
     t0 = time.monotonic()
     assert math_reward("q", "\\boxed{9^{9^{9^{9}}}}", answer="5", timeout_s=1) == 0.0
-    assert time.monotonic() - t0 < 6
+    assert time.monotonic() - t0 < loaded(6)

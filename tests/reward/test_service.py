@@ -15,6 +15,7 @@ from asyncrl import configlib
 from asyncrl.reward import BoundReward, RewardService
 
 from data_fixtures import reward_fns
+from timing_for_tests import loaded
 
 ITEM = {"id": 7, "question": "q", "answer": "42", "prompt_ids": [1, 2, 3]}
 
@@ -77,7 +78,7 @@ def test_hanging_reward_times_out_and_its_worker_is_replaced(service_factory):
     old = s.worker_pids()
     t0 = time.monotonic()
     assert s.score(ITEM, "x") == 0.0 and first == 0.0
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < loaded(5)
     stats = s.stats()
     assert stats["reward_timeouts"] == 2 and stats["reward_errors"] == 0 and stats["reward_worker_restarts"] >= 1
     assert _gone(old) or s.worker_pids() != old
@@ -92,7 +93,7 @@ def test_concurrent_calls_overlap(service_factory):
 
     t0 = time.monotonic()
     assert asyncio.run(both()) == [0.0, 0.0]
-    assert time.monotonic() - t0 < 2 * 1.0 + 1.5  # two workers: the timeouts overlap
+    assert time.monotonic() - t0 < loaded(2 * 1.0 + 1.5)  # two workers: the timeouts overlap
     assert s.stats()["reward_timeouts"] == 3
 
 

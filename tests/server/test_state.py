@@ -16,6 +16,7 @@ from asyncrl.types import WeightUpdate
 from asyncrl.weights.wire import write_weights
 
 from servers_for_tests import HEALTH_BOUND_S, greedy, health_watch, serving
+from timing_for_tests import loaded
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_a_join_with_an_unreachable_master_fails_within_the_group_timeout(model,
         destroy, destroy_s = answers["destroy"]
         assert init.status_code == 400 and "127.0.0.1" in init.text and init_s < 1.5 + 1.0, (init.text, init_s)
         assert destroy.status_code == 200 and destroy_s < 0.5
-        assert max(times) < HEALTH_BOUND_S, times
+        assert max(times) < loaded(HEALTH_BOUND_S), times
         name, shape = next(iter(state.engine.weight_shapes.items()))  # a real tensor: it gets as far as the group
         r = httpx.post(
             f"{url}/update_weights_from_distributed",
