@@ -51,6 +51,7 @@ from asyncrl.loop.rollout import RolloutRunner
 from asyncrl.loop.staleness import AutoStaleness, FixedStaleness
 from asyncrl.models.hf import load_model, load_tokenizer
 from asyncrl.reward import build_reward_service
+from asyncrl.telemetry.load import MachineLoad
 from asyncrl.telemetry.metrics import Console, MetricsLogger, StepMeter
 from asyncrl.telemetry.timeline import Timeline
 from asyncrl.telemetry.watchdog import LiveVerdict, Watchdog
@@ -281,6 +282,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
                 buffer.stats,
                 data.stats,
                 *([workflow.stats] if isinstance(workflow, Counted) else []),
+                MachineLoad(),  # what else the machine ran, per step (the verdict says it first)
             ],
             sources=data.source_of,
             decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),

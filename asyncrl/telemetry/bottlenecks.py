@@ -1,6 +1,7 @@
-"""The verdict's bottleneck rules: where a run's time goes (trainer-bound, generator-bound, tool-bound,
-sync-bound, eval/checkpoint-bound, reward-bound, long-tail-bound), each finding with the share of step time its
-change is expected to save (``gain``); docs/report.md lists the rules and their thresholds."""
+"""The verdict's bottleneck rules: a machine busy with other work (said first), then where a run's time goes
+(trainer-bound, generator-bound, tool-bound, sync-bound, eval/checkpoint-bound, reward-bound, long-tail-bound),
+each finding with the share of step time its change is expected to save (``gain``); docs/report.md lists the
+rules and their thresholds."""
 
 from __future__ import annotations
 
@@ -22,12 +23,38 @@ LONG_TAIL = 4.0  # the longest response was this many times the mean while the t
 THREADS_GAIN = 0.4
 
 
+BUSY_CORES = 0.5  # processes outside the run kept this many cores busy on average: the machine was not the run's
+STEAL = 0.1  # the hypervisor took this share of the machine's time
+
+
+def machine_busy(steps: list[dict]) -> Finding | None:
+    """The machine's load, said before the run is blamed for its speed (asyncrl.telemetry.load): its gain is the
+    largest, so it heads the verdict."""
+    other = [r["machine_other_cores"] for r in steps if finite(r.get("machine_other_cores")) is not None]
+    steal = [r["machine_steal_frac"] for r in steps if finite(r.get("machine_steal_frac")) is not None]
+    if not other:
+        return None
+    cores, stolen = sum(other) / len(other), sum(steal) / len(steal) if steal else 0.0
+    if cores < BUSY_CORES and stolen < STEAL:
+        return None
+    return Finding(
+        "machine busy",
+        "bottleneck",
+        f"processes outside the run kept {cores:.1f} cores busy on average during its steps"
+        + (f", and the hypervisor took {stolen:.0%} of the machine's time (steal)" if stolen >= 0.01 else ""),
+        "the step times are not the run's alone: run it alone on the machine (or give it cores of its own) before "
+        "acting on the rest of this verdict",
+        1.0,
+    )
+
+
 def bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
     if not acc.steps or not acc.measured("trainer"):
         return []
     t, g = acc.fractions("trainer"), acc.fractions("gen")
     max_staleness = s.get("max_staleness")
-    out = []
+    busy_machine = machine_busy(steps)
+    out = [busy_machine] if busy_machine is not None else []
     busy = 1.0 - t["wait"]
     if g["idle_gate"] >= GATE_IDLE and t["wait"] < TRAINER_WAIT:
         compute = t["recompute"] + t["fwd_bwd"] + t["optim"]  # what more threads or ranks make faster
