@@ -32,7 +32,8 @@ class ActorConfig:
     beta2: float = 0.99
     """AdamW beta2."""
     warmup_steps: int = 0
-    """Linear learning-rate warm-up steps (then constant)."""
+    """Linear learning-rate warm-up steps; then constant in asyncrl train, a cosine decay to 10% of actor.lr
+    in asyncrl sft and asyncrl rm."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm (0 = off)."""
     mb_max_tokens: int = 8192
