@@ -65,6 +65,11 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
             "asyncrl rm"
         )
 
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    if not trained:  # asyncrl rm: the new score head and the unused lm_head are expected, not a load report
+        hf_logging.set_verbosity_error()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True)
@@ -73,6 +78,8 @@ def load_reward_model(path: str, device: str = "cpu", key: str = "reward.model",
             f"{key}: cannot load a sequence-classification model from '{path}': "
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         ) from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
     new_head = sorted(k for k in info.get("missing_keys", ()) if k.split(".")[0] in ("score", "classifier"))
     if trained and new_head:
         raise ConfigError(
