@@ -10,7 +10,6 @@ are saved to ``OUTPUT_DIR``.
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 import random
@@ -40,7 +39,7 @@ def read_pairs(path: str) -> list[Pair]:
     if not file.is_file():
         raise ConfigError(f"train_dataset.path: no file '{path}' (asyncrl rm reads JSONL preference pairs)")
     try:
-        raw = file.read_bytes().removeprefix(codecs.BOM_UTF8)
+        raw = file.read_bytes()
     except OSError as e:
         raise ConfigError(f"train_dataset.path: cannot read '{path}' ({e.strerror or e})") from None
     pairs = []

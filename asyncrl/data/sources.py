@@ -78,7 +78,7 @@ def read_rows(path: Path, split: str, key: str) -> Iterator[Row | RowError]:
     elif path.suffix == ".parquet":
         yield from _parquet_rows(path, key)
     elif path.suffix in (".jsonl", ".json", ".ndjson"):
-        yield from json_lines(path, _read_bytes(path, key).removeprefix(codecs.BOM_UTF8))
+        yield from json_lines(path, _read_bytes(path, key))
     else:
         raise ConfigError(f"{key}: cannot read '{path}': expected .jsonl, .json, .parquet or a datasets directory")
 
@@ -122,7 +122,9 @@ def _read_bytes(path: Path, key: str) -> bytes:
 
 
 def json_lines(path: Path, raw: bytes) -> Iterator[Row | RowError]:
-    """The rows of a JSON Lines file's bytes (a ``.json`` array too), a bad line a RowError naming it."""
+    """The rows of a JSON Lines file's bytes (a ``.json`` array too; a byte-order mark first is dropped), a bad
+    line a RowError naming it."""
+    raw = raw.removeprefix(codecs.BOM_UTF8)
     if path.suffix == ".json" and raw.lstrip().startswith(b"["):
         yield from _json_array_rows(path, raw)
         return

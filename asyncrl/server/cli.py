@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = parser
     p.add_argument("--model", required=True, help="checkpoint directory or builtin:NAME")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=30000, help="port to listen on (default 30000; 0 = a free one)")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on, 1..65535 (default 30000)")
     p.add_argument("--max-slots", type=int, default=64, help="sequences decoded at once")
     p.add_argument(
         "--max-len",
