@@ -11,8 +11,9 @@ import torch
 from conftest import make_model
 
 
-def varied_batch(n_groups=5, seed=0):
-    """Groups of 3 samples with different lengths and rewards (5 groups over 2 ranks: uneven)."""
+def varied_batch(n_groups=5, seed=0, shared=False):
+    """Groups of 3 samples with different lengths and rewards (5 groups over 2 ranks: uneven); with ``shared`` the
+    samples of a group have its prompt in common."""
     from asyncrl.data.collate import collate
     from asyncrl.types import Trajectory, TrajectoryGroup
 
@@ -21,7 +22,8 @@ def varied_batch(n_groups=5, seed=0):
     for k in range(n_groups):
         trajs = []
         for j in range(3):
-            p = torch.randint(1, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+            if not (shared and j):
+                p = torch.randint(1, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
             o = torch.randint(1, 300, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
             trajs.append(Trajectory(p, o, [-1.5] * len(o), [0] * len(o), float((k + j) % 3)))
         groups.append(TrajectoryGroup(trajs))
@@ -82,6 +84,7 @@ PARALLEL_CASES = {
     # 5 groups in 4 minibatches over 2 ranks: a rank holds none of some minibatch (it crashed)
     "four-minibatches": {"ppo_n_minibatches": 4, "sgd": True},
     "padded-micro-batches": {"pack": False, "mb_max_tokens": 24},
+    "shared-prefix": {"shared_prefix": True},  # on varied_batch(shared=True): each group's prompt computed once
 }
 """ranked_trainer's options of each case test_parallel compares (SGD for two minibatches: see ranked_trainer)."""
 
@@ -96,7 +99,7 @@ def _parallel_cases(rank, world, mode, out):
     for name, kw in PARALLEL_CASES.items():
         trainer = ranked_trainer(dp, **dict(kw))
         trainer.gather_weights()
-        shard = split(varied_batch(), world)[rank]
+        shard = split(varied_batch(shared=kw.get("shared_prefix", False)), world)[rank]
         stats = trainer.step(shard)
         trainer.gather_weights()
         all_stats = dp.gather(stats)

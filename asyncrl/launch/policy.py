@@ -85,6 +85,8 @@ def policy_trainer(
         init_path=init_path,
         threads=threads,
     )
+    if trainer.sharing_off:
+        log.info("actor.shared_prefix: off, %s: every sample computes its own prefix", trainer.sharing_off)
     if resume is not None:
         restore_training_state(trainer, resume)
     return trainer

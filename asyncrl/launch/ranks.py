@@ -32,7 +32,7 @@ RANK_ENV = "ASYNCRL_RAY_RANK"
 """Set (to the rank) in the trainer processes the Ray launcher starts: ``train()`` there runs that rank."""
 RESUME_ENV = "ASYNCRL_RESUME"
 """Set by the process that starts the other ranks: the checkpoint every rank resumes from ("" = none)."""
-SUMMED = ("loss", "train_tokens", "value_loss")
+SUMMED = ("loss", "train_tokens", "train_positions", "value_loss")
 TAKEN_FROM_RANK_0 = ("grad_norm", "lr", "critic_grad_norm", "train_recompute_s", "train_fwd_bwd_s", "train_optim_s")
 MAXIMUM = ("train_time_s", "nonfinite_skipped")
 

@@ -75,6 +75,7 @@ def build_trainer(
         ppo_n_minibatches=cfg.ppo_n_minibatches,
         ppo_epochs=cfg.ppo_epochs,
         pack_sequences=cfg.pack_sequences,
+        shared_prefix=cfg.shared_prefix,
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,

@@ -42,6 +42,12 @@ class ActorConfig:
     pack_sequences: bool = True
     """Pack samples into shared rows (first-fit-decreasing, position ids restarting per sample, attention kept
     within each sample) so that padding becomes real tokens; same loss as the padded layout to 1e-6."""
+    shared_prefix: bool = True
+    """Compute each shared token prefix once (a group's prompt, an agent's history, any identical leading
+    tokens): the samples of a micro-batch are laid out as prefix trees under a tree attention mask, and the
+    gradient through a shared position is the sum of its continuations'; the same loss, gradient and log-probs
+    as without (to 1e-5), in every pass (policy, proximal, reference, critic). Turned off, said at start-up,
+    where the model's attention takes no tree mask (FlashAttention). docs/algorithms.md "Shared prefixes"."""
     ppo_n_minibatches: int = 1
     """Optimizer steps per training batch, each on a share of its groups (whole groups, dealt in a random order
     fixed by the step number); with 1, the proximal policy equals the current one (no extra forward pass)."""

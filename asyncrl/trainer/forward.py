@@ -1,6 +1,7 @@
 """How the trainer runs a batch through a model: the batch cut into micro-batches of at most ``mb_max_tokens``
-positions, each laid out padded (one sample a row) or packed (several samples a row, each attending to itself
-only: :mod:`asyncrl.trainer.packing`), on the training device under autocast; outputs come back in the padded
+positions, each laid out padded (one sample a row), packed (several samples a row, each attending to itself
+only: :mod:`asyncrl.trainer.packing`) or shared (samples with a common prefix as a prefix tree, each shared
+position computed once: :mod:`asyncrl.trainer.sharing`), on the training device under autocast; outputs come back in the padded
 layout (rows, T_mb - 1) whatever the layout was: the log-probs of the targets at the engine's sampling
 distribution (temperature, top-k, top-p: :mod:`asyncrl.trainer.logprobs`), their entropy, the last hidden states.
 
@@ -19,6 +20,7 @@ from asyncrl.cluster.cores import use_threads
 from asyncrl.cluster.parallel import DataParallel
 from asyncrl.trainer.logprobs import logprobs_from_logits
 from asyncrl.trainer.packing import micro_batches, pack, packed_forward, plan_micro_batches, unpack
+from asyncrl.trainer.sharing import ROW_TOKENS, lay_out, plan_shared, shared_forward, to_padded
 from asyncrl.types import Batch
 
 
@@ -31,6 +33,7 @@ class Outputs:
     hidden: torch.Tensor | None
     target_len: int
     slots: int  # token positions the forward pass computed (padding included)
+    positions: int = 0  # of which hold a token (a shared prefix counted once)
 
 
 MicroBatch = tuple[list[int], torch.Tensor, list[list[int]]]
@@ -58,7 +61,7 @@ def _last_hidden(out) -> torch.Tensor:
 @dataclass
 class Forward:
     """The trainer's forward passes, as plain settings: ``device``, micro-batches of at most ``mb_max_tokens``
-    positions, ``pack_sequences``, the sampling distribution the log-probs are taken at, ``autocast_dtype``, the
+    positions, ``pack_sequences``, ``shared_prefix`` (rows of prefix trees of at most ``row_tokens``), the sampling distribution the log-probs are taken at, ``autocast_dtype``, the
     ranks (``dp``) and ``threads`` (torch threads for the next micro-batch, asked before each)."""
 
     device: torch.device
@@ -70,6 +73,8 @@ class Forward:
     autocast_dtype: torch.dtype | None = None
     dp: DataParallel | None = None
     threads: Callable[[], int] | None = None
+    shared_prefix: bool = False
+    row_tokens: int = ROW_TOKENS
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -92,8 +97,11 @@ class Forward:
             logits = model(input_ids=torch.zeros(1, 2, dtype=torch.long, device=self.device), use_cache=False).logits
         return logits.float().sum() * 0.0
 
-    def plan(self, lengths: list[int]) -> list[list[list[int]]]:
-        """Micro-batches as lists of rows of indices into ``lengths`` (padded: one sample per row)."""
+    def plan(self, lengths: list[int], seqs: list[list[int]] | None = None) -> list[list[list[int]]]:
+        """Micro-batches as lists of rows of indices into ``lengths`` (padded: one sample per row; shared: rows of
+        prefix trees of the token sequences ``seqs``)."""
+        if self.shared_prefix and seqs is not None:
+            return plan_shared(seqs, self.mb_max_tokens, self.row_tokens)
         if self.pack_sequences:
             return plan_micro_batches(lengths, self.mb_max_tokens)
         return [[[i] for i in mb] for mb in micro_batches(lengths, self.mb_max_tokens)]
@@ -102,8 +110,9 @@ class Forward:
         """Each micro-batch of the samples ``rows`` (:data:`MicroBatch`), then ``None`` for the empty passes that
         bring this rank to the most micro-batches of any rank."""
         lengths = batch.attention_mask[torch.tensor(rows, dtype=torch.long)].sum(-1).tolist()
+        seqs = [batch.input_ids[r, :n].tolist() for r, n in zip(rows, lengths)] if self.shared_prefix else None
         plan = []
-        for mb in self.plan(lengths) if rows else []:
+        for mb in self.plan(lengths, seqs) if rows else []:
             flat = [i for row in mb for i in row]
             local, start = [], 0
             for row in mb:
@@ -123,20 +132,37 @@ class Forward:
         entropy: bool = False,
         hidden: bool = False,
     ) -> Outputs:
-        """One micro-batch (samples ``ids`` of ``batch``, packed as ``rows`` of indices into ``ids`` when
-        packing) through ``model``, outputs in the padded layout (len(ids), T_mb - 1). A micro-batch whose
-        rows hold one sample each runs padded: the same layout, with a cheaper attention mask."""
+        """One micro-batch (samples ``ids`` of ``batch``, in ``rows`` of indices into ``ids`` when packing or
+        sharing) through ``model``, outputs in the padded layout (len(ids), T_mb - 1). A micro-batch whose rows
+        hold one sample each runs padded: the same layout, with a cheaper attention mask; one whose samples share
+        no prefix runs packed when packing is on."""
         lengths = batch.attention_mask[ids].sum(-1).tolist()
         T = max(lengths)
         input_ids = self.dev(batch.input_ids[ids, :T])
         kwargs = {"output_hidden_states": True} if hidden and logprobs else {}
+        several = rows is not None and any(len(row) > 1 for row in rows)
+        shared = lay_out(input_ids, lengths, rows) if self.shared_prefix and several else None
+        if shared is not None and shared.positions == sum(lengths) and self.pack_sequences:
+            shared = None  # nothing in common: packing computes the same positions with the model's own mask
         with self.autocast():
-            if self.pack_sequences and rows is not None and any(len(row) > 1 for row in rows):
+            if shared is not None:
+                out = shared_forward(model, shared, **kwargs)
+                targets, slots, positions = shared.targets, shared.n_slots, shared.positions
+
+                def pick(x):  # (R, W, ...) -> (K, ...): the input position of each target
+                    return x[shared.src]
+
+                def back(x):  # (K, ...) -> (rows, T-1, ...)
+                    return to_padded(x, shared)
+            elif self.pack_sequences and several:
                 packed = pack(input_ids, lengths, rows)
                 out = packed_forward(model, packed, **kwargs)
-                targets, slots = packed.input_ids[:, 1:], packed.n_slots
+                targets, slots, positions = packed.input_ids[:, 1:], packed.n_slots, sum(lengths)
 
-                def to_padded(x):  # (R, W-1, ...) packed targets -> (rows, T-1, ...)
+                def pick(x):
+                    return x[:, :-1]
+
+                def back(x):  # (R, W-1, ...) packed targets -> (rows, T-1, ...)
                     return unpack(x, packed)
             else:
                 out = model(
@@ -145,23 +171,26 @@ class Forward:
                     use_cache=False,
                     **kwargs,
                 )
-                targets, slots = input_ids[:, 1:], input_ids.numel()
+                targets, slots, positions = input_ids[:, 1:], input_ids.numel(), sum(lengths)
                 valid = self.dev(batch.attention_mask[ids, 1:T]).bool()  # targets that exist (not padding)
 
-                def to_padded(x):  # zero beyond each sample, as the packed layout leaves it
+                def pick(x):
+                    return x[:, :-1]
+
+                def back(x):  # zero beyond each sample, as the packed layout leaves it
                     v = valid.reshape(valid.shape + (1,) * (x.dim() - 2))
                     return torch.where(v, x, torch.zeros((), dtype=x.dtype))
 
             logp = ent = h = None
             if logprobs:
                 logp, ent = logprobs_from_logits(
-                    out.logits[:, :-1], targets, self.temperature, entropy, self.top_p, self.top_k
+                    pick(out.logits), targets, self.temperature, entropy, self.top_p, self.top_k
                 )
-                logp = to_padded(logp)
-                ent = None if ent is None else to_padded(ent)
+                logp = back(logp)
+                ent = None if ent is None else back(ent)
             if hidden:
-                h = to_padded(_last_hidden(out)[:, :-1])
-        return Outputs(logp, ent, h, T - 1, slots)
+                h = back(pick(_last_hidden(out)))
+        return Outputs(logp, ent, h, T - 1, slots, positions)
 
     @torch.no_grad()
     def gather(

@@ -37,6 +37,7 @@ from asyncrl.trainer import state
 from asyncrl.trainer.critic import ValueHead, critic_step
 from asyncrl.trainer.forward import Forward, Outputs
 from asyncrl.trainer.packing import check_packing
+from asyncrl.trainer.sharing import sharing_problem
 from asyncrl.trainer.state import update_norm
 from asyncrl.types import Batch
 
@@ -74,6 +75,7 @@ class PolicyTrainer:
         ppo_n_minibatches: int = 1,
         ppo_epochs: int = 1,
         pack_sequences: bool = False,
+        shared_prefix: bool = False,
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
@@ -94,6 +96,8 @@ class PolicyTrainer:
         if pack_sequences:
             check_packing(model.eval())  # without dropout (LoRA's), which would make the comparison random
             model.train()
+        self.sharing_off = sharing_problem(model.eval()) if shared_prefix else None  # why it cannot share, if so
+        model.train()
         self.model = model if dp is None else dp.wrap(model)  # what runs forward and backward
         self.algo = algo or Algorithm()
         self.ref_model = ref_model  # a frozen model, or a callable one (AdaptersOff: the policy without LoRA)
@@ -123,7 +127,16 @@ class PolicyTrainer:
         self.n_minibatches, self.ppo_epochs = ppo_n_minibatches, ppo_epochs
         # micro-batches, their layout, and the log-probs at the engine's sampling distribution
         self.forward = Forward(
-            self.device, mb_max_tokens, pack_sequences, temperature, top_p, top_k, autocast_dtype, dp, threads
+            self.device,
+            mb_max_tokens,
+            pack_sequences,
+            temperature,
+            top_p,
+            top_k,
+            autocast_dtype,
+            dp,
+            threads,
+            shared_prefix=shared_prefix and self.sharing_off is None,
         )
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step
@@ -196,12 +209,15 @@ class PolicyTrainer:
         for key in [k for k in totals if k.endswith("_max")]:
             stats[key] = totals.pop(key)
         slots, real = totals.pop("_slots", 0.0), totals.pop("_real", 0.0)
+        positions = totals.pop("_positions", 0.0)
         stats.update({k: v / tok for k, v in totals.items()})
         stats["lr"] = lr
         mask = batch.loss_mask
         n_tok = float(mask.sum())
         stats["adv_abs_mean"] = float((advantages.abs() * mask).sum() / max(n_tok, 1.0))
-        stats["pack_efficiency"] = real / slots if slots else 0.0  # real tokens / positions computed
+        stats["pack_efficiency"] = positions / slots if slots else 0.0  # positions holding a token / computed
+        stats["train_positions"] = slots  # positions the policy's forward passes computed, padding included
+        stats["prefix_shared_frac"] = 1.0 - positions / real if real else 0.0  # tokens not recomputed: shared
         stats["train_time_s"] = time.perf_counter() - t0
         stats["train_recompute_s"] = recompute_s  # the no-grad passes: proximal and reference log-probs, values
         stats["train_fwd_bwd_s"] = minibatches_s - self.optim_s
@@ -311,6 +327,7 @@ class PolicyTrainer:
         totals["entropy"] = totals.get("entropy", 0.0) + float((out.entropy * inputs.mask).sum())
         totals["_tokens"] = totals.get("_tokens", 0.0) + mb_tok
         totals["_slots"] = totals.get("_slots", 0.0) + out.slots
+        totals["_positions"] = totals.get("_positions", 0.0) + out.positions
         totals["_real"] = totals.get("_real", 0.0) + float(batch.attention_mask[ids].sum())
         return float(loss.detach())
 

@@ -20,7 +20,7 @@ def test_two_ranks_give_the_update_of_one(mode, case, two_trainer_ranks):
     torch.manual_seed(0)
     single = ranked_trainer(**dict(kw))
     before = {k: v.clone() for k, v in single.state_dict().items()}
-    stats = single.step(varied_batch())
+    stats = single.step(varied_batch(shared=kw.get("shared_prefix", False)))
     weights, parallel_stats = two_trainer_ranks[f"{case}-{mode}"]
     moved = 0.0
     for name, w in single.state_dict().items():
@@ -34,6 +34,8 @@ def test_two_ranks_give_the_update_of_one(mode, case, two_trainer_ranks):
     assert moved > 1e-6  # the update was not empty
     assert parallel_stats["loss"] == pytest.approx(stats["loss"], abs=1e-5)
     assert parallel_stats["train_tokens"] == stats["train_tokens"]
+    if kw.get("shared_prefix"):
+        assert stats["prefix_shared_frac"] > 0.1 and parallel_stats["prefix_shared_frac"] > 0.1
 
 
 def test_shards_are_whole_groups_balanced_by_tokens():
