@@ -1,8 +1,8 @@
 """How the trainer runs a batch through a model: the batch cut into micro-batches of at most ``mb_max_tokens``
 positions, each laid out padded (one sample a row), packed (several samples a row, each attending to itself
 only: :mod:`asyncrl.trainer.packing`) or shared (samples with a common prefix as a prefix tree, each shared
-position computed once: :mod:`asyncrl.trainer.sharing`), on the training device under autocast; outputs come back in the padded
-layout (rows, T_mb - 1) whatever the layout was: the log-probs of the targets at the engine's sampling
+position computed once: :mod:`asyncrl.trainer.sharing`), on the training device under autocast; outputs come
+back in the padded layout (rows, T_mb - 1) whatever the layout was: the log-probs of the targets at the engine's sampling
 distribution (temperature, top-k, top-p: :mod:`asyncrl.trainer.logprobs`), their entropy, the last hidden states.
 
 Several trainer ranks make the same collective calls whatever their share of the batch: a rank with fewer
@@ -61,8 +61,9 @@ def _last_hidden(out) -> torch.Tensor:
 @dataclass
 class Forward:
     """The trainer's forward passes, as plain settings: ``device``, micro-batches of at most ``mb_max_tokens``
-    positions, ``pack_sequences``, ``shared_prefix`` (rows of prefix trees of at most ``row_tokens``), the sampling distribution the log-probs are taken at, ``autocast_dtype``, the
-    ranks (``dp``) and ``threads`` (torch threads for the next micro-batch, asked before each)."""
+    positions, ``pack_sequences``, the sampling distribution the log-probs are taken at, ``autocast_dtype``, the
+    ranks (``dp``), ``threads`` (torch threads for the next micro-batch, asked before each), ``shared_prefix``
+    (rows of prefix trees of at most ``row_tokens`` positions)."""
 
     device: torch.device
     mb_max_tokens: int = 8192
