@@ -2,8 +2,9 @@
 positions, each laid out padded (one sample a row), packed (several samples a row, each attending to itself
 only: :mod:`asyncrl.trainer.packing`) or shared (samples with a common prefix as a prefix tree, each shared
 position computed once: :mod:`asyncrl.trainer.sharing`), on the training device under autocast; outputs come
-back in the padded layout (rows, T_mb - 1) whatever the layout was: the log-probs of the targets at the engine's sampling
-distribution (temperature, top-k, top-p: :mod:`asyncrl.trainer.logprobs`), their entropy, the last hidden states.
+back in the padded layout (rows, T_mb - 1) whatever the layout was: the log-probs of the targets at the engine's
+sampling distribution (temperature, top-k, top-p: :mod:`asyncrl.trainer.logprobs`), their entropy, the last hidden
+states.
 
 Several trainer ranks make the same collective calls whatever their share of the batch: a rank with fewer
 micro-batches than another runs empty passes (``None`` in :meth:`Forward.micro_batches`)."""
