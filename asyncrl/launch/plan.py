@@ -226,7 +226,11 @@ def save_fitted(fitted: Fitted, path: Path) -> Path:
     import yaml
 
     data = yaml.safe_load(path.read_text())
-    data["workload"] = {"prompt_tokens": fitted.prompt_tokens, "lengths": dataclasses.asdict(fitted.lengths)}
+    data["workload"] = {
+        "prompt_tokens": fitted.prompt_tokens,
+        "lengths": dataclasses.asdict(fitted.lengths),
+        "positions_x": fitted.positions_x,
+    }
     data["workload"]["lengths"]["values"] = list(fitted.lengths.values)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -239,7 +243,9 @@ def load_fitted(path: Path, cfg: TrainConfig) -> Fitted:
     extra = (yaml.safe_load(path.read_text()) or {}).get("workload") or {}
     lengths = extra.get("lengths") or {"kind": "fixed", "median": cfg.gconfig.max_new_tokens // 2}
     lengths = Lengths(**{**lengths, "values": tuple(lengths.get("values") or ()), "cap": cfg.gconfig.max_new_tokens})
-    return Fitted(profile, lengths, int(extra.get("prompt_tokens", 24)))
+    return Fitted(
+        profile, lengths, int(extra.get("prompt_tokens", 24)), positions_x=float(extra.get("positions_x", 1.0))
+    )
 
 
 def no_grad_passes(actor: dict) -> int:
@@ -281,6 +287,8 @@ def workload(cfg: TrainConfig, fitted: Fitted) -> Workload:
         else ToolLatency(),
         tool_after_last=agent and fitted.tool_after_last,
         fresh_calls=agent and fitted.fresh_calls,
+        shared_prefix=cfg.actor.shared_prefix,
+        positions_x=fitted.positions_x,
         reward_workers=max(1, cfg.reward.workers),
         cpu_split=cfg.cpu_sharing(),
         seed=cfg.seed,

@@ -40,6 +40,7 @@ class Fitted:
     episode_tool_s: float = 0.0  # mean seconds an episode spent outside its LLM calls (agent runs)
     tool_after_last: bool = False  # episodes wait on a tool after their last LLM call too (e.g. a checker)
     fresh_calls: bool = False  # each LLM call of an episode starts a new conversation (retries, votes)
+    positions_x: float = 1.0  # positions the trainer computed over those the prompts' sharing accounts for
 
     @property
     def tool_waits(self) -> float:
@@ -268,8 +269,14 @@ def _train_batch(prompts, lengths, n_samples, groups: int, rng: random.Random | 
     return collate(batch, pad_id=0)
 
 
+def positions_computed(record: dict) -> float:
+    """The positions a step's forward passes computed: its tokens, less those of prefixes shared and computed
+    once (``actor.shared_prefix``)."""
+    return float(record.get("train_tokens") or 0.0) * (1.0 - float(record.get("prefix_shared_frac") or 0.0))
+
+
 def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[float, float]:
-    """(seconds per step, seconds per token) of the configured trainer, fitted on two batch sizes."""
+    """(seconds per step, seconds per position computed) of the configured trainer, fitted on two batch sizes."""
     trainer = make_trainer(copy.deepcopy(model))
     rng = random.Random(0)
     points = []
@@ -279,9 +286,9 @@ def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[floa
         took = []
         for _ in range(2):  # the faster of two: a busy machine slows one step, rarely both
             t0 = time.perf_counter()
-            trainer.step(collated, version=0)
+            stats = trainer.step(collated, version=0)
             took.append(time.perf_counter() - t0)
-        points.append((float(collated.attention_mask.sum()), min(took)))
+        points.append((positions_computed(stats), min(took)))
     (t1, s1), (t2, s2) = points
     slope = (s2 - s1) / (t2 - t1) if t2 > t1 else 0.0
     per_token = slope if slope > 0 else s2 / t2  # noise that hides the slope: the mean cost per token
@@ -333,13 +340,19 @@ def fit_run(
     samples = total("n_samples")
     response = sum(r["n_samples"] * r["response_len_mean"] for r in steps)
     prompt = max(1.0, (total("train_tokens") - response) / max(1.0, samples))
-    per_token = total("trainer_fwd_bwd_s") / max(1.0, total("train_tokens") * max(1, epochs))
-    recomputed = total("trainer_recompute_s") / max(1.0, total("train_tokens") * max(1, passes))  # one pass
+    positions = sum(positions_computed(r) for r in steps)  # a shared prefix once
+    per_token = total("trainer_fwd_bwd_s") / max(1.0, positions * max(1, epochs))
+    recomputed = total("trainer_recompute_s") / max(1.0, positions * max(1, passes))  # one pass
 
     def counted(key):  # a cumulative counter over the steps read; it restarts at 0 in a resumed process
         values = [before.get(key, 0) or 0] + [r.get(key, 0) or 0 for r in steps]
         return sum(b - a if b >= a else b for a, b in zip(values, values[1:]))
 
+    # the positions the prompts' sharing accounts for (a prompt once per group), against those computed: less than
+    # 1 where completions share their first tokens too; read where prefixes were shared in single-turn runs
+    shared = total("train_tokens") > positions and counted("agent_calls") == 0
+    structural = prompt * samples / max(1, group_size) + response
+    positions_x = min(1.0, positions / structural) if shared and structural > 0 else 1.0
     episodes = max(1, counted("agent_episodes"))
     calls, tool = counted("agent_calls") / episodes, total("episode_tool_s") / episodes
     reward_calls = counted("reward_calls")
@@ -366,6 +379,7 @@ def fit_run(
         int(round(prompt)),
         calls if calls >= 1 else 1.0,
         tool,
+        positions_x=positions_x,
     )
 
 

@@ -24,7 +24,8 @@ class Costs:
     decode step (every running sequence gets one token): ``decode_base_s + decode_per_seq_s * running +
     decode_per_ctx_s * (context tokens of all running sequences)``; prefill of ``t`` prompt tokens:
     ``prefill_base_s + prefill_per_token_s * t`` (re-prefill after new weights costs the same per token);
-    a training step on ``t`` tokens (prompt + response): ``train_base_s + train_per_token_s * t`` per pass over the
+    a training step on ``t`` positions computed (prompt + response; a prefix shared by several samples, computed
+    once under ``actor.shared_prefix``, counts once): ``train_base_s + train_per_token_s * t`` per pass over the
     batch (``actor.ppo_epochs`` passes), with ``recompute_per_token_s * t`` more for each forward pass without a
     gradient, once a step (the proximal policy's recompute, the reference model, the critic's values); publishing
     weights ``sync_s``

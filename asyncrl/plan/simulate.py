@@ -88,7 +88,17 @@ class Workload:
     reward_workers: int = 1
     cpu_split: str = "fixed"  # fixed | shared | alternating (cluster.cpu_split=auto on the CPU, η > 0 | η = 0)
     shared_mb_tokens: int = 1024  # the trainer's micro-batches while it shares the cores (asyncrl.cluster.cores)
+    shared_prefix: bool = True  # the trainer computes a group's prompt and an episode's history once
+    positions_x: float = 1.0  # positions computed per position that sharing leaves (completions sharing too)
     seed: int = 0
+
+
+def shared_positions(samples: list[_Seq], w: Workload) -> int:
+    """Positions the trainer computes for one group's samples when it computes each shared prefix once: the
+    group's prompt once, then every sample's own tokens (a call after the first adds its tool's result and its
+    output to the history it shares with the call before it)."""
+    follow_up = 0 if w.fresh_calls else w.tool_result_tokens
+    return w.prompt_tokens + sum(s.length + (follow_up if s.prompt > w.prompt_tokens else 0) for s in samples)
 
 
 @dataclass
@@ -106,6 +116,7 @@ class Prediction:
     trained_tokens_per_s: float
     max_staleness: list[int]  # η in force at each step
     step_times: list[float]
+    positions_per_step: float = 0.0  # positions the trainer computes a step (a shared prefix once)
 
     def to_dict(self) -> dict:
         return {
@@ -121,6 +132,7 @@ class Prediction:
             "tokens_per_s": self.tokens_per_s,
             "trained_tokens_per_s": self.trained_tokens_per_s,
             "max_staleness": self.max_staleness,
+            "positions_per_step": self.positions_per_step,
         }
 
 
@@ -283,6 +295,7 @@ class Simulation:
         self.away = {"trainer_eval_s": 0.0, "trainer_save_s": 0.0}  # after the last publish: in the next record
         self.hist: collections.Counter = collections.Counter()
         self.trained_tokens = 0
+        self.trained_positions = 0.0
 
     # ---- the event queue -------------------------------------------------------------------------------------
     def at(self, t: float, fn) -> None:
@@ -381,9 +394,13 @@ class Simulation:
             for v, n in s.versions.items():
                 self.hist[self.version - v] += n
         self.trained_tokens += tokens
-        train = self.costs.train_s(tokens, self.w.recompute, self.w.epochs)
+        positions = tokens
+        if self.w.shared_prefix:
+            positions = self.w.positions_x * sum(shared_positions(g.samples, self.w) for g in batch)
+        self.trained_positions += positions
+        train = self.costs.train_s(positions, self.w.recompute, self.w.epochs)
         varies = self.w.cpu_split == "shared" or self.costs.train_overlap_x != 1.0  # speed read per piece
-        chunks = min(64, math.ceil(tokens * self.w.epochs / self.w.shared_mb_tokens)) if varies else 1
+        chunks = min(64, math.ceil(positions * self.w.epochs / self.w.shared_mb_tokens)) if varies else 1
         self._train_chunks(max(1, chunks), train / max(1, chunks))
 
     def _train_chunks(self, left: int, each_s: float) -> None:
@@ -456,6 +473,7 @@ class Simulation:
             trained_tokens_per_s=self.trained_tokens / wall,
             max_staleness=[r["max_staleness"] for r in steps],
             step_times=times,
+            positions_per_step=self.trained_positions / len(steps) if steps else 0.0,
         )
 
 

@@ -17,6 +17,9 @@ this one, ``step_time_s``) spent in each phase, under ``<side>_<phase>_s``:
   else: tools and the agent's own code);
 - rewards (``REWARD``; call-seconds): ``queue`` (waiting for a worker) and ``run``.
 
+Beside the seconds, the trainer's work: ``train_tokens`` trained and the positions its forward passes computed for
+them (fewer where samples share a prefix, computed once: ``prefix_shared_frac``, ``actor.shared_prefix``).
+
 The trainer's phases are each measured and their sum stays within 2% of ``step_time_s`` over a run (what is
 left is time between the trainer's spans); the generator's ``other`` is what its counters did not claim. This module
 reads records only: ``asyncrl.telemetry.verdict`` reasons on its accounts.
@@ -44,6 +47,8 @@ class Account:
 
     wall_s: float = 0.0
     steps: int = 0
+    tokens: float = 0.0  # tokens trained
+    positions: float = 0.0  # positions computed for them (a shared prefix once)
     seconds: dict[str, dict[str, float]] = field(
         default_factory=lambda: {s: dict.fromkeys(p, 0.0) for s, p in SIDES.items()}
     )
@@ -51,6 +56,9 @@ class Account:
     def add(self, record: dict) -> None:
         self.wall_s += _num(record.get("step_time_s"))
         self.steps += 1
+        tokens = _num(record.get("train_tokens"))
+        self.tokens += tokens
+        self.positions += tokens * (1.0 - _num(record.get("prefix_shared_frac")))
         for side, phases in SIDES.items():
             for phase in phases:
                 self.seconds[side][phase] += _num(record.get(key(side, phase)))
@@ -66,10 +74,18 @@ class Account:
         has none)."""
         return any(v > 0 for v in self.seconds[side].values())
 
+    @property
+    def positions_saved(self) -> float:
+        """The share of trained tokens whose positions were not computed again (shared prefixes)."""
+        return 1.0 - self.positions / self.tokens if self.tokens > 0 else 0.0
+
     def to_dict(self) -> dict:
         return {
             "wall_s": self.wall_s,
             "steps": self.steps,
+            "tokens": self.tokens,
+            "positions": self.positions,
+            "positions_saved": self.positions_saved,
             **{side: {"seconds": dict(self.seconds[side]), "fractions": self.fractions(side)} for side in SIDES},
         }
 

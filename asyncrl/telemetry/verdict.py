@@ -49,6 +49,12 @@ class Verdict:
             out.append(
                 "time: trainer " + _shares(acc.fractions("trainer")) + " | generator " + _shares(acc.fractions("gen"))
             )
+            if acc.positions_saved > 0:
+                out.append(
+                    f"trainer: {acc.positions / acc.steps:,.0f} positions computed a step for "
+                    f"{acc.tokens / acc.steps:,.0f} tokens (shared prefixes computed once saved "
+                    f"{acc.positions_saved:.0%})"
+                )
         top = self.bottleneck
         if top:
             out.append(f"bottleneck: {top.line()}")

@@ -194,12 +194,21 @@ def shared_forward(model, shared: SharedRows, **kwargs):
     )
 
 
+def _sliding(config) -> bool:
+    """Whether some layer attends within a sliding window (a 4-D mask given to transformers replaces its own)."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return True
+    return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
+
+
 def sharing_problem(model, atol: float = 1e-4) -> str | None:
     """Why ``model`` cannot train shared prefixes (its attention ignores a tree mask), or None when it can: two
     samples with a common prefix laid out as a tree must give the logits each gives alone."""
     impl = getattr(model.config, "_attn_implementation", "sdpa")
     if impl not in ("sdpa", "eager"):
         return f"attention '{impl}' takes no tree mask (eager and sdpa do)"
+    if _sliding(model.config):
+        return "its sliding-window attention would see past its window under a tree mask"
     vocab = model.get_input_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     dev = model.get_input_embeddings().weight.device

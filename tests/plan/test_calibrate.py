@@ -107,3 +107,20 @@ def test_a_resumed_runs_counters_restart_and_are_counted_across():
     steps = [_record(s, 1) for s in range(1, 5)] + [_record(s, 1, reward_calls=8 * (s - 4)) for s in range(5, 9)]
     costs = fit_run([{"step": 0}] + steps, 64, 8).profile.costs
     assert costs.reward_s == pytest.approx(0.1)
+
+
+def test_a_run_that_shared_prefixes_is_priced_per_position_computed():
+    """400 of the 1000 tokens a step were shared prefixes: 2 s of forward-backward for 600 positions. The step is
+    one group of 8 with a 75-token prompt and 400 response tokens: computing the prompt once leaves 475 positions;
+    600 > 475 gives a factor of 1 (no more sharing than the prompts explain), 300 gives 300 / 475."""
+    from asyncrl.plan.calibrate import fit_run, positions_computed
+
+    records = [{"step": 0}] + [_record(s, 1, prefix_shared_frac=0.4) for s in range(1, 6)]
+    assert positions_computed(records[1]) == pytest.approx(600)
+    fitted = fit_run(records, 64, 8)
+    assert fitted.profile.costs.train_per_token_s == pytest.approx(2.0 / 600)
+    assert fitted.positions_x == 1.0
+    # the completions shared their first tokens too: 300 positions computed of the 475 the prompts explain
+    shared_more = fit_run([{"step": 0}] + [_record(s, 1, prefix_shared_frac=0.7) for s in range(1, 6)], 64, 8)
+    assert shared_more.positions_x == pytest.approx(300 / 475)
+    assert fit_run([{"step": 0}] + [_record(s, 1) for s in range(1, 6)], 64, 8).positions_x == 1.0  # none shared

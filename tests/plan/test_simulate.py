@@ -15,7 +15,9 @@ PHASES = Costs(decode_base_s=0.01, train_base_s=1.0, sync_s=0.1)  # 50 tokens: 0
 
 
 def _workload(**kw) -> Workload:
-    return Workload(**{"batch_size": 4, "n_samples": 4, "lengths": fixed(50), "max_slots": 64, "steps": 12, **kw})
+    """Every trained token priced (shared_prefix off) unless a case says otherwise."""
+    base = {"batch_size": 4, "n_samples": 4, "lengths": fixed(50), "max_slots": 64, "steps": 12, "shared_prefix": False}
+    return Workload(**{**base, **kw})
 
 
 def test_synchronous_with_constant_costs_is_the_sum_of_the_phases():
@@ -158,3 +160,27 @@ def test_the_engines_pause_is_within_the_sync_not_after_it():
     the pause adds nothing to its step (GPU projections set pause_s = sync_s and paid the sync twice)."""
     p = simulate(_workload(max_staleness=0), dataclasses.replace(PHASES, sync_s=1.0, pause_s=1.0))
     assert p.step_time_s == pytest.approx(0.5 + 1.0 + 1.0)
+
+
+def test_shared_prefixes_price_a_groups_prompt_once():
+    """A trainer-bound step of 4 groups of 4 (prompt 100, responses 50) at 1 ms a position: 2,400 positions
+    without sharing, 4 x (100 + 4 x 50) = 1,200 with each group's prompt computed once."""
+    costs = Costs(decode_base_s=0.001, train_per_token_s=0.001)
+    off = simulate(_workload(max_staleness=0, prompt_tokens=100, shared_prefix=False, steps=4), costs)
+    on = simulate(_workload(max_staleness=0, prompt_tokens=100, shared_prefix=True, steps=4), costs)
+    assert off.positions_per_step == 2400 and on.positions_per_step == 1200
+    assert on.step_time_s == pytest.approx(off.step_time_s - 1.2)
+    fitted = simulate(
+        _workload(max_staleness=0, prompt_tokens=100, shared_prefix=True, steps=4, positions_x=0.5), costs
+    )
+    assert fitted.positions_per_step == 600  # completions that share their first tokens too (fitted from a run)
+
+
+def test_an_agents_calls_share_their_history():
+    """Three calls an episode continuing one conversation: the group's prompt once, then each call's output and,
+    after the first, the tool's result before it; the trained tokens still count every call's whole context."""
+    agent = dict(max_staleness=0, calls_per_episode=3, tool=ToolLatency(0.1, 0.1), steps=6, shared_prefix=True)
+    chained = simulate(_workload(**agent), PHASES)
+    assert chained.positions_per_step == 4 * (24 + 4 * (3 * 50 + 2 * 16))
+    fresh = simulate(_workload(**agent, fresh_calls=True), PHASES)
+    assert fresh.positions_per_step == 4 * (24 + 4 * 3 * 50)

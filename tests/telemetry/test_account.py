@@ -93,3 +93,18 @@ def test_the_account_of_records_adds_phases_and_divides_by_the_wall():
     assert acc.fractions("gen")["decode"] == 0.75 and acc.fractions("gen")["idle_gate"] == 0.25
     assert acc.fractions("episode")["tool"] == 0.75  # episode-seconds are shares of their own total
     assert acc.measured("episode") and not acc.measured("reward")
+
+
+def test_the_account_counts_the_positions_shared_prefixes_saved():
+    from asyncrl.telemetry.verdict import diagnose
+
+    records = [{"step": 0}] + [
+        {"step": s, "step_time_s": 1.0, "trainer_fwd_bwd_s": 1.0, "train_tokens": 1000, "prefix_shared_frac": 0.6}
+        for s in range(1, 5)
+    ]
+    acc = account(records)
+    assert acc.tokens == 4000 and acc.positions == pytest.approx(1600) and acc.positions_saved == pytest.approx(0.6)
+    assert "trainer: 400 positions computed a step for 1,000 tokens (shared prefixes computed once saved 60%)" in (
+        diagnose(records).lines()
+    )
+    assert account([{"step": 1, "train_tokens": 10}]).positions_saved == 0.0  # nothing shared, or an older run

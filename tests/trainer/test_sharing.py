@@ -212,6 +212,9 @@ def test_a_model_whose_attention_ignores_the_tree_mask_trains_without_sharing():
     flash = make_model()
     flash.config._attn_implementation = "flash_attention_2"
     assert "takes no tree mask" in sharing_problem(flash)
+    windowed = make_model()
+    windowed.config.layer_types = ["sliding_attention", "full_attention"]
+    assert "sliding-window" in sharing_problem(windowed)
 
     class IgnoresMask(torch.nn.Module):  # plain causal attention whatever the mask says
         def __init__(self, inner):
