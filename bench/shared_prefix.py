@@ -1,7 +1,7 @@
 """Trainer time per step with and without shared-prefix training (``actor.shared_prefix``), on real batches.
 
     python bench/shared_prefix.py [--cases default,preamble,agent,agent_concat] [--batches 3] [--reps 3]
-                                  [--threads 1] [--row-tokens 1024]
+                                  [--threads 1] [--row-tokens 1024] [--attention-width W]
 
 Each case is a training configuration whose rollouts are generated for real (``asyncrl.launch.build.assemble``:
 the model, the data, the workflow and the engine of ``asyncrl train`` with that configuration), ``--batches``
@@ -113,6 +113,8 @@ def measure(case: str, args) -> dict:
     arms = {"off": trainer_of(cfg, False, args.threads), "on": trainer_of(cfg, True, args.threads)}
     for t in arms.values():
         t.forward.row_tokens = args.row_tokens
+        if args.attention_width is not None:
+            t.forward.attention_width = args.attention_width or None
     times = {a: [] for a in arms}
     fwd_bwd = {a: [] for a in arms}
     positions = {a: [] for a in arms}
@@ -147,6 +149,13 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="timed passes over the batches per arm")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the trainer")
     parser.add_argument("--row-tokens", type=int, default=1024, help="width limit of a row of prefix trees")
+    parser.add_argument(
+        "--attention-width",
+        type=float,
+        default=None,
+        help="cut trees where a wider row costs more than it saves, at this width (0: at the row limit only; "
+        "default: the trainer's, 6 x the hidden size)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     rows = []

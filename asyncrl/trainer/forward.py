@@ -64,7 +64,8 @@ class Forward:
     """The trainer's forward passes, as plain settings: ``device``, micro-batches of at most ``mb_max_tokens``
     positions, ``pack_sequences``, the sampling distribution the log-probs are taken at, ``autocast_dtype``, the
     ranks (``dp``), ``threads`` (torch threads for the next micro-batch, asked before each), ``shared_prefix``
-    (rows of prefix trees of at most ``row_tokens`` positions)."""
+    (rows of prefix trees of at most ``row_tokens`` positions, cut where a wider row's attention would cost more
+    than it saves: ``attention_width``, ``sharing.attention_width``)."""
 
     device: torch.device
     mb_max_tokens: int = 8192
@@ -77,6 +78,7 @@ class Forward:
     threads: Callable[[], int] | None = None
     shared_prefix: bool = False
     row_tokens: int = ROW_TOKENS
+    attention_width: float | None = None  # the row width at which attention costs what the rest of a layer does
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -103,7 +105,7 @@ class Forward:
         """Micro-batches as lists of rows of indices into ``lengths`` (padded: one sample per row; shared: rows of
         prefix trees of the token sequences ``seqs``)."""
         if self.shared_prefix and seqs is not None:
-            return plan_shared(seqs, self.mb_max_tokens, self.row_tokens)
+            return plan_shared(seqs, self.mb_max_tokens, self.row_tokens, self.attention_width)
         if self.pack_sequences:
             return plan_micro_batches(lengths, self.mb_max_tokens)
         return [[[i] for i in mb] for mb in micro_batches(lengths, self.mb_max_tokens)]

@@ -37,7 +37,7 @@ from asyncrl.trainer import state
 from asyncrl.trainer.critic import ValueHead, critic_step
 from asyncrl.trainer.forward import Forward, Outputs
 from asyncrl.trainer.packing import check_packing
-from asyncrl.trainer.sharing import sharing_problem
+from asyncrl.trainer.sharing import attention_width, sharing_problem
 from asyncrl.trainer.state import update_norm
 from asyncrl.types import Batch
 
@@ -137,6 +137,7 @@ class PolicyTrainer:
             dp,
             threads,
             shared_prefix=shared_prefix and self.sharing_off is None,
+            attention_width=attention_width(model),
         )
         self.steps_done = 0
         self.skipped_updates = 0  # non-finite updates skipped in the current step

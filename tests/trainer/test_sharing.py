@@ -230,3 +230,14 @@ def test_a_model_whose_attention_ignores_the_tree_mask_trains_without_sharing():
     assert "does not follow a tree mask" in sharing_problem(IgnoresMask(model))
     trainer = PolicyTrainer(IgnoresMask(make_model()), pack_sequences=False, shared_prefix=True)
     assert trainer.sharing_off and not trainer.forward.shared_prefix
+
+
+def test_a_sample_that_shares_little_starts_a_new_tree_when_a_wider_row_would_cost_more():
+    """Two samples of 100 tokens sharing 2: one tree of 198 positions costs 198 x (1 + 198 / W) against
+    100 x (1 + 100 / W) for the second on its own; with W = 600 (attention a sixth of the cost at 100 keys) the
+    cut is cheaper, with W = 1e9 (attention free) sharing wins. A group sharing 90 of 100 tokens stays one tree."""
+    a, b = [1, 2] + [3] * 98, [1, 2] + [4] * 98
+    assert plan_shared([a, b], 10_000, attention_width=600) == [[[0], [1]]]
+    assert plan_shared([a, b], 10_000, attention_width=1e9) == [[[0, 1]]]
+    c, d = [5] * 90 + [6] * 10, [5] * 90 + [7] * 10
+    assert plan_shared([c, d], 10_000, attention_width=600) == [[[0, 1]]]
