@@ -36,7 +36,7 @@ from asyncrl.engine.local import LocalEngine
 from asyncrl.launch.policy import model_paths, policy_model, policy_trainer, say_trainable
 from asyncrl.launch.ranks import RANK_ENV, RankedTrainer
 from asyncrl.launch.resume import run_dir_of
-from asyncrl.launch.rundir import make_run_dir, verdict_settings
+from asyncrl.launch.rundir import eval_background, make_run_dir, verdict_settings
 from asyncrl.launch.shape import RunShape
 from asyncrl.loop.buffer import RolloutBuffer
 from asyncrl.loop.checkpoint import (
@@ -189,7 +189,10 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
         stack.callback(workflow.close)
 
     stack.callback(RunDirLock(run_dir_of(cfg)).release)  # a second run of this directory is refused here
-    run_dir = make_run_dir(cfg, start)
+    background = eval_background(cfg, evaluates_itself=isinstance(workflow, Evaluating))
+    if background[1] != "set":
+        log.info("evaluator.background: %s, %s", "beside training" if background[0] else "foreground", background[1])
+    run_dir = make_run_dir(cfg, start, background)
     max_staleness, batch_size = cfg.rollout.max_staleness, cfg.train_dataset.batch_size
     policy = (
         AutoStaleness(cfg.rollout.max_staleness_limit)
@@ -227,12 +230,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
     )
     stack.callback(timeline.close)
     w = cfg.watchdog
-    background_eval = cfg.evaluator.background and not isinstance(workflow, Evaluating)
-    if cfg.evaluator.background and not background_eval:
-        log.info(
-            "evaluator.background: the agent workflow evaluates in the foreground (its episodes share the "
-            "rollout side's proxy and tools)"
-        )
+    background_eval = background[0]
     in_trainer_thread = share is not None and not background_eval and not isinstance(workflow, Evaluating)
     if in_trainer_thread:  # single-turn, in the trainer's thread: on its cores and pool (asyncrl/cluster/cores.py)
         eval_engine.threads = share.trainer_threads
@@ -293,7 +291,7 @@ def _build(cfg: TrainConfig, stack: contextlib.ExitStack, dp: DataParallel | Non
             w.reward_failure_steps,
             w.reward_failure_action == "stop",
             w.max_nonfinite_steps,
-            LiveVerdict(verdict_settings(cfg), w.verdict_steps),
+            LiveVerdict(verdict_settings(cfg, background), w.verdict_steps),
             first_reward_failure=lambda: reward.first_failure,
         ),
     )

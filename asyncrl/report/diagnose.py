@@ -39,7 +39,7 @@ def run_settings(run) -> dict:
         _number(run, "actor.ppo_n_minibatches"), _number(run, "actor.ppo_epochs"), run.setting("actor.prox_logp_method")
     )
     settings["trusted"] = trusted(run.setting("actor", {}))
-    settings["eval_background"] = bool(run.setting("evaluator.background"))
+    settings["eval_background"] = run.setting("evaluator.background") is True
     settings["save_background"] = bool(run.setting("saver.background"))
     transport, backend = run.setting("rollout.weight_transport"), str(run.setting("rollout.backend") or "local")
     if transport:
@@ -49,6 +49,10 @@ def run_settings(run) -> dict:
         settings["device"] = str(machine.get("device") or "cpu").split(":")[0]
         if machine.get("cpu_split"):
             settings["cpu_split"] = machine["cpu_split"]
+        if isinstance(machine.get("eval_background"), bool):  # where evaluation ran (evaluator.background=auto chose)
+            settings["eval_background"] = machine["eval_background"]
+        if machine.get("eval_background_why"):
+            settings["eval_background_why"] = str(machine["eval_background_why"])
     elif _split_applied(run):
         settings["cpu_split"] = run.setting("cluster.cpu_split") or "fixed"  # runs from before the key: fixed
     return settings

@@ -237,7 +237,8 @@ def _faster_transport(transport: str | None) -> str:
 
 
 def _beside(settings: dict) -> str:
-    """The evaluation and checkpoints the run does not yet do beside training."""
+    """The evaluation and checkpoints the run does not yet do beside training (and why, where
+    ``evaluator.background=auto`` kept the evaluation in the foreground)."""
     keys = [
         k
         for k, on in (
@@ -246,4 +247,10 @@ def _beside(settings: dict) -> str:
         )
         if not on
     ]
-    return f", or beside training ({', '.join(k + '=true' for k in keys)})" if keys else ""
+    why = settings.get("eval_background_why")
+    chose = (
+        f"; evaluator.background=auto kept evaluation in the foreground: {why[len('auto: ') :]}"
+        if (why and why.startswith("auto:") and not settings.get("eval_background"))
+        else ""
+    )
+    return f", or beside training ({', '.join(k + '=true' for k in keys)}{chose})" if keys else ""

@@ -48,6 +48,7 @@ def test_async_run_end_to_end(tmp_path, tiny_model_dir, eta):
     assert (run_dir / "config.yaml").exists()
     machine = json.loads((run_dir / "machine.json").read_text())  # where it ran, for a copy diagnosed elsewhere
     assert machine["device"] == "cpu" and machine["cpu_split"] == "auto" and machine["cores"] >= 1 and machine["cpu"]
+    assert machine["eval_background"] is False and machine["eval_background_why"].startswith("auto:")  # shared split
     ckpt = run_dir / "checkpoints" / "step5"
     before, after = load_model(tiny_model_dir), load_model(str(ckpt))
     changed = [k for k, v in before.state_dict().items() if not torch.equal(v, after.state_dict()[k])]

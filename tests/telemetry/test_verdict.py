@@ -373,3 +373,15 @@ def test_the_live_verdict_warns_again_when_a_condition_comes_back_or_its_advice_
         "raise actor.threads to 2",
         "lower gconfig.n_samples to 4",
     ], warnings
+
+
+def test_diagnose_says_where_auto_ran_the_evaluation_as_machine_json_recorded(tmp_path, capsys):
+    steps = _steps(trainer_eval_s=0.4)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (tmp_path / "config.yaml").write_text("evaluator:\n  background: auto\n")
+    why = "auto: the trainer and the engine share all 2 cores (cluster.cpu_split=auto), so an evaluation ..."
+    (tmp_path / "machine.json").write_text(
+        json.dumps({"device": "cpu", "eval_background": False, "eval_background_why": why})
+    )
+    assert diagnose_main([str(tmp_path)]) == 0
+    assert "evaluator.background=auto kept evaluation in the foreground" in capsys.readouterr().out
