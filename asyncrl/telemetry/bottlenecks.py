@@ -17,6 +17,7 @@ TOOL_SHARE = 0.5  # episodes spent this share of their time in tools...
 NOWORK_IDLE = 0.3  # ...while the generator idled this much with the gate open
 REWARD_QUEUE = 1.0  # reward calls waited for a worker this many times as long as they ran...
 REWARD_SHARE = 0.1  # ...rewards took this share of the step (call-seconds over wall), and the trainer waited
+REWARD_BUSY = 0.25  # ...and the workers ran calls this share of the time (a burst queues without any of them busy)
 LONG_TAIL = 4.0  # the longest response was this many times the mean while the trainer waited
 # the share of the trainer's compute that more threads/ranks save (bench/bottlenecks.py: twice the cores cut a step
 # from 12.2 s to 7.6 s)
@@ -99,7 +100,7 @@ def bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
                     t["wait"] * 0.8,
                 )
             )
-        elif _rewards_queue(acc):
+        elif _rewards_queue(acc, s.get("workers")):
             r = acc.seconds["reward"]
             out.append(
                 Finding(
@@ -198,13 +199,20 @@ def bottlenecks(acc: Account, steps: list[dict], s: dict) -> list[Finding]:
     return out
 
 
-def _rewards_queue(acc: Account) -> bool:
-    """Reward calls waited for a worker at least as long as they ran, and took a tenth of the wall time."""
+def _rewards_queue(acc: Account, workers=None) -> bool:
+    """Reward calls waited for a worker at least as long as they ran, took a tenth of the wall time, and kept the
+    ``workers`` (1 where unknown) busy a quarter of it: a group's calls arrive together, so a queue builds behind
+    even a fast reward; it holds the trainer up only where the workers are busy (the default run with shared
+    prefixes: calls queued 3x as long as they ran, the 2 workers busy 3% of the time, the generator 97%)."""
     if not acc.measured("reward") or not acc.wall_s:
         return False
     r = acc.seconds["reward"]
+    busy = r["run"] / (acc.wall_s * (workers if isinstance(workers, int) and workers > 0 else 1))
     return (
-        r["run"] > 0 and r["queue"] >= REWARD_QUEUE * r["run"] and (r["queue"] + r["run"]) / acc.wall_s >= REWARD_SHARE
+        r["run"] > 0
+        and r["queue"] >= REWARD_QUEUE * r["run"]
+        and (r["queue"] + r["run"]) / acc.wall_s >= REWARD_SHARE
+        and busy >= REWARD_BUSY
     )
 
 
