@@ -90,6 +90,7 @@ def train_command(tmp_path, model, train, valid, steps, *extra):
         "rollout.max_head_offpolicyness=1",
         "saver.freq_steps=1",
         "evaluator.freq_steps=4",
+        "evaluator.background=false",  # evaluation records in step order whatever the machine's cores (auto)
         "max_train_time_s=0",
         "progress_bar=false",
         "report=false",

@@ -36,7 +36,10 @@ def eval_background(cfg: TrainConfig, evaluates_itself: bool = False) -> tuple[b
             f"auto: the trainer and the engine share all {cores} cores (cluster.cpu_split=auto), so an evaluation "
             "beside them would only take theirs"
         )
-    engine = cfg.rollout.threads if cfg.rollout.placement.kind == "local" else 0
+    placement = cfg.rollout.placement  # the built-in engine, or servers spawned here (remote ones run elsewhere)
+    engine = (
+        0 if placement.kind == "remote" else cfg.rollout.threads * (1 if placement.kind == "local" else placement.dp)
+    )
     spare = cores - cfg.actor.threads * cfg.actor.world_size - engine
     if spare >= 1:
         return True, f"auto: {spare} of {cores} cores left by the trainer and the engine"
