@@ -122,6 +122,7 @@ def test_evaluator_background_auto_runs_beside_training_only_with_a_core_or_devi
     fixed = cfg("cluster.cpu_split=fixed", "actor.threads=1", "rollout.threads=1")
     monkeypatch.setattr(rundir, "process_cores", lambda: 2)
     assert eval_background(fixed) == (False, "auto: no core of the 2 left by the trainer and the engine")
+    assert not eval_background(cfg("rollout.backend=asyncrl:d1"))[0]  # a server spawned here has its thread too
     monkeypatch.setattr(rundir, "process_cores", lambda: 4)
     assert eval_background(fixed) == (True, "auto: 2 of 4 cores left by the trainer and the engine")
     monkeypatch.setattr(ClusterConfig, "resolved_device", lambda self: "cuda:0")
