@@ -390,9 +390,7 @@ def test_diagnose_says_where_auto_ran_the_evaluation_as_machine_json_recorded(tm
 def test_a_burst_of_fast_reward_calls_queues_without_being_the_bottleneck():
     """The default run with shared prefixes: reward calls queued 3x as long as they ran, but the 2 workers ran calls
     3% of the time while the generator was busy 97%: generator-bound, not reward-bound."""
-    steps = _steps(
-        trainer_wait_s=0.26, reward_queue_s=0.18, reward_run_s=0.06, gen_decode_s=0.6, gen_reprefill_s=0.3
-    )
+    steps = _steps(trainer_wait_s=0.26, reward_queue_s=0.18, reward_run_s=0.06, gen_decode_s=0.6, gen_reprefill_s=0.3)
     names = [f.name for f in diagnose(steps, {"max_staleness": 2, "workers": 2}).findings]
     assert "reward-bound" not in names and "generator-bound" in names
     assert "reward-bound" in [
