@@ -26,6 +26,7 @@ from asyncrl.engine.local import LocalEngine
 from asyncrl.engine.requests import NO_STOP_TOKENS
 from asyncrl.plan.costs import Costs, Profile
 from asyncrl.plan.lengths import Lengths, empirical, from_records
+from asyncrl.telemetry.account import positions_computed
 from asyncrl.types import SamplingParams, WeightUpdate
 
 
@@ -267,12 +268,6 @@ def _train_batch(prompts, lengths, n_samples, groups: int, rng: random.Random | 
             trajs.append(Trajectory(prompt, out, [-1.0] * len(out), [0] * len(out), float(j % 2)))
         batch.append(TrajectoryGroup(trajs))
     return collate(batch, pad_id=0)
-
-
-def positions_computed(record: dict) -> float:
-    """The positions a step's forward passes computed: its tokens, less those of prefixes shared and computed
-    once (``actor.shared_prefix``)."""
-    return float(record.get("train_tokens") or 0.0) * (1.0 - float(record.get("prefix_shared_frac") or 0.0))
 
 
 def _train_costs(make_trainer, model, prompts, lengths, n_samples) -> tuple[float, float]:

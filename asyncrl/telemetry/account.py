@@ -56,9 +56,8 @@ class Account:
     def add(self, record: dict) -> None:
         self.wall_s += _num(record.get("step_time_s"))
         self.steps += 1
-        tokens = _num(record.get("train_tokens"))
-        self.tokens += tokens
-        self.positions += tokens * (1.0 - _num(record.get("prefix_shared_frac")))
+        self.tokens += _num(record.get("train_tokens"))
+        self.positions += positions_computed(record)
         for side, phases in SIDES.items():
             for phase in phases:
                 self.seconds[side][phase] += _num(record.get(key(side, phase)))
@@ -97,6 +96,12 @@ def account(records: list[dict]) -> Account:
         if r.get("step", 0) > 0:
             acc.add(r)
     return acc
+
+
+def positions_computed(record: dict) -> float:
+    """The positions a step's forward passes computed: its tokens, less those of prefixes shared and computed once
+    (``actor.shared_prefix``)."""
+    return _num(record.get("train_tokens")) * (1.0 - _num(record.get("prefix_shared_frac")))
 
 
 def _num(value) -> float:

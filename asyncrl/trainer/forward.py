@@ -145,7 +145,9 @@ class Forward:
         input_ids = self.dev(batch.input_ids[ids, :T])
         kwargs = {"output_hidden_states": True} if hidden and logprobs else {}
         several = rows is not None and any(len(row) > 1 for row in rows)
-        shared = lay_out(input_ids, lengths, rows) if self.shared_prefix and several else None
+        shared = None
+        if self.shared_prefix and several:  # laid out from the batch's CPU copy: no copy back from the device
+            shared = lay_out(batch.input_ids[ids, :T], lengths, rows, device=self.device)
         if shared is not None and shared.positions == sum(lengths) and self.pack_sequences:
             shared = None  # nothing in common: packing computes the same positions with the model's own mask
         with self.autocast():

@@ -35,7 +35,7 @@ from asyncrl.cluster.parallel import DataParallel, all_reduce_cpu
 from asyncrl.models.lora import is_lora, merged_state_dict
 from asyncrl.trainer import state
 from asyncrl.trainer.critic import ValueHead, critic_step
-from asyncrl.trainer.forward import Forward, Outputs
+from asyncrl.trainer.forward import Forward, Outputs, evaluating
 from asyncrl.trainer.packing import check_packing
 from asyncrl.trainer.sharing import attention_width, sharing_problem
 from asyncrl.trainer.state import update_norm
@@ -93,11 +93,10 @@ class PolicyTrainer:
             raise ValueError("LoRA trains with DDP or one rank, not FSDP")
         self.device, self.dp = torch.device(device), dp
         self.module = model.to(self.device).train()  # the model itself (its weights, config, save_pretrained)
-        if pack_sequences:
-            check_packing(model.eval())  # without dropout (LoRA's), which would make the comparison random
-            model.train()
-        self.sharing_off = sharing_problem(model.eval()) if shared_prefix else None  # why it cannot share, if so
-        model.train()
+        with evaluating(model):  # without dropout (LoRA's), which would make the comparisons random
+            if pack_sequences:
+                check_packing(model)
+            self.sharing_off = sharing_problem(model) if shared_prefix else None  # why it cannot share, if so
         self.model = model if dp is None else dp.wrap(model)  # what runs forward and backward
         self.algo = algo or Algorithm()
         self.ref_model = ref_model  # a frozen model, or a callable one (AdaptersOff: the policy without LoRA)

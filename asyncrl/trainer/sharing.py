@@ -102,10 +102,17 @@ class SharedRows:
         return self.input_ids.numel()
 
 
-def lay_out(input_ids: torch.Tensor, lengths: Sequence[int], rows: list[list[int]], pad_id: int = 0) -> SharedRows:
+def lay_out(
+    input_ids: torch.Tensor,
+    lengths: Sequence[int],
+    rows: list[list[int]],
+    pad_id: int = 0,
+    device: torch.device | str | None = None,
+) -> SharedRows:
     """Lay the first ``lengths[i]`` tokens of each row of ``input_ids`` (n, T) out as prefix trees, ``rows`` being
-    lists of sample indices (each reuses the prefix it shares with the one before it in its row). A row's unused
-    tail attends to itself only, so no attention row is empty."""
+    lists of sample indices (each reuses the prefix it shares with the one before it in its row), on ``device``
+    (default: ``input_ids``'s; built on the CPU either way). A row's unused tail attends to itself only, so no
+    attention row is empty."""
     lengths = [int(x) for x in lengths]
     n, T = input_ids.shape
     tokens = input_ids.cpu().numpy()
@@ -148,7 +155,7 @@ def lay_out(input_ids: torch.Tensor, lengths: Sequence[int], rows: list[list[int
         tail = np.arange(end, width)
         mask[r, tail, tail] = True
 
-    dev = input_ids.device
+    dev = input_ids.device if device is None else device
 
     def cat(parts, dtype=torch.long):
         return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)).to(dtype).to(dev)
